@@ -1,5 +1,23 @@
-"""torch.compile(backend='qnn'): PyTorch on Qualcomm NPUs and GPUs through the QNN execution provider of ONNX Runtime."""
+"""torch.compile(backend="qnn"): PyTorch on Qualcomm NPUs and GPUs through ONNX Runtime's QNN execution provider.
 
+``torch.compile(model, backend="qnn", options={...})`` works without importing this package: the backend is
+registered through the ``torch_dynamo_backends`` entry point. The public API is exactly ``__all__``.
+"""
+
+from qnnx_backend import errors
+from qnnx_backend._backend import is_available, qnn_backend
+from qnnx_backend._options import BackendOptions
+from qnnx_backend._report import Attempt, CompileReport, clear_compile_reports, compile_reports
 from qnnx_backend._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "Attempt",
+    "BackendOptions",
+    "CompileReport",
+    "__version__",
+    "clear_compile_reports",
+    "compile_reports",
+    "errors",
+    "is_available",
+    "qnn_backend",
+]

@@ -1,0 +1,105 @@
+"""End-to-end runs in fresh processes: the entry point, a quiet stdout, and the context cache across processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(code: str, *, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+
+
+def test_backend_qnn_works_without_importing_qnnx():
+    """The issue's one-liner: torch.compile(backend='qnn') in a fresh process that never imports qnnx."""
+    proc = _run(
+        """
+        import torch
+        m = torch.nn.Linear(8, 4).eval()
+        with torch.no_grad():
+            print(torch.compile(m, backend='qnn', options={'device': 'npu', 'strict': True})(torch.randn(2, 8)))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("tensor(")
+
+
+def test_nothing_but_the_program_output_reaches_stdout_and_stderr():
+    """The simulator's LIBNATIVE line and ORT's session warnings do not reach the user's stdout or stderr."""
+    proc = _run(
+        """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+        with torch.no_grad():
+            y = torch.compile(m, backend='qnn', options={'device': 'npu', 'strict': True})(torch.randn(2, 8))
+        print('shape', tuple(y.shape))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "shape (2, 8)\n"
+    assert "LIBNATIVE" not in proc.stderr and "onnxruntime" not in proc.stderr.lower(), proc.stderr
+
+
+_CACHE_SCRIPT = """
+import json, sys, torch
+import qnnx_backend
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+x = torch.randn(3, 16)
+with torch.no_grad():
+    y = torch.compile(m, backend='qnn', options={'device': 'npu', 'strict': True, 'cache': True,
+                                                  'cache_dir': sys.argv[1]})(x)
+    ref = m(x)
+r = qnnx_backend.compile_reports()[-1]
+print(json.dumps({"cache": r.cache, "device": r.device, "stages": sorted(r.timings),
+                  "err": ((y - ref).abs().max() / ref.abs().max()).item()}))
+"""
+
+
+def test_context_cache_is_reused_by_a_second_process(tmp_path):
+    """A second process with the same model and options loads the compiled context: no export, same answer."""
+    script = tmp_path / "cached.py"
+    script.write_text(_CACHE_SCRIPT)
+    results = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = results
+    assert first["cache"] == "miss" and "export" in first["stages"]
+    assert second["cache"] == "hit" and "export" not in second["stages"]
+    assert first["device"] == second["device"] == "npu"
+    assert first["err"] < 2e-2 and second["err"] < 2e-2
+
+
+def test_layering_rule_holds():
+    """Leaves never import each other; only export and backend import torch; opcheck/export never import ORT."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "check_layers.py")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_importing_packages_does_no_work():
+    """Importing any qnnx package starts no QNN session and imports neither torch nor onnxruntime (leaves)."""
+    proc = _run(
+        """
+        import sys
+        import qnnx_detection, qnnx_opcheck, qnnx_ctxcache
+        heavy = sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules)
+        import qnnx_backend
+        print(','.join(heavy) or '-', 'torch' in sys.modules)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["-", "False"]

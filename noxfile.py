@@ -1,0 +1,96 @@
+"""The one entry point for qnnx tasks: `python -m nox -l` lists the sessions; CI runs `tests`.
+
+Venvs are made with the standard library's venv and filled with pip: on these machines pip takes the local CPU
+build of torch 2.13.0 without downloading, while uv and poetry would download several GB of CUDA wheels.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+nox.options.error_on_external_run = True
+
+ROOT = Path(__file__).parent
+PYTHON = "3.11"
+LEAVES = ("detection", "export", "opcheck", "ctxcache")
+PACKAGES = (*LEAVES, "backend")
+# The default pins: what CI, the demo and the benchmarks run. A range such as torch>=2.13,<2.15 would make pip
+# pick 2.14.1, a 5.5 GB CUDA build; the matrix session tests 2.14 on purpose.
+TORCH = "torch==2.13.0"
+ORT_QNN = "onnxruntime-qnn==2.7.0"
+TEST_EXTRAS = ("transformers>=4.45",)
+MATRIX_TORCH = ("2.13.0", "2.14.1")
+MATRIX_ORT_QNN = ("2.4.0", "2.5.0", "2.6.0", "2.7.0")
+
+
+def _install(session: nox.Session, torch: str = TORCH, ort_qnn: str = ORT_QNN, test: bool = True) -> None:
+    session.install("--upgrade", "pip")
+    session.install(torch, ort_qnn)
+    extra = "[test]" if test else ""
+    args = [arg for name in PACKAGES for arg in ("-e", f"{ROOT / 'packages' / name}{extra}")]
+    session.install(*args, *(TEST_EXTRAS if test else ()))
+
+
+def _versions(session: nox.Session) -> None:
+    session.run(
+        "python",
+        "-c",
+        "import importlib.metadata as m; print(' | '.join(f'{d} {m.version(d)}' for d in "
+        "('torch', 'onnxruntime', 'onnxruntime-qnn', 'onnx', 'onnxscript')))",
+    )
+
+
+def _pytest(session: nox.Session, *extra: str) -> None:
+    env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
+    marker = () if "-m" in session.posargs else ("-m", "not slow")
+    for name in PACKAGES:  # one run per package, so each is tested in its own process
+        session.run("pytest", f"packages/{name}/tests", "-p", "no:cacheprovider", *marker, *extra, *session.posargs, env=env)
+    session.run("pytest", "integration-tests", "-p", "no:cacheprovider", *marker, *extra, *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The CI gate: every package's tests and the end-to-end tests on the real QNN HTP simulator."""
+    _install(session)
+    _versions(session)
+    _pytest(session)
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """Compile a small real model with torch.compile(backend="qnn"), run it on QNN HTP and check it against eager."""
+    _install(session, test=False)
+    session.run("python", "tools/demo.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check, and the layering rule (leaves never import each other)."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "tools/check_layers.py")
+
+
+@nox.session(python=PYTHON, default=False)
+@nox.parametrize("torch", MATRIX_TORCH)
+@nox.parametrize("ort_qnn", MATRIX_ORT_QNN)
+def matrix(session: nox.Session, torch: str, ort_qnn: str) -> None:
+    """Opt-in: the suite against torch (2.13, 2.14) x onnxruntime-qnn (2.4-2.7). torch 2.14.1 is a 5.5 GB wheel."""
+    _install(session, torch=f"torch=={torch}", ort_qnn=f"onnxruntime-qnn=={ort_qnn}")
+    _versions(session)
+    _pytest(session)
+
+
+@nox.session(python=PYTHON, default=False)
+def slow(session: nox.Session) -> None:
+    """Opt-in: the slow tests too (the whole export corpus, the full op-table check against the simulator)."""
+    _install(session)
+    _versions(session)
+    _pytest(session, "-m", "slow or not slow")

@@ -1,0 +1,345 @@
+"""The callable the ``qnn`` backend hands back to Dynamo, and the device chain behind it (private)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from qnnx_backend import _report
+from qnnx_backend._options import BackendOptions
+from qnnx_backend._session import DeviceRejected as _DeviceRejected
+from qnnx_backend._session import QnnProgram, build_program
+from qnnx_backend.errors import (
+    QnnDeviceError,
+    QnnFallbackWarning,
+    QnnRuntimeError,
+    UnsupportedGraphError,
+)
+
+logger = logging.getLogger(__name__)
+
+_CHAIN = ("npu", "gpu")
+
+
+def _is_symbolic(value: object) -> bool:
+    return isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool)
+
+
+def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: Sequence[int]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` whose symbolic-size placeholders are replaced by the concrete values in ``args``.
+
+    Dynamo passes sizes of dynamic dimensions as extra SymInt placeholders; the QNN path compiles one static
+    graph per concrete shape, so each such placeholder becomes a Python constant. The original gm is not touched.
+    """
+    static = copy.deepcopy(gm)
+    placeholders = [n for n in static.graph.nodes if n.op == "placeholder"]
+    for pos in sym_positions:
+        node = placeholders[pos]
+        value = args[pos]
+        for user in list(node.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)
+        static.graph.erase_node(node)
+    # The remaining placeholders still carry symbolic example values; give them the concrete tensors so that
+    # later stages (analysis, export) see a static graph.
+    concrete = [a for i, a in enumerate(args) if i not in set(sym_positions)]
+    for node, value in zip([n for n in static.graph.nodes if n.op == "placeholder"], concrete):
+        if isinstance(value, torch.Tensor):
+            node.meta["example_value"] = value.detach()
+    static.recompile()
+    return static
+
+
+@attrs.frozen
+class _Eager:
+    """Runs the original graph with PyTorch."""
+
+    gm: Callable[..., Any]
+    report: _report.CompileReport
+
+    def __call__(self, args: Sequence[object]) -> Any:
+        return self.gm(*args)
+
+
+class QnnGraph:
+    """The compiled function of one Dynamo graph.
+
+    Dynamo calls it with every graph argument (lifted parameters and buffers included). Static graphs are compiled
+    when the backend is called; graphs with symbolic sizes compile one static variant per concrete shape on first use.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object], options: BackendOptions) -> None:
+        self._gm = gm
+        self._options = options
+        self._lock = threading.Lock()
+        self._sym_positions = tuple(
+            i
+            for i, a in enumerate(example_inputs)
+            if _is_symbolic(a) or (isinstance(a, int) and not isinstance(a, bool))
+        )
+        self._variants: dict[tuple[object, ...], _Eager | _QnnVariant | _Specialized] = {}
+
+    @property
+    def reports(self) -> tuple[_report.CompileReport, ...]:
+        """The report of each static variant compiled so far."""
+        return tuple(v.report for v in self._variants.values())
+
+    def __call__(self, *args: object) -> Any:
+        # Compilation happens on the first call of each concrete shape, not inside Dynamo's backend call: Dynamo
+        # wraps any exception a backend raises into BackendCompilerFailed (dropping its type), while an exception
+        # raised here reaches the user as the QnnDeviceError / UnsupportedGraphError it is.
+        key = tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
+        variant = self._variants.get(key)
+        if variant is None:
+            with self._lock:
+                variant = self._variants.get(key)
+                if variant is None:
+                    if self._sym_positions:
+                        static = specialize(self._gm, args, self._sym_positions)
+                        rest = [a for i, a in enumerate(args) if i not in self._sym_positions]
+                        variant = _Specialized(self._compile(static, rest), self._sym_positions)
+                    else:
+                        variant = self._compile(self._gm, list(args))
+                    self._variants[key] = variant
+        return variant(args)
+
+    # -- compilation ---------------------------------------------------------------------------------------------
+
+    def _compile(
+        self, gm: torch.fx.GraphModule, args: list[object], exclude: frozenset[str] = frozenset()
+    ) -> _Eager | _QnnVariant:
+        import qnnx_detection
+        import qnnx_export
+
+        opts = self._options
+        graph_id = _report.next_graph_id()
+        start = time.perf_counter()
+        timings: dict[str, float] = {}
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        base = {"graph_id": graph_id, "requested_device": opts.device, "strict": opts.strict, "input_shapes": shapes}
+
+        def eager(reason: str, attempts: Sequence[_report.Attempt] = (), *, warn: bool) -> _Eager:
+            timings["total"] = time.perf_counter() - start
+            rep = _report.CompileReport(
+                device="eager", reason=reason, attempts=tuple(attempts), timings=timings, **base
+            )
+            _report.record(rep)
+            if warn:
+                warnings.warn(
+                    f"qnn backend: {reason}; running the original PyTorch graph.", QnnFallbackWarning, stacklevel=3
+                )
+            logger.info("%s", rep.summary())
+            return _Eager(gm, rep)
+
+        device = opts.device
+        probe = qnnx_detection.probe()
+        if device == "auto" and probe.overrides.device not in (None, "auto"):
+            device = probe.overrides.device
+            logger.info("QNNX_DEVICE=%s overrides device='auto'", device)
+        if device == "cpu":
+            return eager("device='cpu' was requested", warn=False)
+
+        t = time.perf_counter()
+        analysis = qnnx_export.analyze(gm, args)
+        timings["analyze"] = time.perf_counter() - t
+        if analysis.problems:
+            details = [p.detail for p in analysis.problems]
+            if opts.strict:
+                raise UnsupportedGraphError(
+                    details,
+                    "With strict=True qnnx refuses to run such a graph on QNN, since the result would differ from "
+                    "PyTorch. Fix: call the model under torch.no_grad() and model.eval(), avoid in-place updates of "
+                    "inputs and buffers, or use strict=False to run these graphs in PyTorch.",
+                )
+            return eager("; ".join(details), warn=True)
+
+        devices = [d for d in ([device] if device != "auto" else _CHAIN) if d not in exclude]
+        attempts: list[_report.Attempt] = []
+        shared: dict[str, Any] = {}  # export result shared across devices of one chain
+        for pos, dev in enumerate(devices):
+            nxt = devices[pos + 1] if pos + 1 < len(devices) else "eager PyTorch"
+            t = time.perf_counter()
+            status = probe.backend(dev)
+            if not status.available:
+                # The probe really initialized the backend once in this process: no need to fail again here.
+                attempts.append(_report.Attempt(device=dev, ok=False, reason=f"skipped: {status.reason}"))
+                if opts.strict and device != "auto":
+                    raise QnnDeviceError(dev, f"the QNN backend is not usable here: {status.reason}")
+                logger.info(
+                    "qnn backend: graph %d: %s unavailable (%s); now trying %s", graph_id, dev, status.reason, nxt
+                )
+                continue
+            try:
+                program = build_program(gm, args, dev, opts, analysis, shared, timings)
+            except _DeviceRejected as exc:
+                attempts.append(
+                    _report.Attempt(device=dev, ok=False, reason=exc.cause, seconds=time.perf_counter() - t)
+                )
+                if opts.strict and device != "auto":
+                    raise QnnDeviceError(dev, exc.cause) from exc.__cause__
+                logger.warning("qnn backend: graph %d failed on %s (%s); now trying %s", graph_id, dev, exc.cause, nxt)
+                continue
+            attempts.append(_report.Attempt(device=dev, ok=True, seconds=time.perf_counter() - t))
+            timings["total"] = time.perf_counter() - start
+            rep = _report.CompileReport(
+                device=dev,
+                attempts=tuple(attempts),
+                is_simulator=program.is_simulator,
+                soc_model=program.soc_model,
+                soc_name=qnnx_detection.soc_name(program.soc_model) if program.soc_model is not None else None,
+                cache=program.cache,
+                onnx_nodes=program.onnx_nodes,
+                passes_applied=program.passes_applied,
+                timings=timings,
+                **base,
+            )
+            _report.record(rep)
+            logger.info("%s", rep.summary())
+            return _QnnVariant(self, gm, args, program, rep, exclude)
+        reasons = "; ".join(f"{a.device}: {a.reason}" for a in attempts) or "no QNN device was tried"
+        if opts.strict:  # device='auto' with strict: no device of the chain took the graph
+            raise QnnDeviceError(device, f"no QNN device could take the graph ({reasons})")
+        return eager(f"no QNN device could take the graph ({reasons})", attempts, warn=False)
+
+
+@attrs.frozen
+class _Specialized:
+    """A static variant of a graph with symbolic sizes: drops the size arguments before calling the variant."""
+
+    inner: Any
+    sym_positions: tuple[int, ...]
+
+    @property
+    def report(self) -> _report.CompileReport:
+        return self.inner.report
+
+    def __call__(self, args: Sequence[object]) -> Any:
+        return self.inner([a for i, a in enumerate(args) if i not in self.sym_positions])
+
+
+class _QnnVariant:
+    """One static graph compiled for a QNN device."""
+
+    def __init__(
+        self,
+        owner: QnnGraph,
+        gm: torch.fx.GraphModule,
+        args: Sequence[object],
+        program: QnnProgram,
+        report: _report.CompileReport,
+        exclude: frozenset[str],
+    ) -> None:
+        self._owner = owner
+        self._gm = gm
+        self._program = program
+        self.report = report
+        self._exclude = exclude
+        self._fallback: _Eager | _QnnVariant | None = None
+        self._verified = not owner._options.verify
+        self._lock = threading.Lock()
+        # Frozen weights are snapshots: remember which tensors and which versions were frozen, so that an in-place
+        # update after compile (optimizer step, load_state_dict, no_grad fill_) triggers a recompile instead of a
+        # silently stale result.
+        self._frozen = [
+            (i, args[i], args[i]._version) for i in program.param_indices if isinstance(args[i], torch.Tensor)
+        ]
+
+    def _weights_changed(self, args: Sequence[object]) -> bool:
+        return any(args[i] is not t or t._version != v for i, t, v in self._frozen)
+
+    def __call__(self, args: Sequence[object]) -> Any:
+        if self._fallback is not None:
+            return self._fallback(args)
+        if self._weights_changed(args):
+            with self._lock:
+                if self._weights_changed(args):
+                    logger.info(
+                        "qnn backend: weights of graph %d changed since compile; recompiling", self.report.graph_id
+                    )
+                    fresh = self._owner._compile(self._gm, list(args), self._exclude)
+                    if isinstance(fresh, _QnnVariant):
+                        self._program, self.report, self._frozen = fresh._program, fresh.report, fresh._frozen
+                    else:
+                        self._fallback = fresh
+                        return fresh(args)
+        try:
+            out = self._program.run(args)
+        except Exception as exc:  # a run-time failure of the EP (e.g. an NPU subsystem restart)
+            out = self._recover(args, exc)
+            if out is _FELL_BACK:
+                return self._fallback(args)  # type: ignore[misc]
+        if not self._verified:
+            self._verified = True
+            problem = self._check_accuracy(args, out)
+            if problem is not None:
+                return self._reject(args, problem)
+        return out
+
+    def _recover(self, args: Sequence[object], exc: Exception) -> Any:
+        opts = self._owner._options
+        logger.warning(
+            "qnn backend: graph %d failed at run time on %s (%s); recreating the session once",
+            self.report.graph_id,
+            self.report.device,
+            exc,
+        )
+        try:
+            self._program = self._program.recreate()
+            return self._program.run(args)
+        except Exception as again:
+            cause = f"run failed twice on {self.report.device}: {again}"
+            if opts.strict:
+                raise QnnRuntimeError(f"qnn backend: graph {self.report.graph_id}: {cause}") from again
+            self._reject_device(args, cause)
+            return _FELL_BACK
+
+    def _check_accuracy(self, args: Sequence[object], out: Any) -> str | None:
+        with torch.no_grad():
+            ref = self._gm(*args)
+        got_leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        ref_leaves = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
+        opts = self._owner._options
+        for k, (g, r) in enumerate(zip(got_leaves, ref_leaves)):
+            if not (g.is_floating_point() and r.is_floating_point()):
+                if not torch.equal(g, r.to(g.dtype)):
+                    return f"output {k} differs from eager PyTorch (non-float output)"
+                continue
+            g64, r64 = g.double().flatten(), r.double().flatten()
+            scale = r64.abs().max().item() if r64.numel() else 0.0
+            err = (g64 - r64).abs().max().item() if r64.numel() else 0.0
+            rel = err / scale if scale > 0 else err
+            denom = (g64.norm() * r64.norm()).item()
+            cos = (g64 @ r64).item() / denom if denom > 0 else (1.0 if err == 0 else 0.0)
+            if not (rel <= opts.verify_rtol and cos >= opts.verify_min_cosine):
+                return (
+                    f"output {k} differs from eager PyTorch: max|err|/max|ref| = {rel:.3g} "
+                    f"(limit {opts.verify_rtol:g}), cosine = {cos:.6f} (limit {opts.verify_min_cosine:g})"
+                )
+        return None
+
+    def _reject(self, args: Sequence[object], problem: str) -> Any:
+        if self._owner._options.strict:
+            raise QnnRuntimeError(
+                f"qnn backend: accuracy guard: graph {self.report.graph_id} on {self.report.device}: {problem}"
+            )
+        self._reject_device(args, f"accuracy guard: {problem}")
+        return self._fallback(args)  # type: ignore[misc]
+
+    def _reject_device(self, args: Sequence[object], cause: str) -> None:
+        warnings.warn(
+            f"qnn backend: graph {self.report.graph_id} leaves {self.report.device}: {cause}",
+            QnnFallbackWarning,
+            stacklevel=4,
+        )
+        self._fallback = self._owner._compile(self._gm, list(args), self._exclude | {self.report.device})
+
+
+_FELL_BACK = object()

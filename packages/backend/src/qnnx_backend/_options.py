@@ -1,0 +1,229 @@
+"""Validated, immutable options of the ``qnn`` backend (private; public as :class:`qnnx_backend.BackendOptions`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from qnnx_backend.errors import InvalidOptionsError
+
+DEVICES = ("auto", "npu", "gpu", "cpu")
+_DEVICE_ALIASES = {"htp": "npu", "dsp": "npu"}
+PARTITIONS = ("whole", "mixed")
+
+# QNN EP provider options (onnxruntime-qnn 2.4-2.7) a user may pass through `provider_options`. ORT silently
+# ignores unknown keys (verified with 2.7.0), so a typo would otherwise degrade without a word: we check names.
+# backend_path/backend_type/soc_model are owned by qnnx (device and soc_model options) and refused here.
+PASSTHROUGH_PROVIDER_OPTIONS = frozenset(
+    {
+        "htp_performance_mode",
+        "htp_graph_finalization_optimization_mode",
+        "htp_arch",
+        "vtcm_mb",
+        "device_id",
+        "rpc_control_latency",
+        "qnn_context_priority",
+        "profiling_level",
+        "profiling_file_path",
+        "enable_htp_fp16_clamp_overflow",
+        "enable_htp_spill_fill_buffer",
+        "htp_bf16_enable",
+        "op_affinity",
+        "enable_htp_matmul_lut",
+        "dump_json_qnn_graph",
+        "json_qnn_graph_dir",
+        "enable_htp_monolithic_lstm",
+        "offload_graph_io_quantization",
+    }
+)
+_OWNED_PROVIDER_OPTIONS = {
+    "backend_path": "device",
+    "backend_type": "device",
+    "soc_model": "soc_model",
+    "enable_htp_fp16_precision": "fp16",
+}
+
+
+def _device(value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidOptionsError(
+            f"device={value!r} is not valid; accepted: {', '.join(map(repr, DEVICES))}. "
+            "Example: options={'device': 'npu'}"
+        )
+    name = _DEVICE_ALIASES.get(value.strip().lower(), value.strip().lower())
+    if name not in DEVICES:
+        raise InvalidOptionsError(
+            f"device={value!r} is not valid; accepted: {', '.join(map(repr, DEVICES))} "
+            "('htp' is accepted as another name for 'npu')."
+        )
+    return name
+
+
+def _bool(name: str):
+    def convert(value: object) -> bool:
+        if isinstance(value, bool):
+            return value
+        raise InvalidOptionsError(f"{name}={value!r} is not valid; accepted: True or False.")
+
+    return convert
+
+
+def _soc_model(value: object) -> int | str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidOptionsError(
+            f"soc_model={value!r} is not valid; accepted: a QNN SoC number (e.g. 60) or a chip name "
+            "(e.g. 'SC8380XP'), or None for the detected chip."
+        )
+    import qnnx_detection  # cheap: importing detection does no work
+
+    try:
+        return qnnx_detection.resolve_soc_model(value)
+    except ValueError as exc:
+        raise InvalidOptionsError(f"soc_model={value!r} is not valid: {exc}") from exc
+
+
+def _cache_dir(value: object) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise InvalidOptionsError(f"cache_dir={value!r} is not valid; accepted: a path (str or os.PathLike) or None.")
+    return Path(value).expanduser()
+
+
+def _provider_options(value: object) -> tuple[tuple[str, str], ...]:
+    if value is None or value == ():
+        return ()
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)  # already-normalised pairs, e.g. from attrs.evolve
+    if not isinstance(value, Mapping):
+        raise InvalidOptionsError(
+            f"provider_options={value!r} is not valid; accepted: a dict of QNN EP option names to values."
+        )
+    pairs = []
+    errors = []
+    for key, val in value.items():
+        if key in _OWNED_PROVIDER_OPTIONS:
+            errors.append(f"{key!r} is set by qnnx; use the {_OWNED_PROVIDER_OPTIONS[key]!r} option instead")
+        elif key not in PASSTHROUGH_PROVIDER_OPTIONS:
+            errors.append(f"{key!r} is not a QNN EP option qnnx passes through")
+        elif not isinstance(val, str | int) or isinstance(val, bool):
+            errors.append(f"{key!r} has value {val!r}; accepted: str or int")
+        else:
+            pairs.append((key, str(val)))
+    if errors:
+        accepted = ", ".join(sorted(PASSTHROUGH_PROVIDER_OPTIONS))
+        raise InvalidOptionsError(
+            "provider_options is not valid: " + "; ".join(errors) + f". Accepted keys: {accepted}."
+        )
+    return tuple(sorted(pairs))
+
+
+def _tolerance(name: str):
+    def convert(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise InvalidOptionsError(f"{name}={value!r} is not valid; accepted: a finite number > 0.")
+        return float(value)
+
+    return convert
+
+
+def _partition(value: object) -> str:
+    if value not in PARTITIONS:
+        raise InvalidOptionsError(f"partition={value!r} is not valid; accepted: {', '.join(map(repr, PARTITIONS))}.")
+    return str(value)
+
+
+@attrs.frozen(kw_only=True)
+class BackendOptions:
+    """Options of ``torch.compile(model, backend="qnn", options={...})``.
+
+    Parsed and validated before any work: an unknown key or a bad value raises
+    :class:`~qnnx_backend.errors.InvalidOptionsError` naming the accepted keys or values.
+    """
+
+    device: str = attrs.field(default="auto", converter=_device)
+    """``"auto"`` tries NPU (HTP), then GPU, then the original PyTorch graph; or exactly ``"npu"``, ``"gpu"``,
+    ``"cpu"`` (``"cpu"`` runs the original PyTorch graph: no ONNX, no QNN)."""
+
+    strict: bool = attrs.field(default=False, converter=_bool("strict"))
+    """When True, a failure on the chosen device raises instead of falling back."""
+
+    fp16: bool = attrs.field(default=False, converter=_bool("fp16"))
+    """Run the graph in float16 end to end: weights and float inputs are cast to float16 at the ONNX boundary,
+    outputs are cast back to the caller's dtype. HTP computes float graphs in fp16 anyway on QAIRT >= 2.35, so on
+    the NPU this halves weight memory and the cached context, not precision; see the README."""
+
+    cache: bool = attrs.field(default=False, converter=_bool("cache"))
+    """Keep compiled QNN contexts on disk (qnnx-ctxcache) so later processes skip export and compile."""
+
+    cache_dir: Path | None = attrs.field(default=None, converter=_cache_dir)
+    """Where the context cache lives; None uses ``QNNX_CTXCACHE_DIR`` or the platform cache directory."""
+
+    soc_model: int | None = attrs.field(default=None, converter=_soc_model)
+    """Target Snapdragon chip: a QNN SoC number or a chip name; None = the detected chip on real hardware,
+    Snapdragon X Elite (60) on the host simulator."""
+
+    provider_options: tuple[tuple[str, str], ...] = attrs.field(factory=tuple, converter=_provider_options)
+    """Extra QNN EP provider options passed through (names are checked against a list of known options)."""
+
+    verify: bool = attrs.field(default=False, converter=_bool("verify"))
+    """Accuracy guard: compare the first call of each compiled graph with eager PyTorch."""
+
+    verify_rtol: float = attrs.field(default=5e-2, converter=_tolerance("verify_rtol"))
+    """Guard threshold on max |qnn - eager| / max |eager| (fp16-level default)."""
+
+    verify_min_cosine: float = attrs.field(default=0.999, converter=_tolerance("verify_min_cosine"))
+    """Guard threshold on the cosine similarity of qnn and eager outputs."""
+
+    partition: str = attrs.field(default="whole", converter=_partition)
+    """``"whole"``: a graph runs wholly on QNN or not at all; ``"mixed"``: nodes QNN cannot take run on ONNX
+    Runtime's CPU EP inside the same session."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.cache_dir is not None and not self.cache:
+            raise InvalidOptionsError(
+                f"cache_dir={str(self.cache_dir)!r} is set but cache=False; pass cache=True to use the context "
+                "cache, or drop cache_dir."
+            )
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The option names ``torch.compile(..., options=...)`` accepts."""
+        return tuple(a.name for a in attrs.fields(cls))
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> BackendOptions:
+        """Parse ``torch.compile(..., options=...)``; every failure is an InvalidOptionsError."""
+        if raw is None:
+            return cls()
+        if isinstance(raw, BackendOptions):
+            return raw
+        if not isinstance(raw, Mapping):
+            raise InvalidOptionsError(f"options={raw!r} is not valid; accepted: a dict such as {{'device': 'npu'}}.")
+        unknown = sorted(str(k) for k in raw if k not in cls.option_names())
+        if unknown:
+            raise InvalidOptionsError(
+                f"unknown option(s) {', '.join(map(repr, unknown))} for backend='qnn'; valid keys: "
+                f"{', '.join(cls.option_names())}."
+            )
+        try:
+            return cls(**dict(raw))
+        except InvalidOptionsError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise InvalidOptionsError(f"invalid options for backend='qnn': {exc}") from exc
+
+    def cache_material(self) -> dict[str, str]:
+        """The options that change what is compiled (they go into the context-cache key)."""
+        return {
+            "fp16": str(self.fp16),
+            "partition": self.partition,
+            **{f"provider.{k}": v for k, v in self.provider_options},
+        }

@@ -1,0 +1,105 @@
+"""Where a compiled graph runs, and why (private; public as :class:`qnnx_backend.CompileReport`)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+DEVICE_LABELS = {"npu": "QNN HTP (NPU)", "gpu": "QNN GPU", "eager": "PyTorch eager (CPU)"}
+
+
+@attrs.frozen(kw_only=True)
+class Attempt:
+    """One device the chain tried for a graph."""
+
+    device: str
+    """``"npu"`` or ``"gpu"``."""
+    ok: bool
+    """True when the graph was compiled for this device."""
+    reason: str | None = None
+    """Why the device was skipped or failed; None when ok."""
+    seconds: float = 0.0
+    """Time spent on this device (export, checks, session creation)."""
+
+
+@attrs.frozen(kw_only=True)
+class CompileReport:
+    """What happened to one Dynamo graph (one static shape): where it runs and why.
+
+    ``device`` is ``"npu"``, ``"gpu"`` or ``"eager"`` (the original PyTorch graph on the CPU).
+    """
+
+    graph_id: int
+    device: str
+    requested_device: str
+    strict: bool
+    attempts: tuple[Attempt, ...] = ()
+    reason: str | None = None
+    """Why the graph runs on eager PyTorch, when it does."""
+    is_simulator: bool | None = None
+    """True when QNN HTP is the host simulator (x86_64), False on Snapdragon silicon, None for eager."""
+    soc_model: int | None = None
+    soc_name: str | None = None
+    cache: str = "off"
+    """``"off"``, ``"hit"`` (context loaded, no export), ``"miss"`` (compiled and stored) or ``"bypass"``."""
+    onnx_nodes: int | None = None
+    passes_applied: tuple[str, ...] = ()
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+    timings: Mapping[str, float] = attrs.field(factory=dict)
+    """Seconds per stage: analyze, fingerprint, export, opcheck, session, cache_lookup, total."""
+
+    @property
+    def on_qnn(self) -> bool:
+        """True when the graph runs on a QNN backend."""
+        return self.device in ("npu", "gpu")
+
+    def summary(self) -> str:
+        """One line, e.g. ``graph 0: QNN HTP (NPU) (simulator, soc 60 SC8380XP), 12 ONNX nodes, 0.81 s``."""
+        where = DEVICE_LABELS.get(self.device, self.device)
+        if self.on_qnn:
+            kind = "simulator" if self.is_simulator else "silicon"
+            soc = f"soc {self.soc_model}" + (f" {self.soc_name}" if self.soc_name else "")
+            detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes, cache {self.cache}"
+        else:
+            detail = f"{where}: {self.reason}"
+        total = self.timings.get("total")
+        return f"graph {self.graph_id}: {detail}" + (f", {total:.2f} s" if total is not None else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the report."""
+        return attrs.asdict(
+            self, recurse=True, value_serializer=lambda _i, _a, v: dict(v) if isinstance(v, Mapping) else v
+        )
+
+
+_REPORTS: deque[CompileReport] = deque(maxlen=256)
+_LOCK = threading.Lock()
+_NEXT_ID = [0]
+
+
+def next_graph_id() -> int:
+    with _LOCK:
+        value = _NEXT_ID[0]
+        _NEXT_ID[0] += 1
+        return value
+
+
+def record(report: CompileReport) -> None:
+    with _LOCK:
+        _REPORTS.append(report)
+
+
+def compile_reports() -> tuple[CompileReport, ...]:
+    """Reports of the graphs compiled in this process (the most recent 256), oldest first."""
+    with _LOCK:
+        return tuple(_REPORTS)
+
+
+def clear_compile_reports() -> None:
+    """Forget the recorded reports (graph ids keep counting)."""
+    with _LOCK:
+        _REPORTS.clear()

@@ -1,0 +1,358 @@
+"""Export, check, compile (or load from the context cache) and run one static graph on a QNN device (private)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from qnnx_backend._options import BackendOptions
+
+logger = logging.getLogger(__name__)
+
+_OPCHECK_BACKEND = {"npu": "htp", "gpu": "gpu"}
+_CTX_FILE = "model_ctx.onnx"
+# ORT type strings of session inputs -> numpy dtypes, for the few casts the call path may need.
+_ORT_TO_NUMPY = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
+class DeviceRejected(Exception):
+    """A device cannot take the graph; ``cause`` says why in one sentence (internal to the backend)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+def _first_line(exc: BaseException, limit: int = 400) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def output_dtypes(gm: torch.fx.GraphModule) -> tuple[torch.dtype | None, ...]:
+    """The dtype of each element of the graph's output tuple, as eager PyTorch would return it."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], tuple | list) else (out.args[0],)
+    dtypes: list[torch.dtype | None] = []
+    for v in values:
+        ex = v.meta.get("example_value", v.meta.get("val")) if isinstance(v, torch.fx.Node) else None
+        dtypes.append(ex.dtype if isinstance(ex, torch.Tensor) else None)
+    return tuple(dtypes)
+
+
+class QnnProgram:
+    """An ORT session on a QNN device plus what is needed to call it with Dynamo's arguments."""
+
+    def __init__(
+        self,
+        *,
+        session: Any,
+        signature: Any,
+        param_indices: Sequence[int],
+        device: str,
+        soc_model: int,
+        is_simulator: bool,
+        cache: str,
+        onnx_nodes: int | None,
+        passes_applied: Sequence[str],
+        out_dtypes: Sequence[torch.dtype | None],
+        recreate_from: tuple[Any, Mapping[str, Any]],
+    ) -> None:
+        self.session = session
+        self.signature = signature
+        self.param_indices = tuple(param_indices)
+        self.device = device
+        self.soc_model = soc_model
+        self.is_simulator = is_simulator
+        self.cache = cache
+        self.onnx_nodes = onnx_nodes
+        self.passes_applied = tuple(passes_applied)
+        self._out_dtypes = tuple(out_dtypes)
+        self._recreate_from = recreate_from
+        self._input_names = [i.name for i in session.get_inputs()]
+        self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
+        self._output_names = [o.name for o in session.get_outputs()]
+
+    def run(self, args: Sequence[object]) -> Any:
+        """Run on QNN; torch tensors in, torch tensors out, in the graph's output structure."""
+        feed = {}
+        for name, want, tensor in zip(self._input_names, self._input_types, self.signature.onnx_inputs(args)):
+            array = tensor.detach().numpy()  # shares memory with the contiguous CPU tensor: no copy
+            if want is not None and array.dtype != want:
+                array = array.astype(want)
+            feed[name] = array
+        outs = self.session.run(self._output_names, feed)
+        result = self.signature.assemble([torch.from_numpy(o) for o in outs], args)
+        return self._restore_dtypes(result)
+
+    def _restore_dtypes(self, result: Any) -> Any:
+        if not isinstance(result, tuple | list):
+            return result
+        fixed = [
+            r.to(d) if isinstance(r, torch.Tensor) and d is not None and r.dtype != d else r
+            for r, d in zip(result, self._out_dtypes)
+        ]
+        return type(result)(fixed) if isinstance(result, tuple) else fixed
+
+    def recreate(self) -> QnnProgram:
+        """A new session from the same model (after a run-time failure of the EP)."""
+        import qnnx_detection
+
+        model, kwargs = self._recreate_from
+        session = qnnx_detection.create_session(model, self.device, **kwargs)
+        clone = object.__new__(QnnProgram)
+        clone.__dict__.update(self.__dict__)
+        clone.session = session
+        return clone
+
+
+@functools.cache
+def _store(root: str | None) -> Any:
+    import qnnx_ctxcache
+
+    return qnnx_ctxcache.ContextStore(root)
+
+
+_store_lock = threading.Lock()
+
+
+def _versions() -> dict[str, str]:
+    import qnnx_detection
+    import qnnx_export
+    from qnnx_backend._version import __version__
+
+    v = qnnx_detection.probe().versions
+    return {
+        "onnxruntime": str(v.onnxruntime),
+        "onnxruntime-qnn": str(v.onnxruntime_qnn),
+        "qairt": str(v.qairt),
+        "torch": torch.__version__,
+        "qnnx-export": qnnx_export.__version__,
+        "qnnx-backend": __version__,
+    }
+
+
+def _export_args(args: Sequence[object], fp16: bool) -> list[object]:
+    if not fp16:
+        return list(args)
+    return [
+        a.detach().half() if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float16 else a
+        for a in args
+    ]
+
+
+def _exported(
+    gm: torch.fx.GraphModule,
+    args: Sequence[object],
+    opts: BackendOptions,
+    analysis: Any,
+    shared: dict[str, Any],
+    timings: dict[str, float],
+) -> Any:
+    """Export once per chain (the result does not depend on the device); remember a failure too."""
+    import qnnx_export
+
+    if "exported" not in shared:
+        t = time.perf_counter()
+        try:
+            shared["exported"] = qnnx_export.export(gm, _export_args(args, opts.fp16), analysis=analysis)
+        except Exception as exc:
+            shared["exported"] = DeviceRejected(f"ONNX export failed: {_first_line(exc)}")
+            shared["exported"].__cause__ = exc
+        timings["export"] = time.perf_counter() - t
+    result = shared["exported"]
+    if isinstance(result, DeviceRejected):
+        raise result
+    return result
+
+
+def _check_ops(exported: Any, device: str, soc: int, opts: BackendOptions, timings: dict[str, float]) -> None:
+    import qnnx_opcheck
+
+    t = time.perf_counter()
+    report = qnnx_opcheck.check_model(exported.model, _OPCHECK_BACKEND[device], soc_model=soc)
+    timings[f"opcheck_{device}"] = time.perf_counter() - t
+    if report.supported or opts.partition == "mixed":
+        if not report.supported:
+            logger.info("qnn backend: partition='mixed': %s run on the ORT CPU EP", len(report.unsupported))
+        return
+    nodes = ", ".join(f"{v.op_type} ({v.node_name}): {v.reason}" for v in report.unsupported)
+    err = DeviceRejected(
+        f"{len(report.unsupported)} ONNX node(s) not supported by QNN {_OPCHECK_BACKEND[device]}: {nodes}"
+    )
+    try:
+        report.raise_for_unsupported()
+    except Exception as exc:
+        raise err from exc
+    raise err
+
+
+def _create(model: Any, device: str, kwargs: Mapping[str, Any], timings: dict[str, float]) -> Any:
+    import qnnx_detection
+
+    t = time.perf_counter()
+    try:
+        return qnnx_detection.create_session(model, device, **kwargs)
+    except qnnx_detection.errors.SessionCreationError as exc:
+        raise DeviceRejected(exc.cause) from exc
+    finally:
+        timings[f"session_{device}"] = time.perf_counter() - t
+
+
+def build_program(
+    gm: torch.fx.GraphModule,
+    args: Sequence[object],
+    device: str,
+    opts: BackendOptions,
+    analysis: Any,
+    shared: dict[str, Any],
+    timings: dict[str, float],
+) -> QnnProgram:
+    """Compile ``gm`` for ``device`` (or load its compiled context); raises DeviceRejected with the cause."""
+    import qnnx_detection
+
+    soc = opts.soc_model if opts.soc_model is not None else qnnx_detection.resolve_soc_model(None)
+    status = qnnx_detection.probe().backend(device)
+    extra = dict(opts.provider_options)
+    if opts.fp16 and device == "npu":
+        extra["enable_htp_fp16_precision"] = "1"
+    session_kwargs: dict[str, Any] = {
+        "soc_model": soc,
+        "provider_options": extra,
+        "allow_cpu_fallback": opts.partition == "mixed",
+    }
+    common = {
+        "param_indices": analysis.param_indices,
+        "device": device,
+        "soc_model": soc,
+        "is_simulator": bool(status.is_simulator),
+        "out_dtypes": output_dtypes(gm),
+    }
+
+    if not opts.cache:
+        exported = _exported(gm, args, opts, analysis, shared, timings)
+        _check_ops(exported, device, soc, opts, timings)
+        model = exported.model_bytes()
+        session = _create(model, device, session_kwargs, timings)
+        return QnnProgram(
+            session=session,
+            signature=exported.signature,
+            cache="off",
+            onnx_nodes=len(exported.model.graph.node),
+            passes_applied=exported.passes_applied,
+            recreate_from=(model, session_kwargs),
+            **common,
+        )
+    return _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra, session_kwargs, common)
+
+
+def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra, session_kwargs, common) -> QnnProgram:
+    import qnnx_ctxcache
+    import qnnx_detection
+    import qnnx_export
+
+    t = time.perf_counter()
+    if "fingerprint" not in shared:
+        shared["fingerprint"] = qnnx_export.fingerprint(gm, _export_args(args, opts.fp16), analysis)
+    timings["fingerprint"] = time.perf_counter() - t
+    with _store_lock:
+        store = _store(str(opts.cache_dir) if opts.cache_dir is not None else None)
+    key = qnnx_ctxcache.make_key(
+        model_digest=shared["fingerprint"],
+        ep_name=qnnx_detection.EP_NAME,
+        ep_options={"device": device, "soc_model": str(soc), **extra},
+        session_config={"partition": opts.partition, "fp16": str(opts.fp16)},
+        versions=_versions(),
+        target={"device": device, "soc_model": soc},
+    )
+    t = time.perf_counter()
+    entry = store.get(key)
+    timings["cache_lookup"] = time.perf_counter() - t
+    if entry is not None:
+        loaded = _load_entry(store, key, entry, device, session_kwargs, timings, common)
+        if loaded is not None:
+            return loaded
+
+    built: dict[str, Any] = {}
+
+    def build(staging: Path) -> Any:
+        exported = _exported(gm, args, opts, analysis, shared, timings)
+        _check_ops(exported, device, soc, opts, timings)
+        ctx_kwargs = dict(session_kwargs)
+        ctx_kwargs["session_config"] = {
+            "ep.context_enable": "1",
+            "ep.context_file_path": str(staging / _CTX_FILE),
+            "ep.context_embed_mode": "0",
+        }
+        built["session"] = _create(exported.model_bytes(), device, ctx_kwargs, timings)
+        built["exported"] = exported
+        return qnnx_ctxcache.BuildResult(
+            model_file=_CTX_FILE,
+            metadata={
+                "signature": exported.signature.to_dict(),
+                "onnx_nodes": len(exported.model.graph.node),
+                "passes_applied": list(exported.passes_applied),
+            },
+        )
+
+    entry = store.get_or_create(key, build)
+    if "session" not in built:  # another process published first: load what it built
+        loaded = _load_entry(store, key, entry, device, session_kwargs, timings, common)
+        if loaded is not None:
+            return loaded
+        raise DeviceRejected("the cached compiled context could not be loaded twice in a row")
+    exported = built["exported"]
+    return QnnProgram(
+        session=built["session"],
+        signature=exported.signature,
+        cache="miss",
+        onnx_nodes=len(exported.model.graph.node),
+        passes_applied=exported.passes_applied,
+        recreate_from=(str(entry.model_path), session_kwargs),
+        **common,
+    )
+
+
+def _load_entry(store, key, entry, device, session_kwargs, timings, common) -> QnnProgram | None:
+    import qnnx_detection
+    import qnnx_export
+
+    t = time.perf_counter()
+    try:
+        session = qnnx_detection.create_session(str(entry.model_path), device, **session_kwargs)
+        signature = qnnx_export.GraphSignature.from_dict(entry.metadata["signature"])
+    except Exception as exc:
+        logger.warning(
+            "qnn backend: cached context %s did not load (%s); quarantined, compiling again",
+            key.hex[:12],
+            _first_line(exc),
+        )
+        store.invalidate(key, f"load failed: {_first_line(exc)}")
+        return None
+    finally:
+        timings[f"session_{device}"] = time.perf_counter() - t
+    return QnnProgram(
+        session=session,
+        signature=signature,
+        cache="hit",
+        onnx_nodes=entry.metadata.get("onnx_nodes"),
+        passes_applied=tuple(entry.metadata.get("passes_applied", ())),
+        recreate_from=(str(entry.model_path), session_kwargs),
+        **common,
+    )

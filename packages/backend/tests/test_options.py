@@ -1,0 +1,117 @@
+"""BackendOptions: everything torch.compile(..., options=...) can say is validated before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from qnnx_backend import BackendOptions
+from qnnx_backend.errors import InvalidOptionsError
+
+VALID = BackendOptions.option_names()
+
+
+def test_defaults_are_documented_values():
+    """With no options the backend tries NPU -> GPU -> eager, not strict, no fp16 conversion, no cache."""
+    opts = BackendOptions.from_mapping(None)
+    assert (opts.device, opts.strict, opts.fp16, opts.cache, opts.cache_dir) == ("auto", False, False, False, None)
+    assert opts.soc_model is None and opts.partition == "whole" and opts.verify is False
+
+
+@given(st.text(min_size=1, max_size=12).filter(lambda k: k not in VALID))
+def test_unknown_key_names_all_valid_keys(key):
+    """Property: any unknown key is refused, and the message names it and lists every valid key."""
+    with pytest.raises(InvalidOptionsError) as info:
+        BackendOptions.from_mapping({key: 1})
+    assert repr(key) in str(info.value)
+    assert all(name in str(info.value) for name in VALID)
+
+
+@given(st.sampled_from(["auto", "npu", "gpu", "cpu", "NPU", " htp "]))
+def test_device_names_are_normalised(device):
+    """Device names are case-insensitive and 'htp' means 'npu'."""
+    assert BackendOptions.from_mapping({"device": device}).device in ("auto", "npu", "gpu", "cpu")
+
+
+@pytest.mark.parametrize("device", ["tpu", "", 3, None])
+def test_bad_device_lists_accepted_values(device):
+    """A bad device names the value and the accepted devices."""
+    with pytest.raises(InvalidOptionsError, match="'auto', 'npu', 'gpu', 'cpu'"):
+        BackendOptions.from_mapping({"device": device})
+
+
+@pytest.mark.parametrize("key", ["strict", "fp16", "cache", "verify"])
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_flags_take_only_booleans(key, value):
+    """Flags refuse truthy non-bools (a typo like strict='false' must not mean True)."""
+    with pytest.raises(InvalidOptionsError, match=key):
+        BackendOptions.from_mapping({key: value})
+
+
+def test_soc_model_accepts_numbers_and_chip_names():
+    """soc_model takes a QNN SoC number or a chip name and stores the number."""
+    assert BackendOptions.from_mapping({"soc_model": 60}).soc_model == 60
+    assert BackendOptions.from_mapping({"soc_model": "SC8380XP"}).soc_model == 60
+    assert BackendOptions.from_mapping({"soc_model": "sm8650"}).soc_model == 57
+
+
+@pytest.mark.parametrize("value", ["snapdragon-9000", -1, 2.5, True])
+def test_bad_soc_model_is_refused(value):
+    """A bad soc_model names the value."""
+    with pytest.raises(InvalidOptionsError, match="soc_model"):
+        BackendOptions.from_mapping({"soc_model": value})
+
+
+def test_cache_dir_requires_cache(tmp_path):
+    """cache_dir without cache=True is refused with the fix, rather than silently not caching."""
+    with pytest.raises(InvalidOptionsError, match="cache=True"):
+        BackendOptions.from_mapping({"cache_dir": tmp_path})
+    assert BackendOptions.from_mapping({"cache": True, "cache_dir": str(tmp_path)}).cache_dir == Path(tmp_path)
+
+
+def test_provider_options_are_checked_by_name():
+    """Pass-through QNN options are checked: unknown or qnnx-owned keys are refused, all at once."""
+    opts = BackendOptions.from_mapping({"provider_options": {"htp_performance_mode": "burst", "vtcm_mb": 8}})
+    assert opts.provider_options == (("htp_performance_mode", "burst"), ("vtcm_mb", "8"))
+    with pytest.raises(InvalidOptionsError) as info:
+        BackendOptions.from_mapping({"provider_options": {"bogus_option": "1", "backend_path": "/x"}})
+    assert "bogus_option" in str(info.value) and "backend_path" in str(info.value) and "'device'" in str(info.value)
+
+
+def test_options_are_frozen_and_hashable():
+    """Options are immutable values (they feed cache keys)."""
+    opts = BackendOptions.from_mapping({"device": "npu"})
+    assert hash(opts) == hash(BackendOptions.from_mapping({"device": "npu"}))
+    with pytest.raises(AttributeError):
+        opts.device = "gpu"  # type: ignore[misc]
+
+
+def test_mode_other_than_default_is_refused():
+    """torch.compile's mode has no meaning for QNN: anything but None/'default' is refused with a hint."""
+    from qnnx_backend import qnn_backend
+
+    with pytest.raises(InvalidOptionsError, match="mode"):
+        qnn_backend(None, [], mode="max-autotune")
+
+
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "device": st.sampled_from(["auto", "npu", "gpu", "cpu"]),
+            "strict": st.booleans(),
+            "fp16": st.booleans(),
+            "verify": st.booleans(),
+            "partition": st.sampled_from(["whole", "mixed"]),
+            "verify_rtol": st.floats(1e-6, 1.0),
+        },
+    )
+)
+def test_valid_mappings_round_trip(raw):
+    """Property: every valid mapping parses, and each given value is kept."""
+    opts = BackendOptions.from_mapping(raw)
+    for key, value in raw.items():
+        assert getattr(opts, key) == value
