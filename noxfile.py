@@ -94,3 +94,12 @@ def slow(session: nox.Session) -> None:
     _install(session)
     _versions(session)
     _pytest(session, "-m", "slow or not slow")
+
+
+@nox.session(python=PYTHON, default=False)
+def bench(session: nox.Session) -> None:
+    """Opt-in: the benchmark harness (qnnx vs raw ORT, eager, OpenVINO and Inductor); writes docs/benchmarks.md."""
+    _install(session)
+    session.install("openvino", "matplotlib")
+    _versions(session)
+    session.run("python", "tools/bench/run.py", *session.posargs)

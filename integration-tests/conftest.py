@@ -34,7 +34,9 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def cosine(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return torch.nn.functional.cosine_similarity(got.detach().double().flatten(), ref.detach().double().flatten(), dim=0).item()
+    return torch.nn.functional.cosine_similarity(
+        got.detach().double().flatten(), ref.detach().double().flatten(), dim=0
+    ).item()
 
 
 def assert_close_fp16(got: torch.Tensor, ref: torch.Tensor, rel: float = 2e-2, cos: float = 0.999) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -10,7 +12,7 @@ class MLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...] = (16, 32, 8), act: type[nn.Module] = nn.ReLU) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for a, b in zip(sizes[:-1], sizes[1:]):
+        for a, b in itertools.pairwise(sizes):
             layers += [nn.Linear(a, b), act()]
         self.net = nn.Sequential(*layers[:-1])
 

@@ -6,6 +6,7 @@ registered through the ``torch_dynamo_backends`` entry point. The public API is 
 
 from qnnx_backend import errors
 from qnnx_backend._backend import is_available, qnn_backend
+from qnnx_backend._explain import DeviceExplanation, ExplainReport, GraphExplanation, NodeExplanation, explain
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._report import Attempt, CompileReport, clear_compile_reports, compile_reports
 from qnnx_backend._version import __version__
@@ -14,10 +15,15 @@ __all__ = [
     "Attempt",
     "BackendOptions",
     "CompileReport",
+    "DeviceExplanation",
+    "ExplainReport",
+    "GraphExplanation",
+    "NodeExplanation",
     "__version__",
     "clear_compile_reports",
     "compile_reports",
     "errors",
+    "explain",
     "is_available",
     "qnn_backend",
 ]

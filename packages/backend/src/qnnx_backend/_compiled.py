@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,12 @@ from qnnx_backend.errors import (
 logger = logging.getLogger(__name__)
 
 _CHAIN = ("npu", "gpu")
+_LIVE: weakref.WeakSet[QnnGraph] = weakref.WeakSet()
+
+
+def live_graphs() -> list[QnnGraph]:
+    """The compiled graphs alive in this process (a seam for failure-injection tests)."""
+    return list(_LIVE)
 
 
 def _is_symbolic(value: object) -> bool:
@@ -86,6 +93,7 @@ class QnnGraph:
             if _is_symbolic(a) or (isinstance(a, int) and not isinstance(a, bool))
         )
         self._variants: dict[tuple[object, ...], _Eager | _QnnVariant | _Specialized] = {}
+        _LIVE.add(self)
 
     @property
     def reports(self) -> tuple[_report.CompileReport, ...]:
@@ -198,6 +206,7 @@ class QnnGraph:
                 cache=program.cache,
                 onnx_nodes=program.onnx_nodes,
                 passes_applied=program.passes_applied,
+                placement=program.placement,
                 timings=timings,
                 **base,
             )

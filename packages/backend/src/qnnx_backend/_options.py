@@ -134,6 +134,23 @@ def _tolerance(name: str):
     return convert
 
 
+def _disable_passes(value: object) -> tuple[str, ...]:
+    if value is None or value == ():
+        return ()
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise InvalidOptionsError(
+            f"disable_passes={value!r} is not valid; accepted: a list of qnnx-export rewrite pass names, e.g. "
+            "['tile_broadcast_before_norm']."
+        )
+    import qnnx_export  # the backend runs inside torch.compile: torch is already imported
+
+    known = tuple(qnnx_export.DEFAULT_PASSES)
+    bad = sorted(str(p) for p in value if p not in known)
+    if bad:
+        raise InvalidOptionsError(f"disable_passes names unknown pass(es) {bad!r}; accepted: {', '.join(known)}.")
+    return tuple(p for p in known if p in value)
+
+
 def _partition(value: object) -> str:
     if value not in PARTITIONS:
         raise InvalidOptionsError(f"partition={value!r} is not valid; accepted: {', '.join(map(repr, PARTITIONS))}.")
@@ -186,6 +203,10 @@ class BackendOptions:
     """``"whole"``: a graph runs wholly on QNN or not at all; ``"mixed"``: nodes QNN cannot take run on ONNX
     Runtime's CPU EP inside the same session."""
 
+    disable_passes: tuple[str, ...] = attrs.field(factory=tuple, converter=_disable_passes)
+    """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
+    wrong results; the accuracy guard ``verify=True`` is advised when skipping any)."""
+
     def __attrs_post_init__(self) -> None:
         if self.cache_dir is not None and not self.cache:
             raise InvalidOptionsError(
@@ -225,5 +246,6 @@ class BackendOptions:
         return {
             "fp16": str(self.fp16),
             "partition": self.partition,
+            "disable_passes": ",".join(self.disable_passes),
             **{f"provider.{k}": v for k, v in self.provider_options},
         }

@@ -48,6 +48,8 @@ class CompileReport:
     """``"off"``, ``"hit"`` (context loaded, no export), ``"miss"`` (compiled and stored) or ``"bypass"``."""
     onnx_nodes: int | None = None
     passes_applied: tuple[str, ...] = ()
+    placement: Mapping[str, int] = attrs.field(factory=dict)
+    """ONNX nodes per ONNX Runtime execution provider, from ORT's own assignment record (e.g. ``{"QNNExecutionProvider": 12}``)."""
     input_shapes: tuple[tuple[int, ...], ...] = ()
     timings: Mapping[str, float] = attrs.field(factory=dict)
     """Seconds per stage: analyze, fingerprint, export, opcheck, session, cache_lookup, total."""
@@ -63,7 +65,9 @@ class CompileReport:
         if self.on_qnn:
             kind = "simulator" if self.is_simulator else "silicon"
             soc = f"soc {self.soc_model}" + (f" {self.soc_name}" if self.soc_name else "")
-            detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes, cache {self.cache}"
+            on_cpu = self.placement.get("CPUExecutionProvider", 0)
+            split = f" ({on_cpu} of them on the ORT CPU EP)" if on_cpu else ""
+            detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes{split}, cache {self.cache}"
         else:
             detail = f"{where}: {self.reason}"
         total = self.timings.get("total")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -88,6 +89,7 @@ class QnnProgram:
         self._input_names = [i.name for i in session.get_inputs()]
         self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
         self._output_names = [o.name for o in session.get_outputs()]
+        self.placement = placement_counts(session)
 
     def run(self, args: Sequence[object]) -> Any:
         """Run on QNN; torch tensors in, torch tensors out, in the graph's output structure."""
@@ -119,6 +121,7 @@ class QnnProgram:
         clone = object.__new__(QnnProgram)
         clone.__dict__.update(self.__dict__)
         clone.session = session
+        clone.placement = placement_counts(session)
         return clone
 
 
@@ -171,7 +174,13 @@ def _exported(
     if "exported" not in shared:
         t = time.perf_counter()
         try:
-            shared["exported"] = qnnx_export.export(gm, _export_args(args, opts.fp16), analysis=analysis)
+            export_options = qnnx_export.ExportOptions()
+            if opts.disable_passes:
+                passes = tuple(p for p in qnnx_export.DEFAULT_PASSES if p not in opts.disable_passes)
+                export_options = qnnx_export.ExportOptions(passes=passes)
+            shared["exported"] = qnnx_export.export(
+                gm, _export_args(args, opts.fp16), options=export_options, analysis=analysis
+            )
         except Exception as exc:
             shared["exported"] = DeviceRejected(f"ONNX export failed: {_first_line(exc)}")
             shared["exported"].__cause__ = exc
@@ -203,16 +212,73 @@ def _check_ops(exported: Any, device: str, soc: int, opts: BackendOptions, timin
     raise err
 
 
+_MIXED_RETRIES = 4
+
+
 def _create(model: Any, device: str, kwargs: Mapping[str, Any], timings: dict[str, float]) -> Any:
     import qnnx_detection
 
     t = time.perf_counter()
+    kwargs = dict(kwargs)
+    kwargs["session_config"] = {**kwargs.get("session_config", {}), "session.record_ep_graph_assignment_info": "1"}
     try:
+        if kwargs.get("allow_cpu_fallback"):
+            return _create_mixed(model, device, kwargs)
         return qnnx_detection.create_session(model, device, **kwargs)
     except qnnx_detection.errors.SessionCreationError as exc:
         raise DeviceRejected(exc.cause) from exc
     finally:
         timings[f"session_{device}"] = time.perf_counter() - t
+
+
+def _create_mixed(model: Any, device: str, kwargs: dict[str, Any]) -> Any:
+    """partition='mixed': ORT's CPU EP takes the nodes QNN declines. A failure at QNN graph finalize is not rescued
+    by that fallback (onnxruntime-qnn 2.7.0), so op types are excluded from QNN with the EP's op_affinity file and
+    the session is built again: each retry pins half of the remaining op types to the CPU (at most 4 retries)."""
+    import os
+    import tempfile
+
+    import onnx
+
+    import qnnx_detection
+
+    proto = (
+        onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+    )
+    candidates = sorted({n.op_type for n in proto.graph.node if n.domain in ("", "ai.onnx")})
+    excluded: list[str] = []
+    for attempt in range(_MIXED_RETRIES + 1):
+        extra = dict(kwargs.get("provider_options") or {})
+        path = None
+        if excluded:
+            fd, path = tempfile.mkstemp(prefix="qnnx-affinity-", suffix=".json")
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"op_type": dict.fromkeys(excluded, "cpu")}, fh)
+            extra["op_affinity"] = path
+        try:
+            return qnnx_detection.create_session(model, device, **{**kwargs, "provider_options": extra})
+        except qnnx_detection.errors.SessionCreationError:
+            if attempt == _MIXED_RETRIES or not candidates:
+                raise
+            half = candidates[: max(1, len(candidates) // 2)]
+            candidates = candidates[len(half) :]
+            excluded.extend(half)
+            logger.info("qnn backend: partition='mixed': QNN failed to build the graph; pinning %s to the CPU EP", half)
+        finally:
+            if path is not None:
+                os.unlink(path)
+    raise AssertionError("unreachable")
+
+
+def placement_counts(session: Any) -> dict[str, int]:
+    """How many ONNX nodes each execution provider took (ORT's own assignment record)."""
+    counts: dict[str, int] = {}
+    try:
+        for sub in session.get_provider_graph_assignment_info():
+            counts[sub.ep_name] = counts.get(sub.ep_name, 0) + len(sub.get_nodes())
+    except Exception:  # an ORT without the API, or a session created without the record
+        return {}
+    return counts
 
 
 def build_program(
@@ -277,7 +343,7 @@ def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra,
         model_digest=shared["fingerprint"],
         ep_name=qnnx_detection.EP_NAME,
         ep_options={"device": device, "soc_model": str(soc), **extra},
-        session_config={"partition": opts.partition, "fp16": str(opts.fp16)},
+        session_config=opts.cache_material(),
         versions=_versions(),
         target={"device": device, "soc_model": soc},
     )
