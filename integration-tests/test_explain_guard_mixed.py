@@ -163,7 +163,7 @@ def _compiled_variant(compiled, x):
     # The variant that ran: reach it through the recorded program of the only compiled graph.
     from qnnx_backend import _compiled
 
-    (graph,) = [g for g in _compiled.live_graphs()]
+    graph = _compiled.live_graphs()[-1]
     (variant,) = graph._variants.values()
     return variant
 

@@ -28,12 +28,14 @@ from qnnx_backend.errors import (
 logger = logging.getLogger(__name__)
 
 _CHAIN = ("npu", "gpu")
-_LIVE: weakref.WeakSet[QnnGraph] = weakref.WeakSet()
+_LIVE: list[weakref.ref[QnnGraph]] = []
 
 
 def live_graphs() -> list[QnnGraph]:
-    """The compiled graphs alive in this process (a seam for failure-injection tests)."""
-    return list(_LIVE)
+    """The compiled graphs alive in this process, oldest first (a seam for failure-injection tests)."""
+    alive = [g for g in (r() for r in _LIVE) if g is not None]
+    _LIVE[:] = [weakref.ref(g) for g in alive]
+    return alive
 
 
 def _is_symbolic(value: object) -> bool:
@@ -55,13 +57,19 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: 
             user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)
             user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)
         static.graph.erase_node(node)
-    # The remaining placeholders still carry symbolic example values; give them the concrete tensors so that
-    # later stages (analysis, export) see a static graph.
-    concrete = [a for i, a in enumerate(args) if i not in set(sym_positions)]
-    for node, value in zip([n for n in static.graph.nodes if n.op == "placeholder"], concrete):
-        if isinstance(value, torch.Tensor):
-            node.meta["example_value"] = value.detach()
     static.recompile()
+    # Every node still carries Dynamo's symbolic example value; propagate fake tensors of the concrete inputs so
+    # later stages (analysis, export) see a static graph with static metadata.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    concrete = [a for i, a in enumerate(args) if i not in set(sym_positions)]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in concrete]
+    FakeTensorProp(static, mode).propagate_dont_convert_inputs(*fakes)
+    for node in static.graph.nodes:
+        if "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
     return static
 
 
@@ -93,7 +101,9 @@ class QnnGraph:
             if _is_symbolic(a) or (isinstance(a, int) and not isinstance(a, bool))
         )
         self._variants: dict[tuple[object, ...], _Eager | _QnnVariant | _Specialized] = {}
-        _LIVE.add(self)
+        _LIVE.append(weakref.ref(self))
+        if len(_LIVE) > 256:
+            live_graphs()  # prune dead references
 
     @property
     def reports(self) -> tuple[_report.CompileReport, ...]:

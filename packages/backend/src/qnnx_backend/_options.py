@@ -140,7 +140,7 @@ def _disable_passes(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
         raise InvalidOptionsError(
             f"disable_passes={value!r} is not valid; accepted: a list of qnnx-export rewrite pass names, e.g. "
-            "['tile_broadcast_before_norm']."
+            "['tile_layernorm_broadcast']."
         )
     import qnnx_export  # the backend runs inside torch.compile: torch is already imported
 
