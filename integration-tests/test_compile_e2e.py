@@ -292,3 +292,24 @@ def test_generated_mlps_agree_with_eager(sizes, batch):
         assert_close_fp16(got, expected)
     else:
         torch.testing.assert_close(got, expected, atol=2e-3, rtol=0)
+
+
+def test_fp16_runs_on_qnn_and_returns_the_callers_dtype():
+    """fp16=True exports the graph in float16 and still returns float32 outputs that match eager at fp16 level."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        got = torch.compile(model, backend="qnn", options={**NPU_STRICT, "fp16": True})(x)
+        assert_close_fp16(got, model(x))
+    assert _only_report().device == "npu"
+
+
+def test_soc_model_by_chip_name_is_used_and_reported():
+    """soc_model='SM8650' compiles for SoC 57 and the report names the chip."""
+    model = MLP().eval()
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        got = torch.compile(model, backend="qnn", options={**NPU_STRICT, "soc_model": "SM8650"})(x)
+        assert_close_fp16(got, model(x))
+    report = _only_report()
+    assert report.soc_model == 57 and report.soc_name == "SM8650"

@@ -74,6 +74,7 @@ class QnnProgram:
         passes_applied: Sequence[str],
         out_dtypes: Sequence[torch.dtype | None],
         recreate_from: tuple[Any, Mapping[str, Any]],
+        fp16: bool = False,
     ) -> None:
         self.session = session
         self.signature = signature
@@ -90,9 +91,16 @@ class QnnProgram:
         self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
         self._output_names = [o.name for o in session.get_outputs()]
         self.placement = placement_counts(session)
+        # fp16=True: the graph was exported with float16 inputs; cast the caller's float inputs at the boundary.
+        self._to_half = tuple(spec.arg_index for spec in signature.inputs if spec.dtype == "float16") if fp16 else ()
 
     def run(self, args: Sequence[object]) -> Any:
         """Run on QNN; torch tensors in, torch tensors out, in the graph's output structure."""
+        if self._to_half:
+            args = list(args)
+            for i in self._to_half:
+                if isinstance(args[i], torch.Tensor) and args[i].dtype != torch.float16:
+                    args[i] = args[i].detach().half()
         feed = {}
         for name, want, tensor in zip(self._input_names, self._input_types, self.signature.onnx_inputs(args)):
             array = tensor.detach().numpy()  # shares memory with the contiguous CPU tensor: no copy
@@ -309,6 +317,7 @@ def build_program(
         "soc_model": soc,
         "is_simulator": bool(status.is_simulator),
         "out_dtypes": output_dtypes(gm),
+        "fp16": opts.fp16,
     }
 
     if not opts.cache:
