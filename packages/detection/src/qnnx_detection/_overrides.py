@@ -1,0 +1,68 @@
+"""The one place that reads qnnx's environment variables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from qnnx_detection._devices import normalize_device
+from qnnx_detection._report import Overrides
+from qnnx_detection._soc import parse_soc_model
+from qnnx_detection.errors import InvalidDeviceError, InvalidSocModelError
+
+ENV_DISABLE = "QNNX_DISABLE"
+ENV_DEVICE = "QNNX_DEVICE"
+ENV_SOC_MODEL = "QNNX_SOC_MODEL"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+_DEVICE_VALUES = ("npu", "gpu", "cpu", "auto")
+
+
+def parse_overrides(environ: Mapping[str, str]) -> Overrides:
+    """Read ``QNNX_DISABLE``, ``QNNX_DEVICE`` and ``QNNX_SOC_MODEL`` from ``environ``. Never raises.
+
+    Invalid values are recorded in ``Overrides.problems``. An unrecognised ``QNNX_DISABLE`` value counts as
+    "disabled": whoever set the variable wanted QNN off, and running on QNN anyway would be the surprising outcome.
+    """
+    problems: list[str] = []
+    raw_disable = environ.get(ENV_DISABLE)
+    raw_device = environ.get(ENV_DEVICE)
+    raw_soc = environ.get(ENV_SOC_MODEL)
+
+    disabled = False
+    if raw_disable is not None:
+        flag = raw_disable.strip().lower()
+        if flag in _TRUE:
+            disabled = True
+        elif flag not in _FALSE:
+            disabled = True
+            problems.append(
+                f"{ENV_DISABLE}={raw_disable!r} is not a boolean; use 1/true/yes/on or 0/false/no/off "
+                "(treated as disabled)"
+            )
+
+    device: str | None = None
+    if raw_device is not None and raw_device.strip():
+        try:
+            device = normalize_device(raw_device, allowed=_DEVICE_VALUES, source=ENV_DEVICE)
+        except InvalidDeviceError as exc:
+            problems.append(f"{exc} (ignored: automatic device choice)")
+        if device == "auto":
+            device = None
+
+    soc_model: int | None = None
+    if raw_soc is not None and raw_soc.strip():
+        try:
+            soc_model = parse_soc_model(raw_soc, source=ENV_SOC_MODEL)
+        except InvalidSocModelError as exc:
+            problems.append(f"{exc} (ignored)")
+
+    return Overrides(
+        disabled=disabled,
+        device=device,
+        soc_model=soc_model,
+        raw_disable=raw_disable,
+        raw_device=raw_device,
+        raw_soc_model=raw_soc,
+        problems=tuple(problems),
+    )

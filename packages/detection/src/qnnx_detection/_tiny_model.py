@@ -1,0 +1,57 @@
+"""A two-input Add model as ONNX bytes, encoded by hand so this package needs no ``onnx`` dependency."""
+
+from __future__ import annotations
+
+import functools
+
+# ONNX protobuf field numbers (onnx/onnx.proto3): ModelProto.ir_version=1, .graph=7, .opset_import=8;
+# GraphProto.node=1, .name=2, .input=11, .output=12; NodeProto.input=1, .output=2, .name=3, .op_type=4;
+# ValueInfoProto.name=1, .type=2; TypeProto.tensor_type=1; Tensor.elem_type=1, .shape=2; TensorShapeProto.dim=1;
+# Dimension.dim_value=1; OperatorSetIdProto.domain=1, .version=2. FLOAT = 1.
+_IR_VERSION = 8  # accepted by every onnxruntime the plugin EP supports (>= 1.24)
+_OPSET = 13
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _int_field(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value)
+
+
+def _bytes_field(number: int, payload: bytes) -> bytes:
+    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+
+
+def _str_field(number: int, text: str) -> bytes:
+    return _bytes_field(number, text.encode())
+
+
+def _float_value_info(name: str, shape: tuple[int, ...]) -> bytes:
+    dims = b"".join(_bytes_field(1, _int_field(1, d)) for d in shape)
+    tensor = _int_field(1, 1) + _bytes_field(2, dims)
+    return _str_field(1, name) + _bytes_field(2, _bytes_field(1, tensor))
+
+
+@functools.cache
+def tiny_add_model() -> bytes:
+    """Return ONNX bytes for ``z = x + y`` with float32 inputs of shape ``[1, 4]``: the probe's test graph."""
+    node = _str_field(1, "x") + _str_field(1, "y") + _str_field(2, "z") + _str_field(3, "add") + _str_field(4, "Add")
+    graph = (
+        _bytes_field(1, node)
+        + _str_field(2, "qnnx_probe")
+        + _bytes_field(11, _float_value_info("x", (1, 4)))
+        + _bytes_field(11, _float_value_info("y", (1, 4)))
+        + _bytes_field(12, _float_value_info("z", (1, 4)))
+    )
+    opset = _str_field(1, "") + _int_field(2, _OPSET)
+    return _int_field(1, _IR_VERSION) + _bytes_field(7, graph) + _bytes_field(8, opset)
