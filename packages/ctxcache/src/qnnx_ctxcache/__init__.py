@@ -1,5 +1,47 @@
 """A content-addressed store of compiled ONNX Runtime EP contexts."""
 
+from qnnx_ctxcache._key import (
+    KEY_SCHEMA_VERSION,
+    RUNTIME_ONLY_EP_OPTIONS,
+    CacheKey,
+    canonical_json,
+    diff_key_material,
+    digest_model,
+    host_material,
+    make_key,
+)
+from qnnx_ctxcache._store import (
+    BuildResult,
+    ContextStore,
+    Entry,
+    EntryInfo,
+    Problem,
+    PruneReport,
+    StoreOptions,
+    StoreStats,
+    VerifyReport,
+    default_root,
+)
 from qnnx_ctxcache._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "KEY_SCHEMA_VERSION",
+    "RUNTIME_ONLY_EP_OPTIONS",
+    "BuildResult",
+    "CacheKey",
+    "ContextStore",
+    "Entry",
+    "EntryInfo",
+    "Problem",
+    "PruneReport",
+    "StoreOptions",
+    "StoreStats",
+    "VerifyReport",
+    "__version__",
+    "canonical_json",
+    "default_root",
+    "diff_key_material",
+    "digest_model",
+    "host_material",
+    "make_key",
+]

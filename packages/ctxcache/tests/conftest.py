@@ -1,0 +1,33 @@
+"""Shared fixtures and Hypothesis profiles for qnnx-ctxcache tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+import qnnx_ctxcache as cc
+from qnnx_ctxcache.testing import forget_verified
+
+settings.register_profile("dev", max_examples=25)
+settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test sees the user's cache settings, faults or salt; no test inherits another's verify memo."""
+    for name in [n for n in os.environ if n.startswith("QNNX_CTXCACHE_")]:
+        monkeypatch.delenv(name, raising=False)
+    forget_verified()
+    yield
+    forget_verified()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> cc.ContextStore:
+    """A fresh read-write store with no grace period."""
+    return cc.ContextStore(tmp_path / "cache", options=cc.StoreOptions(min_age_seconds=0))
