@@ -8,7 +8,7 @@ import torch
 
 import qnnx_backend
 from qnnx_backend.errors import QnnDeviceError
-from qnnx_detection.testing import CANNOT_INITIALIZE, FakeEnvironment, use_environment
+from qnnx_detection.testing import FakeEnvironment, use_environment
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +52,8 @@ def test_auto_with_strict_and_nothing_usable_raises_listing_every_device():
 
 
 def test_a_gpu_that_the_probe_calls_usable_is_really_tried():
-    """When the probe says only the GPU initializes, auto really builds a GPU session; here it fails, so eager runs."""
-    env = attrs.evolve(FakeEnvironment.snapdragon(), init_failures={"npu": CANNOT_INITIALIZE})
+    """When only the GPU looks usable, auto really builds a GPU session; here it fails, so eager runs."""
+    env = attrs.evolve(FakeEnvironment.snapdragon(), libraries=frozenset({"gpu"}))
     with use_environment(env):
         got, expected, report = _compile_and_run()
     assert torch.equal(got, expected)

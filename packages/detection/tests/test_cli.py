@@ -34,7 +34,9 @@ def test_json_report_and_exit_0_when_the_npu_is_usable() -> None:
         "devices",
         "problems",
         "elapsed_s",
+        "initialized",
     }
+    assert data["initialized"] is True
     assert data["usable_devices"] == ["npu"]
     npu, gpu = data["backends"]
     assert set(npu) == {

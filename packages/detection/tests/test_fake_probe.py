@@ -223,3 +223,19 @@ def test_property_fake_is_deterministic(env: FakeEnvironment, device: str) -> No
         first, second = qd.probe(), qd.probe()
     assert first == second
     assert attrs.asdict(first.backend(device)) == attrs.asdict(second.backend(device))
+
+
+def test_quick_probe_initializes_nothing_but_still_skips_what_is_known() -> None:
+    """probe(initialize=False) does not try backends (an init failure stays unseen) but reports QNN missing."""
+    import attrs
+
+    from qnnx_detection.testing import CANNOT_INITIALIZE
+
+    env = attrs.evolve(FakeEnvironment.snapdragon(), init_failures={"npu": CANNOT_INITIALIZE})
+    with use_environment(env):
+        quick = qd.probe(initialize=False)
+        full = qd.probe()
+    assert quick.initialized is False and full.initialized is True
+    assert quick.backend("npu").available and not full.backend("npu").available
+    with use_environment(FakeEnvironment.without_qnn()):
+        assert not qd.probe(initialize=False).any_available

@@ -158,7 +158,10 @@ class QnnGraph:
             return _Eager(gm, rep)
 
         device = opts.device
-        probe = qnnx_detection.probe()
+        # A quick probe (no backend initialized): the session built below is the real test of the device, and its
+        # failure carries the true cause. Devices known to be unusable (QNN missing or disabled, no library, no
+        # device enumerated) are still skipped without trying.
+        probe = qnnx_detection.probe(initialize=False)
         if device == "auto" and probe.overrides.device not in (None, "auto"):
             device = probe.overrides.device
             logger.info("QNNX_DEVICE=%s overrides device='auto'", device)
@@ -187,7 +190,6 @@ class QnnGraph:
             t = time.perf_counter()
             status = probe.backend(dev)
             if not status.available:
-                # The probe really initialized the backend once in this process: no need to fail again here.
                 attempts.append(_report.Attempt(device=dev, ok=False, reason=f"skipped: {status.reason}"))
                 if opts.strict and device != "auto":
                     raise QnnDeviceError(dev, f"the QNN backend is not usable here: {status.reason}")

@@ -148,7 +148,7 @@ def _versions() -> dict[str, str]:
     import qnnx_export
     from qnnx_backend._version import __version__
 
-    v = qnnx_detection.probe().versions
+    v = qnnx_detection.probe(initialize=False).versions
     return {
         "onnxruntime": str(v.onnxruntime),
         "onnxruntime-qnn": str(v.onnxruntime_qnn),
@@ -302,7 +302,7 @@ def build_program(
     import qnnx_detection
 
     soc = opts.soc_model if opts.soc_model is not None else qnnx_detection.resolve_soc_model(None)
-    status = qnnx_detection.probe().backend(device)
+    status = qnnx_detection.probe(initialize=False).backend(device)
     extra = dict(opts.provider_options)
     if opts.fp16 and device == "npu":
         extra["enable_htp_fp16_precision"] = "1"

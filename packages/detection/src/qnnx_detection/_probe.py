@@ -181,8 +181,12 @@ def _soc_choice(overrides: Overrides, host_soc: int | None) -> tuple[int, str]:
     return DEFAULT_SOC_MODEL, "default"
 
 
-def build_report(env: Environment) -> ProbeReport:
-    """Ask ``env`` everything the report needs and decide availability. Never raises."""
+def build_report(env: Environment, *, initialize: bool = True) -> ProbeReport:
+    """Ask ``env`` everything the report needs and decide availability. Never raises.
+
+    With ``initialize=False`` no backend is initialized (no tiny graph is prepared): the report is cheap, and
+    ``available`` only says that nothing known stands in the way.
+    """
     problems: list[str] = []
     unknown_platform = PlatformInfo(system="unknown", release="", machine="unknown")
     environ = _guard(problems, "reading the environment", env.environ, {})
@@ -246,7 +250,7 @@ def build_report(env: Environment) -> ProbeReport:
         if reason is None and index is None:
             kind = "NPU" if device == "npu" else "GPU"
             reason = f"ONNX Runtime enumerated no QNN {kind} device on this {plat.system} {plat.machine} machine"
-        if reason is None and index is not None:
+        if reason is None and index is not None and initialize:
             reason = _guard(
                 problems,
                 f"initializing the {device} backend",
@@ -272,6 +276,7 @@ def build_report(env: Environment) -> ProbeReport:
         overrides=overrides,
         devices=devices,
         problems=tuple(problems),
+        initialized=initialize,
     )
     if overrides.device in QNN_DEVICES and overrides.device not in report.usable_devices:
         note = f"{ENV_DEVICE}={overrides.raw_device!r} forces {overrides.device}, which is not available here"
@@ -280,13 +285,13 @@ def build_report(env: Environment) -> ProbeReport:
 
 
 _probe_lock = threading.Lock()
-_cached: ProbeReport | None = None
+_cached: dict[bool, ProbeReport] = {}
 
 
-def _safe_build(env: Environment) -> tuple[ProbeReport, float]:
+def _safe_build(env: Environment, initialize: bool = True) -> tuple[ProbeReport, float]:
     start = time.perf_counter()
     try:
-        report = build_report(env)
+        report = build_report(env, initialize=initialize)
     except Exception as exc:  # last line of defence: probe() must never raise
         logger.debug("probe failed", exc_info=True)
         status = tuple(
@@ -299,11 +304,12 @@ def _safe_build(env: Environment) -> tuple[ProbeReport, float]:
             platform=PlatformInfo(system=platform.system(), release=platform.release(), machine=platform.machine()),
             overrides=Overrides(),
             problems=(f"probing failed unexpectedly: {exc!r}",),
+            initialized=initialize,
         )
     return report, time.perf_counter() - start
 
 
-def probe(*, refresh: bool = False) -> ProbeReport:
+def probe(*, refresh: bool = False, initialize: bool = True) -> ProbeReport:
     """Report what QNN can do on this machine. Cached per process, thread-safe, never raises.
 
     The first call registers the QNN EP and prepares a tiny graph on each backend (about 0.35 s of CPU time on the
@@ -312,22 +318,28 @@ def probe(*, refresh: bool = False) -> ProbeReport:
 
     Args:
         refresh: Probe again instead of returning the cached report (environment variables are re-read too).
+        initialize: False gives a quick report (cached separately) that initializes no backend: for callers that
+            are about to create a real session anyway and get the true cause from its failure. A full report, once
+            made, also answers quick calls.
     """
-    global _cached
     env, fake = active_environment()
     if fake:
-        report, _ = _safe_build(env)
+        report, _ = _safe_build(env, initialize)
         return report
-    cached = _cached
-    if cached is not None and not refresh:
-        return cached
+    for key in (True,) if initialize else (True, False):
+        cached = _cached.get(key)
+        if cached is not None and not refresh:
+            return cached
     with _probe_lock:
-        if _cached is not None and not refresh:
-            return _cached
-        report, elapsed = _safe_build(env)
+        cached = _cached.get(initialize)
+        if cached is not None and not refresh:
+            return cached
+        report, elapsed = _safe_build(env, initialize)
         report = attrs.evolve(report, elapsed_s=elapsed)
-        logger.debug("QNN probe took %.3f s: usable=%s", elapsed, report.usable_devices)
-        _cached = report
+        logger.debug("QNN probe (initialize=%s) took %.3f s: usable=%s", initialize, elapsed, report.usable_devices)
+        _cached[initialize] = report
+        if refresh:
+            _cached.pop(not initialize, None)
         return report
 
 

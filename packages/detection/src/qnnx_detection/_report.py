@@ -123,6 +123,9 @@ class ProbeReport:
         devices: The QNN ``OrtEpDevice`` entries ORT enumerated (empty if QNN could not be registered).
         problems: Everything that went wrong while probing or reading overrides, as human-readable lines.
         elapsed_s: Wall time the probe took, in seconds (0.0 for a fake environment).
+        initialized: True when each backend was proven by preparing a tiny graph on it; False for a quick probe
+            (``probe(initialize=False)``), where ``available`` means only that nothing known stands in the way
+            (QNN installed and not disabled, EP registered, device enumerated, library present).
     """
 
     backends: tuple[BackendStatus, ...]
@@ -132,6 +135,7 @@ class ProbeReport:
     devices: tuple[QnnDevice, ...] = ()
     problems: tuple[str, ...] = ()
     elapsed_s: float = 0.0
+    initialized: bool = True
 
     def backend(self, name: str) -> BackendStatus:
         """Return the status of backend ``name`` (``"npu"``/``"htp"`` or ``"gpu"``).
@@ -164,6 +168,7 @@ class ProbeReport:
             "devices": [attrs.asdict(d) for d in self.devices],
             "problems": list(self.problems),
             "elapsed_s": round(self.elapsed_s, 4),
+            "initialized": self.initialized,
         }
 
 
