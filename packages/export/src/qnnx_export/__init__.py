@@ -1,5 +1,24 @@
 """Dynamo FX graph to frozen, QNN-safe ONNX."""
 
+from qnnx_export import errors
+from qnnx_export._analysis import GraphAnalysis, Problem, analyze
+from qnnx_export._export import ExportedGraph, export
+from qnnx_export._fingerprint import fingerprint
+from qnnx_export._options import ExportOptions
+from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot
 from qnnx_export._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "ExportOptions",
+    "ExportedGraph",
+    "GraphAnalysis",
+    "GraphSignature",
+    "InputSpec",
+    "OutputSlot",
+    "Problem",
+    "__version__",
+    "analyze",
+    "errors",
+    "export",
+    "fingerprint",
+]

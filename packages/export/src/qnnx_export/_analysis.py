@@ -1,0 +1,449 @@
+"""Static checks of a Dynamo FX graph before freezing it into ONNX."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["GraphAnalysis", "Problem", "ProblemKind", "analyze", "is_param_placeholder"]
+
+log = logging.getLogger(__name__)
+
+ProblemKind = Literal[
+    "input_mutation", "buffer_mutation", "training_op", "requires_grad", "dynamic_shape", "unsupported_input"
+]
+PROBLEM_KINDS: frozenset[str] = frozenset(
+    {"input_mutation", "buffer_mutation", "training_op", "requires_grad", "dynamic_shape", "unsupported_input"}
+)
+
+
+@attrs.frozen
+class Problem:
+    """One reason a graph cannot be frozen into ONNX faithfully.
+
+    Attributes:
+        kind: One of ``input_mutation``, ``buffer_mutation``, ``training_op``, ``requires_grad``,
+            ``dynamic_shape``, ``unsupported_input``.
+        detail: A sentence naming the node/op and what goes wrong.
+        node: Name of the FX node concerned (``""`` when the problem is graph-wide).
+    """
+
+    kind: ProblemKind = attrs.field(validator=attrs.validators.in_(PROBLEM_KINDS))
+    detail: str
+    node: str = ""
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class GraphAnalysis:
+    """What :func:`analyze` learnt about a Dynamo graph.
+
+    Attributes:
+        param_indices: Positions (in the Dynamo argument list) of lifted parameters and buffers.
+        user_indices: Positions of real user inputs (everything that is not a parameter or buffer).
+        problems: Everything that prevents a faithful frozen export; empty when exportable.
+        placeholder_names: FX placeholder names, in argument order.
+    """
+
+    param_indices: tuple[int, ...]
+    user_indices: tuple[int, ...]
+    problems: tuple[Problem, ...]
+    placeholder_names: tuple[str, ...] = ()
+    # Memo for the weight digest so analyze -> fingerprint -> export hashes weights once.
+    _memo: dict[str, Any] = attrs.field(factory=dict, repr=False, alias="_memo")
+
+    @property
+    def exportable(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+
+def _placeholder_source(node: Any) -> Any:
+    """Return Dynamo's Source for a placeholder, or None when the graph did not come from Dynamo."""
+    grapharg = node.meta.get("grapharg")
+    if grapharg is not None and getattr(grapharg, "source", None) is not None:
+        return grapharg.source
+    # torch 2.13 copies the source onto the node before calling the backend
+    # (torch/_dynamo/output_graph.py, call_user_compiler) and deletes meta["grapharg"] in cleanup().
+    return getattr(node, "_dynamo_source", None)
+
+
+def is_param_placeholder(node: Any, example: Any) -> bool:
+    """Tell whether a placeholder is a lifted parameter/buffer (to freeze) or a user input.
+
+    Uses the private ``torch._dynamo.source.is_from_unspecialized_param_buffer_source`` (torch 2.13;
+    Dynamo lifts params/buffers as placeholders since ``inline_inbuilt_nn_modules`` became the
+    default in torch 2.5). If that API moves, falls back to the source type name, then to
+    ``isinstance(example, nn.Parameter)`` (which misses plain buffers).
+    """
+    import torch
+
+    source = _placeholder_source(node)
+    if source is not None:
+        try:
+            from torch._dynamo.source import is_from_unspecialized_param_buffer_source
+
+            return bool(is_from_unspecialized_param_buffer_source(source))
+        except ImportError:  # pragma: no cover - depends on the torch version
+            log.debug("torch._dynamo.source.is_from_unspecialized_param_buffer_source is gone; using fallback")
+        cur = source
+        while cur is not None:
+            if "ParamBufferSource" in type(cur).__name__ or "NNModuleSource" in type(cur).__name__:
+                return True
+            cur = getattr(cur, "base", None)
+        return False
+    return isinstance(example, torch.nn.Parameter)
+
+
+# Ops whose result may share storage with their first argument: an in-place op on their result
+# writes into the argument.
+_VIEW_METHODS = frozenset(
+    {
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "transpose",
+        "permute",
+        "t",
+        "T",
+        "mT",
+        "expand",
+        "expand_as",
+        "narrow",
+        "select",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "unflatten",
+        "unfold",
+        "contiguous",
+        "detach",
+        "as_strided",
+        "chunk",
+        "split",
+        "unbind",
+        "tensor_split",
+        "movedim",
+        "swapaxes",
+        "swapdims",
+        "diagonal",
+        "real",
+        "imag",
+        "__getitem__",
+        "data",
+        "type_as",
+        "to",
+        "float",
+        "type",
+        "view_as_real",
+        "view_as_complex",
+        "split_with_sizes",
+        "hsplit",
+        "vsplit",
+    }
+)
+_INPLACE_OPERATORS = frozenset(
+    {
+        operator.iadd,
+        operator.isub,
+        operator.imul,
+        operator.itruediv,
+        operator.ifloordiv,
+        operator.imod,
+        operator.ipow,
+        operator.iand,
+        operator.ior,
+        operator.ixor,
+        operator.ilshift,
+        operator.irshift,
+        operator.imatmul,
+        operator.setitem,
+    }
+)
+_INPLACE_DUNDERS = frozenset(
+    {
+        "__iadd__",
+        "__isub__",
+        "__imul__",
+        "__itruediv__",
+        "__ifloordiv__",
+        "__imod__",
+        "__ipow__",
+        "__iand__",
+        "__ior__",
+        "__ixor__",
+        "__ilshift__",
+        "__irshift__",
+        "__imatmul__",
+        "__setitem__",
+    }
+)
+_DROPOUT_NAMES = frozenset(
+    {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "feature_dropout"}
+)
+
+
+def _target_name(node: Any) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", "") or str(target)
+
+
+def _is_view_like(node: Any) -> bool:
+    name = _target_name(node)
+    if node.op == "call_method":
+        return name in _VIEW_METHODS
+    if node.op == "call_function":
+        return name in _VIEW_METHODS or node.target is operator.getitem
+    return False
+
+
+def _mutated_arg(node: Any) -> Any:
+    """Return the FX node written in place by ``node``, or None."""
+    import torch.fx
+
+    if node.op not in ("call_method", "call_function"):
+        return None
+    name = _target_name(node)
+    first = node.args[0] if node.args else None
+    if node.op == "call_function" and node.target in _INPLACE_OPERATORS:
+        # operator.iadd on a tensor mutates it; on Python numbers Dynamo never emits a node.
+        return first if isinstance(first, torch.fx.Node) else None
+    if node.kwargs.get("inplace") is True or (
+        # F.relu(x, True) / F.dropout(x, p, training, True): the positional inplace flag.
+        node.op == "call_function"
+        and name in ("relu", "relu6", "elu", "selu", "celu", "leaky_relu", "hardtanh", "silu", "mish")
+        and len(node.args) >= 2
+        and node.args[-1] is True
+    ):
+        return first if isinstance(first, torch.fx.Node) else None
+    if node.op == "call_function" and name in _DROPOUT_NAMES and len(node.args) >= 4 and node.args[3] is True:
+        return first if isinstance(first, torch.fx.Node) else None
+    out = node.kwargs.get("out")
+    if isinstance(out, torch.fx.Node):
+        return out
+    if node.op == "call_method" and name in _INPLACE_DUNDERS:
+        return first if isinstance(first, torch.fx.Node) else None
+    if name.endswith("_") and not name.endswith("__") and name not in ("requires_grad_",):
+        return first if isinstance(first, torch.fx.Node) else None
+    return None
+
+
+def _training_flag(node: Any) -> str | None:
+    """Return a description when ``node`` runs a training-mode op (dropout/batch norm in train mode)."""
+    name = _target_name(node)
+    args, kwargs = node.args, node.kwargs
+    if node.op == "call_module":
+        return None  # handled by the caller (needs the module)
+    if node.op not in ("call_function", "call_method"):
+        return None
+    if name in _DROPOUT_NAMES:
+        p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+        training = kwargs.get("training", args[2] if len(args) > 2 else True)
+        if training is True and p != 0:
+            return f"{name}(p={p}, training=True)"
+        return None
+    if name in ("batch_norm", "_batch_norm_impl_index", "native_batch_norm", "_native_batch_norm_legit"):
+        # F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        # torch.batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn)
+        idx = 5
+        training = kwargs.get("training", args[idx] if len(args) > idx else False)
+        if training is True:
+            return f"{name}(training=True)"
+        return None
+    if name in ("instance_norm",):
+        use_input_stats = kwargs.get("use_input_stats", args[5] if len(args) > 5 else True)
+        running_mean = kwargs.get("running_mean", args[1] if len(args) > 1 else None)
+        if use_input_stats is True and running_mean is not None:
+            return f"{name}(use_input_stats=True) with running stats (they would be updated)"
+    if name in ("rrelu",):
+        training = kwargs.get("training", args[3] if len(args) > 3 else False)
+        if training is True:
+            return f"{name}(training=True)"
+    return None
+
+
+def _is_symbolic(value: Any) -> bool:
+    import torch
+
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        try:
+            return any(isinstance(s, torch.SymInt) for s in value.shape)
+        except Exception:
+            return False
+    return False
+
+
+def _input_problem(index: int, name: str, value: Any) -> Problem | None:
+    import torch
+
+    if _is_symbolic(value):
+        return Problem(
+            kind="dynamic_shape",
+            detail=f"Dynamo argument {index} ({name}) is symbolic ({type(value).__name__}); frozen ONNX needs "
+            "static shapes: compile with dynamic=False or export per concrete shape.",
+            node=name,
+        )
+    if not isinstance(value, torch.Tensor):
+        return Problem(
+            kind="unsupported_input",
+            detail=f"Dynamo argument {index} ({name}) is a {type(value).__name__}, not a tensor; only tensor "
+            "graph inputs can become ONNX inputs.",
+            node=name,
+        )
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, FakeTensor) or value.device.type == "meta":
+        return Problem(
+            kind="unsupported_input",
+            detail=f"Dynamo argument {index} ({name}) is a fake/meta tensor; pass the real example inputs.",
+            node=name,
+        )
+    if value.layout != torch.strided or value.is_quantized or value.is_complex() or value.is_nested:
+        return Problem(
+            kind="unsupported_input",
+            detail=f"Dynamo argument {index} ({name}) has layout={value.layout}, dtype={value.dtype}; only dense "
+            "real (non-quantized, non-complex) tensors are supported.",
+            node=name,
+        )
+    if value.device.type != "cpu":
+        return Problem(
+            kind="unsupported_input",
+            detail=f"Dynamo argument {index} ({name}) is on device {value.device}; qnnx exports CPU tensors "
+            "only (move the model and inputs to 'cpu').",
+            node=name,
+        )
+    return None
+
+
+def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAnalysis:
+    """Classify the placeholders of a Dynamo graph and find what prevents a faithful frozen export.
+
+    Cheap: walks the graph once, runs nothing.
+
+    Args:
+        gm: The FX graph Dynamo passes to a backend (not modified).
+        example_inputs: The real example arguments, in placeholder order (parameters included).
+
+    Returns:
+        A :class:`GraphAnalysis`. ``analysis.exportable`` is False when some problem was found; all
+        problems are reported, not only the first.
+    """
+    import torch
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        from qnnx_export.errors import ExportError
+
+        raise ExportError(
+            f"the graph has {len(placeholders)} placeholders but {len(example_inputs)} example inputs were "
+            "given; pass exactly the example_inputs Dynamo handed to the backend."
+        )
+    problems: list[Problem] = []
+    param_idx: list[int] = []
+    user_idx: list[int] = []
+    kind_of: dict[Any, str] = {}
+    for i, (node, value) in enumerate(zip(placeholders, example_inputs, strict=True)):
+        is_param = is_param_placeholder(node, value)
+        (param_idx if is_param else user_idx).append(i)
+        kind_of[node] = "param" if is_param else "user"
+        problem = _input_problem(i, node.name, value)
+        if problem is None and _is_symbolic(node.meta.get("example_value")):
+            problem = Problem(
+                kind="dynamic_shape",
+                detail=f"placeholder {node.name} has a symbolic shape; compile with dynamic=False.",
+                node=node.name,
+            )
+        if problem is not None:
+            problems.append(problem)
+
+    if torch.is_grad_enabled():
+        needing = [
+            placeholders[i].name
+            for i, v in enumerate(example_inputs)
+            if isinstance(v, torch.Tensor) and v.requires_grad
+        ]
+        if needing:
+            problems.append(
+                Problem(
+                    kind="requires_grad",
+                    detail=f"grad mode is enabled and {len(needing)} input(s) require grad (e.g. "
+                    f"{', '.join(needing[:3])}); a frozen ONNX graph returns outputs without autograd "
+                    "history. Call the model under torch.no_grad()/torch.inference_mode() or set "
+                    "requires_grad_(False).",
+                    node=needing[0],
+                )
+            )
+
+    # Alias roots: which placeholders each node may share storage with.
+    roots: dict[Any, frozenset[Any]] = {p: frozenset({p}) for p in placeholders}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if _is_view_like(node) and node.args and isinstance(node.args[0], torch.fx.Node):
+            roots[node] = roots.get(node.args[0], frozenset())
+        mutated = _mutated_arg(node)
+        if mutated is not None:
+            for root in sorted(roots.get(mutated, frozenset()), key=lambda n: n.name):
+                what = _target_name(node)
+                if kind_of[root] == "user":
+                    problems.append(
+                        Problem(
+                            kind="input_mutation",
+                            detail=f"node {node.name} ({what}) writes in place into user input {root.name}; "
+                            "the exported graph cannot update the caller's tensor.",
+                            node=node.name,
+                        )
+                    )
+                else:
+                    problems.append(
+                        Problem(
+                            kind="buffer_mutation",
+                            detail=f"node {node.name} ({what}) writes in place into parameter/buffer "
+                            f"{root.name}; a frozen copy would go stale after the first call.",
+                            node=node.name,
+                        )
+                    )
+        flag = _training_flag(node)
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            if mod.training and isinstance(
+                mod,
+                (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm),
+            ):
+                flag = f"{type(mod).__name__} module in training mode"
+        if flag is not None:
+            problems.append(
+                Problem(
+                    kind="training_op",
+                    detail=f"node {node.name} runs {flag}; training-mode ops are random or update "
+                    "statistics, which a frozen graph cannot reproduce. Call model.eval() first.",
+                    node=node.name,
+                )
+            )
+        if _is_symbolic(node.meta.get("example_value")) and not any(p.kind == "dynamic_shape" for p in problems):
+            problems.append(
+                Problem(
+                    kind="dynamic_shape",
+                    detail=f"node {node.name} has a symbolic shape; compile with dynamic=False.",
+                    node=node.name,
+                )
+            )
+    if problems:
+        log.debug("analyze found %d problem(s): %s", len(problems), [p.kind for p in problems])
+    return GraphAnalysis(
+        param_indices=tuple(param_idx),
+        user_indices=tuple(user_idx),
+        problems=tuple(problems),
+        placeholder_names=tuple(p.name for p in placeholders),
+    )

@@ -1,0 +1,161 @@
+"""Plain-ATen replacements for fused PyTorch fast paths that have no ONNX translation.
+
+Under ``torch.no_grad()``, ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` call fused
+kernels (``torch._transformer_encoder_layer_fwd``, ``torch._native_multi_head_attention``). Dynamo
+has already recorded those calls when the backend sees the graph, and torch.onnx (torch 2.13) has no
+translation for them ("No ONNX function found for aten._transformer_encoder_layer_fwd"). We swap each
+call for the math below, which mirrors the non-fused path in torch/nn/modules/transformer.py and
+activation.py (batch-first layout, which the fast paths require).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FUSED_REPLACEMENTS"]
+
+
+def _additive_mask(
+    mask: torch.Tensor | None, mask_type: int | None, batch: int, heads: int, q_len: int, k_len: int
+) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if mask_type == 1:  # key padding mask [B, S]
+        mask = mask.view(batch, 1, 1, k_len)
+    elif mask.dim() == 2:  # attention mask [L, S]
+        mask = mask.view(1, 1, q_len, k_len)
+    else:  # merged mask, [B, H, L, S] or broadcastable
+        mask = mask.view(batch, -1, q_len, k_len)
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=torch.float32).masked_fill(mask, float("-inf"))
+    return mask
+
+
+def _attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    embed_dim: int,
+    num_heads: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    mask: torch.Tensor | None,
+    mask_type: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, q_len, _ = query.shape
+    k_len = key.shape[1]
+    head_dim = embed_dim // num_heads
+    # Slices, not chunk(): the ONNX optimizer constant-folds Slice of an initializer but skips
+    # multi-output Split (onnxscript 0.7.2), which would leave weight Split/Transpose nodes in the graph.
+    e = embed_dim
+    w_q, w_k, w_v = qkv_weight[:e], qkv_weight[e : 2 * e], qkv_weight[2 * e :]
+    b_q, b_k, b_v = qkv_bias[:e], qkv_bias[e : 2 * e], qkv_bias[2 * e :]
+    q = F.linear(query, w_q, b_q).view(batch, q_len, num_heads, head_dim).transpose(1, 2)
+    k = F.linear(key, w_k, b_k).view(batch, k_len, num_heads, head_dim).transpose(1, 2)
+    v = F.linear(value, w_v, b_v).view(batch, k_len, num_heads, head_dim).transpose(1, 2)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
+    additive = _additive_mask(mask, mask_type, batch, num_heads, q_len, k_len)
+    if additive is not None:
+        scores = scores + additive.to(scores.dtype)
+    weights = torch.softmax(scores, dim=-1)
+    ctx = torch.matmul(weights, v).transpose(1, 2).reshape(batch, q_len, embed_dim)
+    return F.linear(ctx, proj_weight, proj_bias), weights
+
+
+def transformer_encoder_layer_fwd(
+    src: torch.Tensor,
+    embed_dim: int,
+    num_heads: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    use_gelu: bool,
+    norm_first: bool,
+    eps: float,
+    norm_weight_1: torch.Tensor,
+    norm_bias_1: torch.Tensor,
+    norm_weight_2: torch.Tensor,
+    norm_bias_2: torch.Tensor,
+    ffn_weight_1: torch.Tensor,
+    ffn_bias_1: torch.Tensor,
+    ffn_weight_2: torch.Tensor,
+    ffn_bias_2: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    mask_type: int | None = None,
+) -> torch.Tensor:
+    """Unfused ``torch._transformer_encoder_layer_fwd`` (same signature, batch-first)."""
+
+    def self_attention(x: torch.Tensor) -> torch.Tensor:
+        return _attention(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)[
+            0
+        ]
+
+    def feed_forward(x: torch.Tensor) -> torch.Tensor:
+        hidden = F.linear(x, ffn_weight_1, ffn_bias_1)
+        hidden = F.gelu(hidden) if use_gelu else F.relu(hidden)
+        return F.linear(hidden, ffn_weight_2, ffn_bias_2)
+
+    def norm1(x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
+
+    def norm2(x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
+
+    x = src
+    if norm_first:
+        x = x + self_attention(norm1(x))
+        return x + feed_forward(norm2(x))
+    x = norm1(x + self_attention(x))
+    return norm2(x + feed_forward(x))
+
+
+def native_multi_head_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    embed_dim: int,
+    num_head: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    need_weights: bool = True,
+    average_attn_weights: bool = True,
+    mask_type: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unfused ``torch._native_multi_head_attention`` (same signature, batch-first)."""
+    out, weights = _attention(
+        query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type
+    )
+    if not need_weights:
+        return out, torch.empty(0, dtype=out.dtype)
+    if average_attn_weights:
+        weights = weights.mean(dim=1)
+    return out, weights
+
+
+def _replacements() -> dict[Any, Any]:
+    table: dict[Any, Any] = {}
+    for name, fn in (
+        ("_transformer_encoder_layer_fwd", transformer_encoder_layer_fwd),
+        ("_native_multi_head_attention", native_multi_head_attention),
+    ):
+        target = getattr(torch, name, None)
+        if target is not None:
+            table[target] = fn
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            table[op] = fn
+            table[op.default] = fn
+    return table
+
+
+FUSED_REPLACEMENTS: dict[Any, Any] = _replacements()

@@ -1,0 +1,522 @@
+"""Freeze a Dynamo FX graph into a deterministic ONNX model."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import re
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from qnnx_export._analysis import GraphAnalysis, analyze
+from qnnx_export._fingerprint import weight_digest
+from qnnx_export._options import ExportOptions
+from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot, dtype_name
+from qnnx_export.errors import ExportError
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+    import torch
+
+__all__ = ["ExportedGraph", "export"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _ParamRecord:
+    index: int
+    ref: Any  # weakref to the frozen tensor
+    data_ptr: int
+    version: int
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ExportedGraph:
+    """A frozen ONNX model plus how to call it with Dynamo's arguments.
+
+    Attributes:
+        model: The ONNX model. Parameters and buffers are initializers; user inputs are graph inputs.
+        signature: The mapping between Dynamo arguments/outputs and ONNX inputs/outputs.
+        weight_digest: sha256 hex digest of the frozen parameter/buffer bytes.
+        passes_applied: Names of the rewrite passes that changed the graph, in order.
+        passes_run: Names of every pass that ran (changed the graph or not).
+        timings: Seconds per stage (``prepare``, ``torch_export``, ``passes``, ``serialize``).
+        external_data: True when the weights exceed ``ExportOptions.external_data_threshold``; then
+            :meth:`model_bytes` refuses and :meth:`save` writes the weights beside the model.
+        opset: The ONNX opset of the default domain.
+    """
+
+    model: onnx.ModelProto
+    signature: GraphSignature
+    weight_digest: str
+    passes_applied: tuple[str, ...]
+    passes_run: tuple[str, ...]
+    timings: Mapping[str, float]
+    external_data: bool
+    opset: int
+    _ir_model: Any = attrs.field(repr=False, alias="_ir_model")
+    _params: tuple[_ParamRecord, ...] = attrs.field(repr=False, alias="_params")
+    _cache: dict[str, Any] = attrs.field(factory=dict, repr=False, alias="_cache")
+
+    def model_bytes(self) -> bytes:
+        """Return the serialized model (deterministic: same graph and inputs give the same bytes).
+
+        Raises:
+            ExportError: The model uses external data (weights above the threshold); use :meth:`save`.
+        """
+        if self.external_data:
+            raise ExportError(
+                "this model keeps its weights as external data (they exceed "
+                "ExportOptions.external_data_threshold), so it has no single-buffer form; call "
+                "ExportedGraph.save(path) and load the model from that path."
+            )
+        cached = self._cache.get("bytes")
+        if cached is None:
+            cached = self.model.SerializeToString(deterministic=True)
+            self._cache["bytes"] = cached
+        return cached
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model to ``path``; external weights go to ``<path name>.data`` beside it.
+
+        Args:
+            path: Destination ``.onnx`` file; its directory must exist.
+
+        Returns:
+            The path written.
+        """
+        import onnx_ir as ir
+
+        path = Path(path)
+        if self.external_data:
+            ir.save(self._ir_model, path, external_data=f"{path.name}.data", size_threshold_bytes=1024)
+        else:
+            path.write_bytes(self.model_bytes())
+        return path
+
+    def params_unchanged(self, args: Sequence[Any]) -> bool:
+        """Tell whether the parameter/buffer arguments are still the tensors that were frozen.
+
+        Dynamo passes parameters and buffers on every call. A buffer reassigned in ``forward``
+        (``self.count = self.count + 1``) arrives as a new tensor, and an in-place update under
+        ``no_grad`` (optimizer step) bumps the tensor's version counter: either way the frozen copy
+        is stale and the caller must re-export. Writes through ``.data`` are invisible here.
+        """
+        for rec in self._params:
+            if rec.index >= len(args):
+                return False
+            t = args[rec.index]
+            if rec.ref() is not t or t.data_ptr() != rec.data_ptr or t._version != rec.version:
+                return False
+        return True
+
+
+_NAME_RE = re.compile(r"[^0-9A-Za-z_]")
+
+
+def _attr_name(placeholder_name: str, used: set[str]) -> str:
+    name = _NAME_RE.sub("_", placeholder_name)
+    # Dynamo names lifted params "l_self_modules_x_parameters_weight_": keep it readable but valid.
+    name = name.strip("_") or "param"
+    if name[0].isdigit():
+        name = f"p_{name}"
+    base, k = name, 1
+    while name in used:
+        name = f"{base}_{k}"
+        k += 1
+    used.add(name)
+    return name
+
+
+def _build_frozen_module(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis
+) -> tuple[torch.fx.GraphModule, list[tuple[str, int]], list[OutputSlot], list[Any], str]:
+    """Copy ``gm`` into a new module whose params are attributes (get_attr) and whose fused fast-path
+    calls are decomposed. ``gm`` is not modified (Dynamo's calling convention depends on it)."""
+    import torch
+    import torch.fx
+
+    from qnnx_export._decompose import FUSED_REPLACEMENTS
+
+    params = set(analysis.param_indices)
+    root = torch.nn.Module()
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    used: set[str] = set()
+    user_inputs: list[tuple[str, int]] = []
+    placeholder_index: dict[torch.fx.Node, int] = {}
+    ph_i = 0
+    output_node = None
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            i = ph_i
+            ph_i += 1
+            placeholder_index[node] = i
+            if i in params:
+                name = _attr_name(node.name, used)
+                root.register_buffer(name, example_inputs[i].detach())
+                env[node] = graph.get_attr(name)
+            else:
+                new = graph.placeholder(node.name)
+                new.meta = dict(node.meta)
+                env[node] = new
+                # FX may rename on a clash with a get_attr node: map by the name actually used.
+                used.add(new.name)
+                user_inputs.append((new.name, i))
+            continue
+        if node.op == "output":
+            output_node = node
+            continue
+        if node.op in ("get_attr", "call_module"):
+            top = str(node.target).split(".")[0]
+            if not hasattr(root, top):
+                setattr(root, top, getattr(gm, top))
+        new = graph.node_copy(node, lambda n: env[n])
+        if new.op == "call_function" and new.target in FUSED_REPLACEMENTS:
+            log.debug("decomposing fused fast path %s at node %s", new.target, node.name)
+            new.target = FUSED_REPLACEMENTS[new.target]
+        env[node] = new
+
+    if output_node is None:
+        raise ExportError("the graph has no output node; pass the GraphModule Dynamo gave the backend.")
+    out_arg = output_node.args[0]
+    container = "list" if isinstance(out_arg, list) else "tuple" if isinstance(out_arg, tuple) else "single"
+    elements = list(out_arg) if isinstance(out_arg, (tuple, list)) else [out_arg]
+    slots: list[OutputSlot] = []
+    onnx_nodes: list[torch.fx.Node] = []
+    onnx_index: dict[torch.fx.Node, int] = {}
+    bad: list[str] = []
+    for pos, el in enumerate(elements):
+        if isinstance(el, torch.fx.Node):
+            if el.op == "placeholder":
+                slots.append(OutputSlot(kind="arg", index=placeholder_index[el]))
+            else:
+                if el not in onnx_index:
+                    onnx_index[el] = len(onnx_nodes)
+                    onnx_nodes.append(el)
+                # dtype is filled in once the ONNX output dtypes are known.
+                slots.append(OutputSlot(kind="onnx", index=onnx_index[el]))
+        elif el is None:
+            slots.append(OutputSlot(kind="none"))
+        elif isinstance(el, (bool, int, float, str)):
+            slots.append(OutputSlot(kind="constant", value=el))
+        else:
+            bad.append(f"output {pos} is a {type(el).__name__} ({el!r})")
+    if bad:
+        raise ExportError(
+            "unsupported graph output structure: " + "; ".join(bad) + ". Graph outputs must be a flat tuple/list "
+            "of tensors, None or Python scalars (what Dynamo produces)."
+        )
+    graph.output(tuple(env[n] for n in onnx_nodes))
+    frozen = torch.fx.GraphModule(root, graph, class_name="QnnxFrozenGraph")
+    frozen.eval()
+    return frozen, user_inputs, slots, onnx_nodes, container
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Any:
+    """Raise one logger's level for the duration (torch 2.13 warns "torchvision is not installed.
+    Skipping torchvision::nms" four times when it first builds the ONNX registry)."""
+    logger = logging.getLogger(name)
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+@functools.cache
+def _onnx_registry(opset: int) -> Any:
+    """Build torch.onnx's ATen->ONNX registry once per opset and process.
+
+    ``torch.onnx.export`` (torch 2.13) rebuilds it on every call by parsing the source of ~500
+    onnxscript functions: 1.4-1.7 s of each export on this machine. The private
+    ``_registration``/``_core`` modules let us reuse it; if they move we fall back to the public API.
+    """
+    from torch.onnx._internal.exporter import _registration
+
+    return _registration.ONNXRegistry.from_torchlib(opset_version=opset)
+
+
+def _torch_onnx_export(frozen: torch.fx.GraphModule, args: tuple[Any, ...], opset: int) -> Any:
+    import warnings
+
+    import torch
+
+    # torch.onnx prints progress to stdout unless verbose=False; it also warns "Exporting a model
+    # while it is in training mode" and that torchvision is missing, which is noise for us.
+    with (
+        warnings.catch_warnings(),
+        torch.no_grad(),
+        contextlib.redirect_stdout(io.StringIO()),
+        _quiet_logger("torch.onnx._internal.exporter._registration"),
+        # onnxscript 0.7.2's constant folder warns "Evaluation failed: ..." for folds it skips.
+        _quiet_logger("onnxscript.optimizer._constant_folding"),
+    ):
+        warnings.simplefilter("ignore")
+        try:
+            from torch.onnx._internal.exporter import _core
+
+            registry = _onnx_registry(opset)
+        except (ImportError, AttributeError) as exc:  # pragma: no cover - depends on the torch version
+            log.debug("private torch.onnx registry API unavailable (%s); using torch.onnx.export", exc)
+            return torch.onnx.export(
+                frozen,
+                args,
+                dynamo=True,
+                verbose=False,
+                opset_version=opset,
+                optimize=True,
+                external_data=False,
+                report=False,
+            )
+        return _core.export(frozen, args, registry=registry, verbose=False, optimize=True, opset_version=opset)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _describe_failure(exc: BaseException, frozen: torch.fx.GraphModule) -> str:
+    """Condense a torch.onnx failure into one message naming the op/node and the cause."""
+    text = _ANSI.sub("", str(exc))
+    # torch 2.13's exporter errors carry an "## Exception summary" with the real causes (e.g.
+    # "DispatchError: No ONNX function found for <OpOverload(op='aten._linalg_svd' ...)>").
+    if "## Exception summary" in text:
+        summary = text.split("## Exception summary", 1)[1]
+        lines = [ln.strip() for ln in summary.splitlines()]
+        lines = [ln for ln in lines if ln and ln != "⬆️" and not ln.startswith("(Refer to")]
+        cause = " <- ".join(lines)
+    else:
+        chain, cur = [], exc
+        while cur is not None and len(chain) < 4:
+            first = _ANSI.sub("", str(cur)).strip().splitlines()
+            chain.append(f"{type(cur).__name__}: {first[0] if first else ''}")
+            cur = cur.__cause__
+        cause = " <- ".join(chain)
+    ops = sorted(
+        {
+            str(getattr(n.target, "__name__", n.target))
+            for n in frozen.graph.nodes
+            if n.op in ("call_function", "call_method")
+        }
+    )
+    named = [op for op in ops if op and op in cause]
+    hint = f" Graph ops involved: {', '.join(named[:5])}." if named else ""
+    return (
+        f"torch.onnx.export could not translate the graph: {cause[:3000]}.{hint} Fix: avoid the op in the "
+        "compiled region (run it outside torch.compile) or let the backend fall back for this graph."
+    )
+
+
+def export(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: ExportOptions | None = None,
+    analysis: GraphAnalysis | None = None,
+) -> ExportedGraph:
+    """Export a Dynamo FX graph to a frozen ONNX model.
+
+    Parameters and buffers (lifted to placeholders by Dynamo) become ONNX initializers; user inputs
+    stay graph inputs. The QNN-safe rewrite passes of ``options.passes`` run on the result. The same
+    graph and inputs give byte-identical :meth:`ExportedGraph.model_bytes`, also across processes.
+
+    Args:
+        gm: The graph Dynamo passes to the backend. It is not modified.
+        example_inputs: The real example arguments Dynamo passes (parameters included).
+        options: Export options (default :class:`ExportOptions`).
+        analysis: The :func:`analyze` result for the same graph, to avoid redoing it.
+
+    Returns:
+        The :class:`ExportedGraph`.
+
+    Raises:
+        ExportError: The graph has problems (all are listed, see :attr:`ExportError.problems`), or the
+            exporter failed (the message names the op and cause).
+    """
+    import torch
+
+    from qnnx_export._passes import run_passes
+
+    options = options if options is not None else ExportOptions()
+    t0 = time.perf_counter()
+    analysis = analysis if analysis is not None else analyze(gm, example_inputs)
+    if not analysis.exportable:
+        lines = "\n".join(f"  - [{p.kind}] {p.detail}" for p in analysis.problems)
+        raise ExportError(
+            f"the graph cannot be exported faithfully ({len(analysis.problems)} problem(s)):\n{lines}",
+            problems=analysis.problems,
+        )
+    frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(gm, example_inputs, analysis)
+    user_args = tuple(example_inputs[i].detach() for _, i in user_inputs)
+    digest = weight_digest(example_inputs, analysis)
+    t1 = time.perf_counter()
+
+    if onnx_nodes:
+        try:
+            program = _torch_onnx_export(frozen, user_args, options.opset)
+        except Exception as exc:
+            raise ExportError(_describe_failure(exc, frozen)) from exc
+        model: ir.Model = program.model
+    else:
+        model = _empty_model(options.opset)
+    t2 = time.perf_counter()
+
+    # Record the torch dtypes of the outputs before passes may legalize them (int64 -> int32).
+    torch_out_dtypes = [_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs]
+    pass_report = run_passes(model, options.resolved_passes())
+    _canonicalize(model)
+    t3 = time.perf_counter()
+
+    external = _initializer_bytes(model) > options.external_data_threshold
+    import onnx_ir as ir
+
+    proto = _external_proto(model) if external else ir.to_proto(model)
+    t4 = time.perf_counter()
+
+    names = {name: i for name, i in user_inputs}
+    specs: list[InputSpec] = []
+    for value in model.graph.inputs:
+        if value.name not in names:
+            raise ExportError(
+                f"the exported ONNX input {value.name!r} matches no graph placeholder "
+                f"({sorted(names)}); this is a qnnx-export bug, please report it."
+            )
+        i = names[value.name]
+        t = example_inputs[i]
+        specs.append(
+            InputSpec(
+                name=value.name,
+                arg_index=i,
+                dtype=dtype_name(t.dtype),
+                onnx_dtype=_ir_to_torch_dtype_name(value.dtype),
+                shape=tuple(t.shape),
+            )
+        )
+    final_slots = [
+        OutputSlot(kind="onnx", index=s.index, dtype=torch_out_dtypes[s.index]) if s.kind == "onnx" else s
+        for s in slots
+    ]
+    signature = GraphSignature(
+        inputs=tuple(specs),
+        outputs=tuple(final_slots),
+        onnx_output_names=tuple(v.name for v in model.graph.outputs),
+        onnx_output_dtypes=tuple(_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs),
+        output_container=container,
+    )
+    params = tuple(
+        _ParamRecord(
+            index=i,
+            ref=weakref.ref(example_inputs[i]),
+            data_ptr=example_inputs[i].data_ptr(),
+            version=example_inputs[i]._version,
+        )
+        for i in analysis.param_indices
+        if isinstance(example_inputs[i], torch.Tensor)
+    )
+    timings = {"prepare": t1 - t0, "torch_export": t2 - t1, "passes": t3 - t2, "serialize": t4 - t3}
+    log.debug("exported graph: %d nodes, timings %s", len(model.graph), timings)
+    return ExportedGraph(
+        model=proto,
+        signature=signature,
+        weight_digest=digest,
+        passes_applied=tuple(r for r, changed in pass_report if changed),
+        passes_run=tuple(r for r, _ in pass_report),
+        timings=timings,
+        external_data=external,
+        opset=options.opset,
+        _ir_model=model if external else None,  # only save() of external-data models needs it
+        _params=params,
+    )
+
+
+def _ir_to_torch_dtype_name(dtype: Any) -> str:
+    import onnx_ir as ir
+
+    mapping = {
+        ir.DataType.FLOAT: "float32",
+        ir.DataType.FLOAT16: "float16",
+        ir.DataType.BFLOAT16: "bfloat16",
+        ir.DataType.DOUBLE: "float64",
+        ir.DataType.INT64: "int64",
+        ir.DataType.INT32: "int32",
+        ir.DataType.INT16: "int16",
+        ir.DataType.INT8: "int8",
+        ir.DataType.UINT8: "uint8",
+        ir.DataType.BOOL: "bool",
+    }
+    if dtype not in mapping:
+        raise ExportError(f"ONNX dtype {dtype} has no torch equivalent handled by qnnx-export.")
+    return mapping[dtype]
+
+
+def _empty_model(opset: int) -> ir.Model:
+    import onnx_ir as ir
+
+    return ir.Model(ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="main_graph"), ir_version=10)
+
+
+def _initializer_bytes(model: ir.Model) -> int:
+    total = 0
+    for value in model.graph.initializers.values():
+        if value.const_value is not None:
+            total += value.const_value.nbytes
+    return total
+
+
+def _canonicalize(model: ir.Model) -> None:
+    """Strip what varies between runs or processes and carries no meaning (doc strings, stack traces)."""
+    model.producer_name = "qnnx-export"
+    from qnnx_export._version import __version__
+
+    model.producer_version = __version__
+    model.doc_string = None
+    model.graph.doc_string = None
+    model.metadata_props.clear()
+    model.graph.metadata_props.clear()
+    for node in model.graph.all_nodes() if hasattr(model.graph, "all_nodes") else model.graph:
+        node.doc_string = None
+        node.metadata_props.clear()
+    for value in model.graph.initializers.values():
+        value.metadata_props.clear()
+        value.doc_string = None
+
+
+def _external_proto(model: ir.Model) -> onnx.ModelProto:
+    """Return the model proto without weight bytes (tensors above 1 KiB are external references).
+
+    Used for reporting only; :meth:`ExportedGraph.save` writes the loadable files.
+    """
+    import onnx_ir as ir
+
+    saved: dict[str, Any] = {}
+    offset = 0
+    for name, value in model.graph.initializers.items():
+        tensor = value.const_value
+        if tensor is None or tensor.nbytes <= 1024:
+            continue
+        saved[name] = tensor
+        value.const_value = ir.ExternalTensor(
+            location="weights.data",
+            offset=offset,
+            length=tensor.nbytes,
+            dtype=tensor.dtype,
+            shape=tensor.shape,
+            name=name,
+        )
+        offset += tensor.nbytes
+    try:
+        return ir.to_proto(model)
+    finally:
+        for name, tensor in saved.items():
+            model.graph.initializers[name].const_value = tensor

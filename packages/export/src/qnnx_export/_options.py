@@ -1,0 +1,89 @@
+"""Export options."""
+
+from __future__ import annotations
+
+import attrs
+
+from qnnx_export._pass_names import DEFAULT_PASSES
+from qnnx_export.errors import OptionsError
+
+__all__ = ["DEFAULT_OPSET", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
+
+# Opset 20 is the lowest that writes GELU as a single ``Gelu`` node (QNN rejects a bare Erf), and it
+# stays below opset 21, whose GroupNormalization form fails QNN session creation (onnxruntime-qnn 2.7.0).
+DEFAULT_OPSET = 20
+MIN_OPSET = 20
+MAX_OPSET = 23
+_TWO_GIB = 2 * 1024**3
+
+
+def _check_opset(_inst: object, _attr: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_OPSET <= value <= MAX_OPSET:
+        raise OptionsError(
+            f"ExportOptions.opset={value!r} is not accepted; use an int in [{MIN_OPSET}, {MAX_OPSET}] "
+            f"(default {DEFAULT_OPSET}, which is the one tested on QNN HTP)."
+        )
+
+
+def _check_passes(_inst: object, _attr: attrs.Attribute, value: tuple[str, ...] | None) -> None:
+    if value is None:
+        return
+    bad = [p for p in value if not isinstance(p, str) or p not in DEFAULT_PASSES]
+    dupes = sorted({p for p in value if isinstance(p, str) and value.count(p) > 1})
+    if bad or dupes:
+        parts = []
+        if bad:
+            parts.append(f"unknown pass name(s) {bad!r}")
+        if dupes:
+            parts.append(f"duplicated pass name(s) {dupes!r}")
+        raise OptionsError(
+            f"ExportOptions.passes has {' and '.join(parts)}; accepted names are "
+            f"{sorted(DEFAULT_PASSES)!r}. Use None for the default pipeline or () for no passes."
+        )
+
+
+def _check_threshold(_inst: object, _attr: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionsError(
+            f"ExportOptions.external_data_threshold={value!r} is not accepted; use an int >= 0 "
+            f"(bytes of initializer data above which weights are stored as external data; default 2 GiB)."
+        )
+
+
+def _to_passes(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise OptionsError(
+            f"ExportOptions.passes={value!r} is a string; pass a tuple of pass names, e.g. ({value!r},)."
+        )
+    try:
+        return tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise OptionsError(
+            f"ExportOptions.passes={value!r} is not a sequence of pass names; use a tuple of names or None."
+        ) from None
+
+
+@attrs.frozen(kw_only=True)
+class ExportOptions:
+    """How :func:`qnnx_export.export` turns a Dynamo graph into ONNX.
+
+    Attributes:
+        opset: ONNX opset of the default domain, in [20, 23]. Default 20.
+        passes: Names of the ONNX rewrite passes to run, in order; ``None`` runs the default
+            pipeline (every pass, see :meth:`resolved_passes`), ``()`` runs none.
+        external_data_threshold: When the initializers hold more than this many bytes the model
+            is kept with external data (see :meth:`ExportedGraph.save`). Default 2 GiB, the
+            protobuf limit.
+    """
+
+    opset: int = attrs.field(default=DEFAULT_OPSET, validator=_check_opset)
+    passes: tuple[str, ...] | None = attrs.field(default=None, converter=_to_passes, validator=_check_passes)
+    external_data_threshold: int = attrs.field(default=_TWO_GIB, validator=_check_threshold)
+
+    def resolved_passes(self) -> tuple[str, ...]:
+        """Return the pass names that will run (the default pipeline when ``passes`` is None)."""
+        if self.passes is None:
+            return DEFAULT_PASSES
+        return self.passes

@@ -1,0 +1,15 @@
+"""Names of the QNN-safety passes, kept apart from the passes so options stay import-light."""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_PASSES"]
+
+# The default pipeline, in run order (see _passes.py for each pass and the defect it avoids).
+DEFAULT_PASSES: tuple[str, ...] = (
+    "gathernd_to_gather",
+    "unsqueeze_int64_to_reshape",
+    "fuse_erf_gelu",
+    "rmsnorm_weight_last",
+    "tile_layernorm_broadcast",
+    "int64_to_int32",
+)

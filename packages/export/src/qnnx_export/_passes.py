@@ -1,0 +1,653 @@
+"""ONNX -> ONNX rewrites that make exported graphs safe for the QNN execution provider.
+
+Each pass is an ``onnx_ir`` in-place pass with a precondition (``requires``), the rewrite
+(``call``, which reports whether it changed the graph) and a postcondition (``ensures``) that
+checks the defect it targets is gone. Every rewrite is exact or within fp16 rounding: a pass never
+trades accuracy for placement. Defects cite onnxruntime-qnn 2.7.0 (QNN SDK 2.51) on the x86 HTP
+simulator with ``soc_model=60``, where they were reproduced.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes import InPlacePass, PassResult, PostconditionError, PreconditionError
+
+from qnnx_export._pass_names import DEFAULT_PASSES
+
+__all__ = ["DEFAULT_PASSES", "PASS_REGISTRY", "QnnPass", "run_passes"]
+
+log = logging.getLogger(__name__)
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    """Return the constant array behind ``value`` (initializer or Constant node), else None."""
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:
+        return None
+
+
+def _shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """Return the static shape of ``value`` or None when unknown or symbolic."""
+    if value is None or value.shape is None:
+        return None
+    dims = []
+    for d in value.shape:
+        if not isinstance(d, int):
+            return None
+        dims.append(d)
+    return tuple(dims)
+
+
+class _Names:
+    """Fresh value/node names that collide with nothing in the graph."""
+
+    def __init__(self, graph: ir.Graph, prefix: str) -> None:
+        self.prefix = prefix
+        self.used = {v.name for v in graph.inputs} | set(graph.initializers)
+        for node in graph:
+            self.used.update(o.name for o in node.outputs if o.name)
+            if node.name:
+                self.used.add(node.name)
+        self.n = 0
+
+    def __call__(self, hint: str) -> str:
+        while True:
+            name = f"{self.prefix}_{hint}_{self.n}"
+            self.n += 1
+            if name not in self.used:
+                self.used.add(name)
+                return name
+
+
+def _add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    tensor = ir.tensor(array, name=name)
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+    graph.register_initializer(value)
+    return value
+
+
+def _new_value(name: str, dtype: ir.DataType | None, shape: Iterable[int] | None) -> ir.Value:
+    return ir.Value(
+        name=name,
+        type=ir.TensorType(dtype) if dtype is not None else None,
+        shape=ir.Shape(list(shape)) if shape is not None else None,
+    )
+
+
+def _producer_op(value: ir.Value | None) -> str | None:
+    if value is None or value.producer() is None:
+        return None
+    node = value.producer()
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+def _remove_dead_nodes(graph: ir.Graph) -> int:
+    """Remove nodes none of whose outputs is used (repeat until fixpoint)."""
+    outputs = set(graph.outputs)
+    removed = 0
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(list(graph)):
+            if any(o.uses() or o in outputs for o in node.outputs):
+                continue
+            graph.remove(node, safe=True)
+            removed += 1
+            changed = True
+    for name in [n for n, v in graph.initializers.items() if not v.uses() and v not in outputs]:
+        del graph.initializers[name]
+    return removed
+
+
+class QnnPass(InPlacePass):
+    """Base of the QNN-safety passes: a named, documented in-place rewrite with checks.
+
+    Attributes:
+        name: Registry name used in :attr:`ExportOptions.passes`.
+        defect: One sentence: the QNN defect avoided and where it was observed.
+    """
+
+    name: ClassVar[str] = ""
+    defect: ClassVar[str] = ""
+
+    def requires(self, model: ir.Model) -> None:
+        if model.graph.opset_imports.get("", 0) < 20:
+            raise PreconditionError(f"{self.name} expects opset >= 20, got {model.graph.opset_imports.get('')}")
+
+    def call(self, model: ir.Model) -> PassResult:
+        changed = self.rewrite(model.graph)
+        if changed:
+            _remove_dead_nodes(model.graph)
+            model.graph.sort()
+        return PassResult(model, modified=changed)
+
+    def rewrite(self, graph: ir.Graph) -> bool:  # pragma: no cover - abstract
+        """Rewrite ``graph`` in place; return True when something changed."""
+        raise NotImplementedError
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:  # pragma: no cover - abstract
+        """Return a description of every occurrence of the defect still in ``graph``."""
+        raise NotImplementedError
+
+    def ensures(self, model: ir.Model) -> None:
+        left = self.find_defects(model.graph)
+        if left:
+            raise PostconditionError(f"{self.name} left {len(left)} occurrence(s): {left[:3]}")
+
+
+# ------------------------------------------------------------------------------- 1. LayerNorm batch tiling
+
+
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+class TileLayerNormBroadcast(QnnPass):
+    """Tile operands broadcast along the batch axis in Add/Sub/Mul/Div chains that feed LayerNormalization.
+
+    QNN HTP computes ``LayerNormalization(Add(x[N,S,H], c[1,S,H]))`` (also ``c[S,H]``, Mul, and a
+    computed ``c``) right for batch row 0 and wrong for rows >= 1 (errors ~2.4 on unit-scale data),
+    silently. This is BERT/DistilBERT's ``embeddings + position_embeddings -> LayerNorm`` at batch > 1.
+    Reproduced with onnxruntime-qnn 2.4.0-2.7.0 and soc_model 36/60/69. Operands that already have
+    the batch size, or only broadcast along other axes (``[N,1,H]``, ``[1,1,H]``, ``[H]``), are right.
+
+    Fix: a constant operand is replaced by an initializer tiled to the batch size (exact); a computed
+    one gets a ``Tile`` node (an ``Expand`` is not enough: QNN folds it back into a broadcast).
+    """
+
+    name = "tile_layernorm_broadcast"
+    defect = (
+        "Add/Mul(x[N,...], c[1,...]) feeding LayerNormalization is silently wrong for batch rows >= 1 "
+        "(onnxruntime-qnn 2.4.0-2.7.0)"
+    )
+    max_depth = 4
+
+    def _feeding_nodes(self, graph: ir.Graph) -> list[ir.Node]:
+        found: list[ir.Node] = []
+        seen: set[int] = set()
+        for node in graph:
+            if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+                continue
+            frontier = [(node.inputs[0], 0)]
+            while frontier:
+                value, depth = frontier.pop()
+                prod = value.producer() if value is not None else None
+                if prod is None or prod.op_type not in _ELEMENTWISE or depth >= self.max_depth:
+                    continue
+                if id(prod) not in seen:
+                    seen.add(id(prod))
+                    found.append(prod)
+                frontier.extend((inp, depth + 1) for inp in prod.inputs)
+        return found
+
+    @staticmethod
+    def _bad_operands(node: ir.Node) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        out_shape = _shape(node.outputs[0])
+        if out_shape is None or len(out_shape) < 2 or out_shape[0] <= 1:
+            return []
+        bad = []
+        for i, inp in enumerate(node.inputs):
+            shape = _shape(inp)
+            if shape is None:
+                continue
+            aligned = (1,) * (len(out_shape) - len(shape)) + shape
+            # Only operands that broadcast along the batch axis while covering a non-trivial
+            # trailing block trigger the defect; [.., 1, H] / [H] do not (measured).
+            if aligned[0] == 1 and any(d > 1 for d in aligned[1:-1]):
+                bad.append((i, shape, out_shape))
+        return bad
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [
+            f"{n.name or n.op_type} input {i} {list(s)} -> {list(o)}"
+            for n in self._feeding_nodes(graph)
+            for i, s, o in self._bad_operands(n)
+        ]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_tile")
+        changed = False
+        for node in self._feeding_nodes(graph):
+            for i, shape, out_shape in self._bad_operands(node):
+                value = node.inputs[i]
+                batch = out_shape[0]
+                aligned = (1,) * (len(out_shape) - len(shape)) + shape
+                array = _const(value)
+                if array is not None:
+                    tiled = np.ascontiguousarray(np.broadcast_to(array.reshape(aligned), (batch, *aligned[1:])))
+                    new = _add_initializer(graph, names(value.name or "const"), tiled)
+                else:
+                    if len(shape) != len(out_shape):
+                        reshaped = _new_value(names("reshaped"), value.dtype, aligned)
+                        target = _add_initializer(graph, names("shape"), np.array(aligned, dtype=np.int64))
+                        graph.insert_before(node, ir.Node("", "Reshape", [value, target], outputs=[reshaped]))
+                        value = reshaped
+                    repeats = _add_initializer(
+                        graph, names("repeats"), np.array([batch] + [1] * (len(out_shape) - 1), dtype=np.int64)
+                    )
+                    new = _new_value(names("tiled"), value.dtype, (batch, *aligned[1:]))
+                    graph.insert_before(node, ir.Node("", "Tile", [value, repeats], outputs=[new]))
+                node.replace_input_with(i, new)
+                changed = True
+        return changed
+
+
+# ------------------------------------------------------------------------------------ 2. RMSNorm weight
+
+
+class RMSNormWeightLast(QnnPass):
+    """Put the weight last in RMSNorm's final multiply: ``Mul(w, x*rsqrt(..))`` -> ``Mul(x*rsqrt(..), w)``.
+
+    QNN HTP fails to finalize ``Mul(weight_initializer, x * Reciprocal(Sqrt(ReduceMean(x^2) + eps)))``
+    with ``QNN_COMMON_ERROR_MEM_ALLOC`` (code 1002) even with CPU fallback allowed (onnxruntime-qnn
+    2.7.0), which kills Llama/Qwen2/T5-style models; the same math with the weight as the second
+    operand finalizes (measured rel. error 6e-4). Multiplication commutes, so the rewrite is exact.
+    """
+
+    name = "rmsnorm_weight_last"
+    defect = "Mul(weight, x*rsqrt(mean(x^2)+eps)) fails QNN graph finalize with QNN_COMMON_ERROR_MEM_ALLOC"
+
+    @staticmethod
+    def _is_rms_normalized(value: ir.Value | None) -> bool:
+        """True when ``value`` is x * 1/sqrt(...ReduceMean...) or x / sqrt(...ReduceMean...)."""
+        prod = value.producer() if value is not None else None
+        if prod is None or prod.op_type not in ("Mul", "Div"):
+            return False
+        for inp in prod.inputs:
+            cur, depth = inp, 0
+            while cur is not None and cur.producer() is not None and depth < 5:
+                op = cur.producer().op_type
+                if op == "ReduceMean":
+                    return True
+                if op not in ("Reciprocal", "Sqrt", "Add", "Div", "Cast", "Pow", "Mul"):
+                    break
+                # Follow the non-constant input (the statistic), not eps or the numerator 1.
+                nxt = [v for v in cur.producer().inputs if v is not None and _const(v) is None]
+                cur = nxt[0] if nxt else None
+                depth += 1
+        return False
+
+    def _matches(self, graph: ir.Graph) -> list[ir.Node]:
+        return [
+            n
+            for n in graph
+            if n.op_type == "Mul"
+            and len(n.inputs) == 2
+            and _const(n.inputs[0]) is not None
+            and _const(n.inputs[1]) is None
+            and self._is_rms_normalized(n.inputs[1])
+        ]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Mul" for n in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        nodes = self._matches(graph)
+        for node in nodes:
+            weight, normalized = node.inputs[0], node.inputs[1]
+            node.replace_input_with(0, normalized)
+            node.replace_input_with(1, weight)
+        return bool(nodes)
+
+
+# --------------------------------------------------------------------------------------- 3. Erf GELU
+
+
+class FuseErfGelu(QnnPass):
+    """Fuse the Erf form of GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``, into one ``Gelu`` node (opset 20).
+
+    QNN HTP rejects a standalone ``Erf`` in every dtype ("Operators of type Erf are not supported",
+    onnxruntime-qnn 2.7.0); only the fused Gelu runs. Models that write GELU by hand (older BERT
+    code, TorchScript-era exports) carry the Erf form. Gelu(approximate="none") is the same function.
+    """
+
+    name = "fuse_erf_gelu"
+    defect = "standalone Erf is rejected by QNN HTP"
+
+    @staticmethod
+    def _scalar(value: ir.Value | None) -> float | None:
+        arr = _const(value)
+        if arr is None or arr.size != 1 or arr.dtype.kind != "f":
+            return None
+        return float(arr.reshape(()))
+
+    def _is(self, value: ir.Value | None, target: float, tol: float = 1e-3) -> bool:
+        s = self._scalar(value)
+        return s is not None and abs(s - target) <= tol * abs(target)
+
+    def _other(self, node: ir.Node, const_target: float) -> ir.Value | None:
+        """For a binary node with one scalar input == const_target, return the other input."""
+        a, b = node.inputs
+        if self._is(b, const_target):
+            return a
+        if self._is(a, const_target):
+            return b
+        return None
+
+    def _match(self, erf: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+        """Return (x, gelu_output_value) for an Erf node in a GELU pattern."""
+        pre = erf.inputs[0].producer()
+        if pre is None:
+            return None
+        if pre.op_type == "Div":
+            x = pre.inputs[0] if self._is(pre.inputs[1], math.sqrt(2.0)) else None
+        elif pre.op_type == "Mul":
+            x = self._other(pre, 1.0 / math.sqrt(2.0))
+        else:
+            x = None
+        if x is None:
+            return None
+        uses = list(erf.outputs[0].uses())
+        if len(uses) != 1 or uses[0].node.op_type != "Add":
+            return None
+        add = uses[0].node
+        if self._other(add, 1.0) is not erf.outputs[0]:
+            return None
+        uses = list(add.outputs[0].uses())
+        if len(uses) != 1 or uses[0].node.op_type != "Mul":
+            return None
+        mul = uses[0].node
+        other = mul.inputs[1 - uses[0].idx]
+        # Case A: Mul(add, Mul(x, 0.5)).
+        other_prod = other.producer() if other is not None else None
+        if other_prod is not None and other_prod.op_type == "Mul" and self._other(other_prod, 0.5) is x:
+            return x, mul.outputs[0]
+        # Case B: Mul(add, x) then * 0.5 or / 2.
+        if other is x:
+            uses = list(mul.outputs[0].uses())
+            if len(uses) == 1:
+                last = uses[0].node
+                if last.op_type == "Mul" and self._other(last, 0.5) is mul.outputs[0]:
+                    return x, last.outputs[0]
+                if last.op_type == "Div" and last.inputs[0] is mul.outputs[0] and self._is(last.inputs[1], 2.0):
+                    return x, last.outputs[0]
+        return None
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Erf" for n in graph if n.op_type == "Erf" and self._match(n) is not None]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_gelu")
+        changed = False
+        for erf in [n for n in graph if n.op_type == "Erf"]:
+            match = self._match(erf)
+            if match is None:
+                continue
+            x, out = match
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            gelu = ir.Node("", "Gelu", [x], attributes=[ir.AttrString("approximate", "none")], outputs=[new])
+            graph.insert_after(out.producer(), gelu)
+            _replace_value(graph, out, new)
+            changed = True
+        return changed
+
+
+# ----------------------------------------------------------------------------- 4. GatherND -> Gather
+
+
+class GatherNDToGather(QnnPass):
+    """Rewrite ``GatherND`` with constant indices into ``Reshape`` + ``Gather`` (or a bare ``Reshape``).
+
+    QNN HTP rejects GatherND ("Failed to create GatherND node", onnxruntime-qnn 2.7.0); the probe grid
+    shows it failing for every dtype, and HF attention-mask code emits it on a bool mask
+    (``padding_mask[batch_idx, kv_idx]``). With constant indices and ``batch_dims=0`` the gather is a
+    plain Gather of flattened row indices (exact: the same elements are selected).
+    """
+
+    name = "gathernd_to_gather"
+    defect = "GatherND (bool attention-mask path) is rejected by QNN HTP"
+
+    @staticmethod
+    def _plan(node: ir.Node) -> tuple[np.ndarray, tuple[int, ...], tuple[int, ...]] | None:
+        if node.op_type != "GatherND":
+            return None
+        batch_dims = node.attributes.get("batch_dims")
+        if batch_dims is not None and batch_dims.as_int() != 0:
+            return None
+        data_shape = _shape(node.inputs[0])
+        indices = _const(node.inputs[1])
+        if data_shape is None or indices is None or indices.ndim < 1:
+            return None
+        m = indices.shape[-1]
+        if m > len(data_shape) or m == 0:
+            return None
+        dims = np.array(data_shape[:m], dtype=np.int64)
+        idx = indices.astype(np.int64)
+        idx = np.where(idx < 0, idx + dims, idx)
+        if (idx < 0).any() or (idx >= dims).any():
+            return None  # out of range: leave the node, ORT will report it
+        # Row-major strides of the indexed leading block: strides[k] = prod(dims[k + 1 :]).
+        strides = np.ones(m, dtype=np.int64)
+        for k in range(m - 2, -1, -1):
+            strides[k] = strides[k + 1] * dims[k + 1]
+        flat = (idx * strides).sum(axis=-1)
+        rows = int(np.prod(dims))
+        return flat, (rows, *data_shape[m:]), tuple(indices.shape[:-1]) + tuple(data_shape[m:])
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "GatherND" for n in graph if self._plan(n) is not None]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_gathernd")
+        changed = False
+        for node in list(graph):
+            plan = self._plan(node)
+            if plan is None:
+                continue
+            flat, flat_shape, out_shape = plan
+            data, out = node.inputs[0], node.outputs[0]
+            rows = _add_initializer(graph, names("rows_shape"), np.array(flat_shape, dtype=np.int64))
+            flat_data = _new_value(names("rows"), data.dtype, flat_shape)
+            new_nodes = [ir.Node("", "Reshape", [data, rows], outputs=[flat_data])]
+            if flat.size == flat_shape[0] and np.array_equal(flat.reshape(-1), np.arange(flat_shape[0])):
+                # The gather selects every row in order: only a reshape.
+                final_shape = _add_initializer(graph, names("out_shape"), np.array(out_shape, dtype=np.int64))
+                result = _new_value(names("out"), out.dtype, out_shape)
+                new_nodes.append(ir.Node("", "Reshape", [flat_data, final_shape], outputs=[result]))
+            else:
+                index = _add_initializer(graph, names("index"), flat.astype(np.int32))
+                result = _new_value(names("out"), out.dtype, out_shape)
+                new_nodes.append(
+                    ir.Node("", "Gather", [flat_data, index], attributes=[ir.AttrInt64("axis", 0)], outputs=[result])
+                )
+            for n in new_nodes:
+                graph.insert_before(node, n)
+            _replace_value(graph, out, result)
+            changed = True
+        return changed
+
+
+def _replace_value(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Redirect every use of ``old`` (graph outputs too, keeping the output's name) to ``new``."""
+    was_output = old.is_graph_output()
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if was_output:
+        name = old.name
+        old.name = f"{name}__qnnx_replaced"
+        new.name = name
+
+
+# ------------------------------------------------------------------------- 5. Unsqueeze on int64 data
+
+
+class UnsqueezeInt64ToReshape(QnnPass):
+    """Replace ``Unsqueeze`` on int64 data by an equivalent ``Reshape`` to the static output shape.
+
+    ``Unsqueeze`` with int64 data SEGFAULTS the process in QNN HTP graph construction (onnxruntime-qnn
+    2.7.0, with or without CPU fallback), taking the Python interpreter down; Reshape on int64 works.
+    Unsqueeze only inserts size-1 axes, so a Reshape to its output shape is exact.
+    """
+
+    name = "unsqueeze_int64_to_reshape"
+    defect = "Unsqueeze on int64 data segfaults the process"
+
+    @staticmethod
+    def _targets(graph: ir.Graph) -> list[ir.Node]:
+        return [
+            n
+            for n in graph
+            if n.op_type == "Unsqueeze"
+            and n.domain in ("", "ai.onnx")
+            and n.inputs[0] is not None
+            and n.inputs[0].dtype == ir.DataType.INT64
+        ]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Unsqueeze" for n in self._targets(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_unsqueeze")
+        changed = False
+        unknown: list[str] = []
+        for node in self._targets(graph):
+            out_shape = _shape(node.outputs[0])
+            if out_shape is None:
+                unknown.append(node.name or "Unsqueeze")
+                continue
+            target = _add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
+            result = _new_value(names("out"), node.outputs[0].dtype, out_shape)
+            graph.insert_before(node, ir.Node("", "Reshape", [node.inputs[0], target], outputs=[result]))
+            _replace_value(graph, node.outputs[0], result)
+            changed = True
+        if unknown:
+            log.warning("unsqueeze_int64_to_reshape: output shape unknown for %s; left unchanged", unknown)
+        return changed
+
+
+# ---------------------------------------------------------------------------- 6. int64 inputs -> int32
+
+
+_INDEX_INPUTS = {("Gather", 1), ("GatherElements", 1)}
+
+
+class Int64InputsToInt32(QnnPass):
+    """Feed int64 graph inputs as int32 where that is exact.
+
+    QNN has no int64: the EP casts int64 inputs and initializers to int32 and SATURATES values that do
+    not fit (Add of two 2.0e9 int64 values returned 2147483647, onnxruntime-qnn 2.7.0), silently.
+    After this pass the ONNX input is int32 and :meth:`GraphSignature.onnx_inputs` casts the int64
+    argument with a range check that raises instead of saturating. An input used only as Gather
+    indices (token ids) is consumed as int32 directly; otherwise a Cast back to int64 keeps the graph
+    typed as before. int64 initializers are left alone; values outside int32 are reported (logged)
+    because QNN would saturate them.
+    """
+
+    name = "int64_to_int32"
+    defect = "int64 values are silently saturated to int32 by the QNN EP"
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [v.name for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_i32")
+        changed = False
+        for value in list(graph.inputs):
+            if value.dtype != ir.DataType.INT64 or value.is_graph_output():
+                continue  # an input returned as is keeps its dtype (Dynamo never emits that)
+            uses = list(value.uses())
+            index_only = bool(uses) and all((u.node.op_type, u.idx) in _INDEX_INPUTS for u in uses)
+            value.type = ir.TensorType(ir.DataType.INT32)
+            if not index_only:
+                cast_out = _new_value(names(value.name), ir.DataType.INT64, _shape(value))
+                cast = ir.Node(
+                    "", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.INT64)], outputs=[cast_out]
+                )
+                for use in uses:
+                    use.node.replace_input_with(use.idx, cast_out)
+                graph.append(cast)  # QnnPass.call re-sorts the graph topologically
+            changed = True
+        for name, init in graph.initializers.items():
+            arr = _const(init)
+            if arr is not None and arr.dtype == np.int64 and arr.size and init.uses():
+                if any((u.node.op_type, u.idx) in _SHAPE_INPUTS for u in init.uses()):
+                    continue
+                if arr.min() < _INT32_MIN or arr.max() > _INT32_MAX:
+                    log.warning(
+                        "int64 initializer %s holds values outside int32 [%d, %d]; QNN will saturate them",
+                        name,
+                        int(arr.min()),
+                        int(arr.max()),
+                    )
+        return changed
+
+
+# Inputs that ONNX requires as int64 and QNN takes as static parameters (never as tensors).
+_SHAPE_INPUTS = {
+    ("Reshape", 1),
+    ("Expand", 1),
+    ("Tile", 1),
+    ("Slice", 1),
+    ("Slice", 2),
+    ("Slice", 3),
+    ("Slice", 4),
+    ("Unsqueeze", 1),
+    ("Squeeze", 1),
+    ("ReduceMean", 1),
+    ("ReduceSum", 1),
+    ("ReduceMax", 1),
+    ("ReduceMin", 1),
+    ("Pad", 1),
+    ("Split", 1),
+    ("TopK", 1),
+    ("ConstantOfShape", 0),
+    ("Resize", 3),
+    ("Range", 0),
+    ("Range", 1),
+    ("Range", 2),
+    ("CumSum", 1),
+    ("OneHot", 1),
+}
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+
+PASS_REGISTRY: dict[str, type[QnnPass]] = {
+    cls.name: cls
+    for cls in (
+        GatherNDToGather,
+        UnsqueezeInt64ToReshape,
+        FuseErfGelu,
+        RMSNormWeightLast,
+        TileLayerNormBroadcast,
+        Int64InputsToInt32,
+    )
+}
+if tuple(PASS_REGISTRY) != DEFAULT_PASSES:  # pragma: no cover - guards edits of either list
+    raise ImportError(f"_pass_names.DEFAULT_PASSES {DEFAULT_PASSES} != registered passes {tuple(PASS_REGISTRY)}")
+
+
+def run_passes(model: ir.Model, names: Iterable[str]) -> list[tuple[str, bool]]:
+    """Run the named passes in order on ``model`` (in place); return ``(name, changed)`` per pass."""
+    report: list[tuple[str, bool]] = []
+    for name in names:
+        cls = PASS_REGISTRY[name]
+        result = cls()(model)
+        report.append((name, bool(result.modified)))
+        if result.modified:
+            log.debug("pass %s changed the graph", name)
+    return report
+
+
+def pass_table() -> list[dict[str, Any]]:
+    """Return ``[{name, defect, doc}]`` for every registered pass (used by the docs)."""
+    return [
+        {"name": n, "defect": c.defect, "doc": (c.__doc__ or "").strip().splitlines()[0]}
+        for n, c in PASS_REGISTRY.items()
+    ]

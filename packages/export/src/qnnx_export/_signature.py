@@ -1,0 +1,255 @@
+"""How the Dynamo calling convention maps onto the ONNX model's inputs and outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from qnnx_export.errors import SignatureError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["GraphSignature", "InputSpec", "OutputSlot"]
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _dtype(name: str) -> torch.dtype:
+    import torch
+
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise SignatureError(f"{name!r} is not a torch dtype name; expected e.g. 'float32', 'int64', 'bool'.")
+    return dt
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Return the torch dtype's short name (``torch.float32`` -> ``"float32"``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+@attrs.frozen(kw_only=True)
+class InputSpec:
+    """One ONNX graph input.
+
+    Attributes:
+        name: ONNX input name.
+        arg_index: Position of the Dynamo argument that feeds it.
+        dtype: torch dtype name of the Dynamo argument.
+        onnx_dtype: torch dtype name the ONNX input expects (differs when legalized, e.g. int64 -> int32).
+        shape: Static shape.
+    """
+
+    name: str
+    arg_index: int
+    dtype: str
+    onnx_dtype: str
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen(kw_only=True)
+class OutputSlot:
+    """Where one element of the graph's output comes from.
+
+    Attributes:
+        kind: ``onnx`` (ONNX output ``index``), ``arg`` (Dynamo argument ``index`` returned as is),
+            ``none`` (Python None) or ``constant`` (``value``, a JSON scalar).
+        index: ONNX output index or Dynamo argument index.
+        dtype: torch dtype name to return for ``onnx`` slots (a cast back when the ONNX output was legalized).
+        value: The constant for ``constant`` slots.
+    """
+
+    kind: Literal["onnx", "arg", "none", "constant"]
+    index: int = -1
+    dtype: str = ""
+    value: bool | int | float | str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GraphSignature:
+    """The calling convention between Dynamo's arguments/outputs and the exported ONNX model.
+
+    JSON-serializable: ``GraphSignature.from_dict(sig.to_dict()) == sig``.
+
+    Attributes:
+        inputs: One :class:`InputSpec` per ONNX input, in ONNX input order.
+        outputs: One :class:`OutputSlot` per element of the graph module's output.
+        onnx_output_names: ONNX output names, in ONNX output order.
+        onnx_output_dtypes: torch dtype names of the ONNX outputs as the model produces them.
+        output_container: ``tuple`` or ``list`` (the container the graph module returns), or ``single``
+            when it returns one bare value (hand-made FX graphs; Dynamo always returns a tuple).
+    """
+
+    inputs: tuple[InputSpec, ...] = attrs.field(converter=tuple)
+    outputs: tuple[OutputSlot, ...] = attrs.field(converter=tuple)
+    onnx_output_names: tuple[str, ...] = attrs.field(converter=tuple)
+    onnx_output_dtypes: tuple[str, ...] = attrs.field(converter=tuple)
+    output_container: Literal["tuple", "list", "single"] = "tuple"
+
+    @property
+    def user_indices(self) -> tuple[int, ...]:
+        """Dynamo argument positions that feed the ONNX inputs, in ONNX input order."""
+        return tuple(s.arg_index for s in self.inputs)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """ONNX input names, in ONNX input order."""
+        return tuple(s.name for s in self.inputs)
+
+    @property
+    def input_dtypes(self) -> tuple[str, ...]:
+        """torch dtype names of the Dynamo arguments feeding the ONNX inputs."""
+        return tuple(s.dtype for s in self.inputs)
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Static shapes of the ONNX inputs."""
+        return tuple(s.shape for s in self.inputs)
+
+    @property
+    def num_onnx_outputs(self) -> int:
+        """Number of ONNX outputs (0 means the graph needs no session: every output is an arg/constant)."""
+        return len(self.onnx_output_names)
+
+    def onnx_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        """Select and prepare the ONNX inputs from the full Dynamo argument list.
+
+        Tensors are made contiguous and cast where the ONNX input dtype differs (int64 inputs are
+        fed as int32; a value outside the int32 range raises instead of saturating silently).
+
+        Args:
+            args: All Dynamo arguments (parameters included), as the compiled callable receives them.
+
+        Returns:
+            Tensors in ONNX input order.
+
+        Raises:
+            SignatureError: An argument is missing, has another shape/dtype than exported, or an
+                int64 value does not fit in int32.
+        """
+        import torch
+
+        out: list[torch.Tensor] = []
+        errors: list[str] = []
+        for spec in self.inputs:
+            if spec.arg_index >= len(args):
+                errors.append(f"argument {spec.arg_index} ({spec.name}) is missing: got {len(args)} args")
+                continue
+            t = args[spec.arg_index]
+            if not isinstance(t, torch.Tensor):
+                errors.append(f"argument {spec.arg_index} ({spec.name}) is a {type(t).__name__}, not a tensor")
+                continue
+            if tuple(t.shape) != spec.shape or dtype_name(t.dtype) != spec.dtype:
+                errors.append(
+                    f"argument {spec.arg_index} ({spec.name}) is {dtype_name(t.dtype)}{list(t.shape)}, "
+                    f"exported as {spec.dtype}{list(spec.shape)}"
+                )
+                continue
+            t = t.detach()
+            if spec.onnx_dtype != spec.dtype:
+                if spec.dtype == "int64" and spec.onnx_dtype == "int32" and t.numel():
+                    lo, hi = int(t.min()), int(t.max())
+                    if lo < _INT32_MIN or hi > _INT32_MAX:
+                        errors.append(
+                            f"argument {spec.arg_index} ({spec.name}) holds int64 values in [{lo}, {hi}] "
+                            "that do not fit int32 (QNN would saturate them); export with passes that "
+                            "exclude 'int64_to_int32' to keep int64"
+                        )
+                        continue
+                t = t.to(_dtype(spec.onnx_dtype))
+            out.append(t.contiguous())
+        if errors:
+            raise SignatureError("cannot build ONNX inputs: " + "; ".join(errors) + ".")
+        return out
+
+    def assemble(self, onnx_outputs: Sequence[torch.Tensor], args: Sequence[Any]) -> Any:
+        """Rebuild the graph module's output from the ONNX outputs and the Dynamo arguments.
+
+        Args:
+            onnx_outputs: ONNX session outputs in ONNX output order (torch tensors; numpy arrays are
+                accepted and converted).
+            args: All Dynamo arguments, for outputs that return an argument unchanged.
+
+        Returns:
+            A tuple or list shaped like the graph module's output (the bare value for ``single``). The same ONNX output used twice is
+            returned as the same tensor object.
+        """
+        import numpy as np
+        import torch
+
+        if len(onnx_outputs) != len(self.onnx_output_names):
+            raise SignatureError(
+                f"assemble got {len(onnx_outputs)} ONNX outputs, the model has {len(self.onnx_output_names)} "
+                f"({list(self.onnx_output_names)}); pass every session output in order."
+            )
+        converted: dict[int, torch.Tensor] = {}
+        result: list[Any] = []
+        for slot in self.outputs:
+            if slot.kind == "onnx":
+                t = converted.get(slot.index)
+                if t is None:
+                    raw = onnx_outputs[slot.index]
+                    t = torch.from_numpy(np.asarray(raw)) if not isinstance(raw, torch.Tensor) else raw
+                    if dtype_name(t.dtype) != slot.dtype:
+                        t = t.to(_dtype(slot.dtype))
+                    converted[slot.index] = t
+                result.append(t)
+            elif slot.kind == "arg":
+                result.append(args[slot.index])
+            elif slot.kind == "none":
+                result.append(None)
+            else:
+                result.append(slot.value)
+        if self.output_container == "single":
+            return result[0]
+        return tuple(result) if self.output_container == "tuple" else result
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-serializable dict (lists and scalars only)."""
+        return {
+            "inputs": [
+                {
+                    "name": s.name,
+                    "arg_index": s.arg_index,
+                    "dtype": s.dtype,
+                    "onnx_dtype": s.onnx_dtype,
+                    "shape": list(s.shape),
+                }
+                for s in self.inputs
+            ],
+            "outputs": [{"kind": o.kind, "index": o.index, "dtype": o.dtype, "value": o.value} for o in self.outputs],
+            "onnx_output_names": list(self.onnx_output_names),
+            "onnx_output_dtypes": list(self.onnx_output_dtypes),
+            "output_container": self.output_container,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GraphSignature:
+        """Rebuild a signature from :meth:`to_dict` output."""
+        try:
+            return cls(
+                inputs=tuple(
+                    InputSpec(
+                        name=s["name"],
+                        arg_index=int(s["arg_index"]),
+                        dtype=s["dtype"],
+                        onnx_dtype=s["onnx_dtype"],
+                        shape=tuple(int(x) for x in s["shape"]),
+                    )
+                    for s in d["inputs"]
+                ),
+                outputs=tuple(
+                    OutputSlot(kind=o["kind"], index=int(o["index"]), dtype=o["dtype"], value=o["value"])
+                    for o in d["outputs"]
+                ),
+                onnx_output_names=tuple(d["onnx_output_names"]),
+                onnx_output_dtypes=tuple(d["onnx_output_dtypes"]),
+                output_container=d["output_container"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SignatureError(
+                f"not a GraphSignature dict ({exc!r}); expected the output of GraphSignature.to_dict()."
+            ) from exc

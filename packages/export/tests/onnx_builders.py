@@ -1,0 +1,153 @@
+"""Small hand-built ONNX graphs containing each pattern a QNN-safety pass rewrites."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import TensorProto
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+OPSET = 20
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[tuple[str, int, Sequence[int]]],
+    outputs: Sequence[tuple[str, int, Sequence[int] | None]],
+    initializers: dict[str, np.ndarray],
+) -> onnx.ModelProto:
+    """Build an opset-20 model; ``inputs``/``outputs`` are (name, TensorProto dtype, shape)."""
+    graph = h.make_graph(
+        list(nodes),
+        "g",
+        [h.make_tensor_value_info(n, t, list(s)) for n, t, s in inputs],
+        [h.make_tensor_value_info(n, t, None if s is None else list(s)) for n, t, s in outputs],
+        [nh.from_array(v, k) for k, v in initializers.items()],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def to_ir(model: onnx.ModelProto) -> ir.Model:
+    """Deserialize to onnx_ir (the form the passes work on)."""
+    return ir.serde.deserialize_model(model)
+
+
+def to_bytes(model: ir.Model) -> bytes:
+    """Serialize an onnx_ir model."""
+    return ir.to_proto(model).SerializeToString()
+
+
+def add_layernorm(
+    batch: int, seq: int, hidden: int, op: str, const_shape: Sequence[int], dynamic: bool, seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``LayerNormalization(op(x[N,S,H], c))``: c an initializer or a second graph input."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, seq, hidden)).astype(np.float32)
+    c = rng.standard_normal(tuple(const_shape)).astype(np.float32)
+    inits = {"g": (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32), "b": np.zeros(hidden, np.float32)}
+    inputs = [("x", TensorProto.FLOAT, x.shape)]
+    feeds = {"x": x}
+    if dynamic:
+        inputs.append(("c", TensorProto.FLOAT, c.shape))
+        feeds["c"] = c
+    else:
+        inits["c"] = c
+    nodes = [
+        h.make_node(op, ["x", "c"], ["y"]),
+        h.make_node("LayerNormalization", ["y", "g", "b"], ["z"], axis=-1, epsilon=1e-5),
+    ]
+    return make_model(nodes, inputs, [("z", TensorProto.FLOAT, x.shape)], inits), feeds
+
+
+def rmsnorm(
+    batch: int, seq: int, hidden: int, weight_first: bool = True, seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The exporter's RMSNorm: ``Mul(w, x * Reciprocal(Sqrt(ReduceMean(Pow(x, 2)) + eps)))``."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, seq, hidden)).astype(np.float32)
+    inits = {
+        "w": (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-6, np.float32),
+        "axes": np.array([-1], np.int64),
+    }
+    nodes = [
+        h.make_node("Pow", ["x", "two"], ["p"]),
+        h.make_node("ReduceMean", ["p", "axes"], ["m"], keepdims=1),
+        h.make_node("Add", ["m", "eps"], ["a"]),
+        h.make_node("Sqrt", ["a"], ["s"]),
+        h.make_node("Reciprocal", ["s"], ["r"]),
+        h.make_node("Mul", ["x", "r"], ["n"]),
+        h.make_node("Mul", ["w", "n"] if weight_first else ["n", "w"], ["y"]),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits), {"x": x}
+
+
+def erf_gelu(shape: Sequence[int], form: str, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """GELU written with Erf. ``form``: ``half_x_first`` (0.5*x*(1+erf)), ``mul_half_last`` ((x*(1+erf))*0.5),
+    ``div_two_last`` ((x*(1+erf))/2), ``mul_inv_sqrt2`` (erf(x*0.7071..)) ; the output feeds a Relu so
+    the Gelu is not the graph output in half of the cases."""
+    rng = np.random.default_rng(seed)
+    x = (2 * rng.standard_normal(tuple(shape))).astype(np.float32)
+    inits = {
+        "sqrt2": np.array(math.sqrt(2.0), np.float32),
+        "inv_sqrt2": np.array(1 / math.sqrt(2.0), np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+        "two": np.array(2.0, np.float32),
+    }
+    if form == "mul_inv_sqrt2":
+        first = h.make_node("Mul", ["x", "inv_sqrt2"], ["u"])
+    else:
+        first = h.make_node("Div", ["x", "sqrt2"], ["u"])
+    nodes = [first, h.make_node("Erf", ["u"], ["e"]), h.make_node("Add", ["e", "one"], ["a"])]
+    if form in ("half_x_first", "mul_inv_sqrt2"):
+        nodes += [h.make_node("Mul", ["x", "half"], ["hx"]), h.make_node("Mul", ["hx", "a"], ["y"])]
+    elif form == "mul_half_last":
+        nodes += [h.make_node("Mul", ["x", "a"], ["xa"]), h.make_node("Mul", ["xa", "half"], ["y"])]
+    else:
+        nodes += [h.make_node("Mul", ["x", "a"], ["xa"]), h.make_node("Div", ["xa", "two"], ["y"])]
+    nodes.append(h.make_node("Relu", ["y"], ["r"]))
+    outputs = [("y", TensorProto.FLOAT, x.shape), ("r", TensorProto.FLOAT, x.shape)]
+    return make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], outputs, inits), {"x": x}
+
+
+def gathernd(
+    data_shape: Sequence[int], indices: np.ndarray, dtype: int = TensorProto.BOOL, seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``GatherND(data, const_indices)`` on a graph input (bool by default, as in HF mask code)."""
+    rng = np.random.default_rng(seed)
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    data = rng.integers(0, 2, size=tuple(data_shape)).astype(np_dtype)
+    if dtype == TensorProto.FLOAT:
+        data = rng.standard_normal(tuple(data_shape)).astype(np.float32)
+    out_shape = list(indices.shape[:-1]) + list(data_shape[indices.shape[-1] :])
+    nodes = [h.make_node("GatherND", ["data", "idx"], ["y"])]
+    model = make_model(
+        nodes, [("data", dtype, data.shape)], [("y", dtype, out_shape)], {"idx": indices.astype(np.int64)}
+    )
+    return model, {"data": data}
+
+
+def unsqueeze_int64(
+    shape: Sequence[int], axes: Sequence[int], seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``Unsqueeze(int64 data, axes) + 1`` (the Add keeps it int64 arithmetic, like mask code)."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(-5, 5, size=tuple(shape)).astype(np.int64)
+    rank = len(shape) + len(axes)
+    norm = sorted(a % rank for a in axes)
+    out_shape = list(shape)
+    for a in norm:
+        out_shape.insert(a, 1)
+    nodes = [h.make_node("Unsqueeze", ["d", "axes"], ["u"]), h.make_node("Add", ["u", "one"], ["y"])]
+    inits = {"axes": np.array(list(axes), np.int64), "one": np.array(1, np.int64)}
+    return make_model(nodes, [("d", TensorProto.INT64, data.shape)], [("y", TensorProto.INT64, out_shape)], inits), {
+        "d": data
+    }

@@ -1,0 +1,327 @@
+"""export(): the backend contract (freezing, signature, determinism, errors, external data)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+from capture import capture, only
+from models_small import CONTRACT_MODELS
+from qnn_helpers import Capture, compile_and_run, cosine, cpu_session, qnn_session, rel_err, run_exported
+
+import qnnx_export as qe
+from qnnx_export.errors import ExportError, QnnxExportError, SignatureError
+
+
+@pytest.fixture(autouse=True)
+def _no_grad() -> Iterator[None]:
+    """The backend exports under the grad mode of the call; these tests model inference (no_grad)."""
+    with torch.no_grad():
+        yield
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT_MODELS))
+def test_contract_models_on_cpu(name: str) -> None:
+    """MLP, CNN+BN and TransformerEncoderLayer (fused fast path) export and match eager on ORT CPU."""
+    model, x = CONTRACT_MODELS[name]()
+    with torch.no_grad():
+        ref = model(x)
+    backend = Capture(cpu_session)
+    out = compile_and_run(model, (x,), backend)
+    assert len(backend.exported) == 1
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT_MODELS))
+def test_contract_models_on_qnn_htp(name: str) -> None:
+    """The three contract models run fully on the QNN HTP simulator within fp16 tolerance."""
+    model, x = CONTRACT_MODELS[name]()
+    with torch.no_grad():
+        ref = model(x)
+    out = compile_and_run(model, (x,), Capture(qnn_session))
+    assert rel_err(out, ref) <= 5e-2
+    assert cosine(out, ref) >= 0.999
+
+
+def test_encoder_layer_fast_path_is_decomposed() -> None:
+    """Under no_grad Dynamo records the fused op; the export replaces it (no custom/unknown op left)."""
+    model, x = CONTRACT_MODELS["encoder_layer"]()
+    cap = only(capture(model, x)[0])
+    assert "_transformer_encoder_layer_fwd" in cap.gm.code
+    exported = qe.export(cap.gm, cap.example_inputs)
+    ops = {n.op_type for n in exported.model.graph.node}
+    assert {"LayerNormalization", "Softmax", "MatMul"} <= ops
+    assert all(n.domain in ("", "ai.onnx") for n in exported.model.graph.node)
+
+
+def test_mha_fast_path_is_decomposed() -> None:
+    """nn.MultiheadAttention's fused fast path under no_grad exports and matches eager (both outputs)."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+
+    def fn(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return mha(q, q, q, need_weights=True)
+
+    with torch.no_grad():
+        ref = fn(x)
+    out = compile_and_run(fn, (x,), Capture(cpu_session))
+    assert rel_err(out[0], ref[0]) < 1e-5 and rel_err(out[1], ref[1]) < 1e-5
+
+
+def test_params_become_initializers_and_gm_untouched() -> None:
+    """Params/buffers are initializers, only user inputs are ONNX inputs, and the Dynamo gm is unchanged."""
+    model, x = CONTRACT_MODELS["cnn"]()
+    cap = only(capture(model, x)[0])
+    exported = qe.export(cap.gm, cap.example_inputs, analysis=cap.analysis)
+    graph = exported.model.graph
+    assert [i.name for i in graph.input] == ["l_x_"]
+    assert len(graph.initializer) >= 2
+    assert exported.signature.user_indices == cap.analysis.user_indices
+    assert cap.gm.code == cap.code_before
+    assert len([n for n in cap.gm.graph.nodes if n.op == "placeholder"]) == len(cap.example_inputs)
+
+
+def test_model_bytes_deterministic_in_process() -> None:
+    """Exporting the same graph twice gives byte-identical models."""
+    model, x = CONTRACT_MODELS["encoder_layer"]()
+    cap = only(capture(model, x)[0])
+    a = qe.export(cap.gm, cap.example_inputs).model_bytes()
+    b = qe.export(cap.gm, cap.example_inputs).model_bytes()
+    assert a == b
+
+
+_CHILD = textwrap.dedent(
+    """
+    import hashlib, sys, torch
+    torch.set_grad_enabled(False)
+    sys.path.insert(0, {tests!r})
+    from capture import capture, only
+    from models_small import CONTRACT_MODELS
+    import qnnx_export as qe
+    model, x = CONTRACT_MODELS[{name!r}]()
+    cap = only(capture(model, x)[0])
+    g = qe.export(cap.gm, cap.example_inputs)
+    print(hashlib.sha256(g.model_bytes()).hexdigest(), qe.fingerprint(cap.gm, cap.example_inputs))
+    """
+)
+
+
+@pytest.mark.parametrize("name", ["cnn", "encoder_layer"])
+def test_model_bytes_and_fingerprint_stable_across_processes(name: str) -> None:
+    """Another process exporting the same model gets the same bytes and the same fingerprint."""
+    model, x = CONTRACT_MODELS[name]()
+    cap = only(capture(model, x)[0])
+    here = (
+        hashlib.sha256(qe.export(cap.gm, cap.example_inputs).model_bytes()).hexdigest()
+        + " "
+        + qe.fingerprint(cap.gm, cap.example_inputs)
+    )
+    code = _CHILD.format(tests=str(Path(__file__).parent), name=name)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert res.stdout.strip().splitlines()[-1] == here
+
+
+def test_export_refuses_problem_graphs_listing_all() -> None:
+    """A graph with several problems raises ExportError listing each (and is a RuntimeError)."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return torch.nn.functional.dropout(x, 0.5, training=True)
+
+    cap = only(capture(fn, torch.randn(2, 3))[0])
+    with pytest.raises(ExportError) as info:
+        qe.export(cap.gm, cap.example_inputs)
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, QnnxExportError)
+    assert {p.kind for p in info.value.problems} == {"input_mutation", "training_op"}
+    assert "input_mutation" in str(info.value) and "training_op" in str(info.value)
+
+
+def test_exporter_failure_names_the_op() -> None:
+    """An op torch.onnx cannot translate raises ExportError that names the failing op."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.svdvals(x)  # no ONNX translation in torch 2.13
+
+    cap = only(capture(fn, torch.randn(3, 3))[0])
+    with pytest.raises(ExportError, match=r"No ONNX function found for .*linalg_svd"):
+        qe.export(cap.gm, cap.example_inputs)
+
+
+def test_output_layout_duplicates_and_int64() -> None:
+    """A tensor returned twice maps to one ONNX output; int64 results come back as int64, exactly."""
+
+    def fn(x: torch.Tensor, idx: torch.Tensor) -> tuple[Any, ...]:
+        y = x * 2
+        return y, idx + 1, y, idx.argmax()
+
+    # symbolic_trace keeps the repeated output (Dynamo already dedups it before the backend).
+    gm = torch.fx.symbolic_trace(fn)
+    args = [torch.randn(3), torch.tensor([4, 1, 7])]
+    exported = qe.export(gm, args)
+    slots = exported.signature.outputs
+    assert [s.kind for s in slots] == ["onnx"] * 4
+    assert slots[0].index == slots[2].index and exported.signature.num_onnx_outputs == 3
+    assert [s.dtype for s in slots] == ["float32", "int64", "float32", "int64"]
+    out = run_exported(cpu_session(exported.model_bytes()), exported, args)
+    ref = fn(*args)
+    assert out[0] is out[2]
+    for o, r in zip(out, ref, strict=True):
+        assert o.dtype == r.dtype and torch.equal(o, r)
+
+
+def test_assemble_passthrough_none_constant_and_cast_back() -> None:
+    """assemble() returns args as is, None, constants, and casts ONNX outputs back to the torch dtype."""
+    sig = qe.GraphSignature(
+        inputs=(),
+        outputs=(
+            qe.OutputSlot(kind="onnx", index=0, dtype="int64"),
+            qe.OutputSlot(kind="arg", index=1),
+            qe.OutputSlot(kind="none"),
+            qe.OutputSlot(kind="constant", value=3),
+            qe.OutputSlot(kind="onnx", index=0, dtype="int64"),
+        ),
+        onnx_output_names=("o",),
+        onnx_output_dtypes=("int32",),
+        output_container="list",
+    )
+    arg = torch.ones(2)
+    out = sig.assemble([torch.tensor([1, 2], dtype=torch.int32)], [torch.zeros(1), arg])
+    assert isinstance(out, list) and out[1] is arg and out[2] is None and out[3] == 3
+    assert out[0].dtype == torch.int64 and out[0].tolist() == [1, 2] and out[4] is out[0]
+    with pytest.raises(SignatureError, match="got 0 ONNX outputs"):
+        sig.assemble([], [])
+
+
+def test_dynamo_passthrough_and_none_outputs_end_to_end() -> None:
+    """Returning an input, None and a repeated tensor through torch.compile gives eager's structure."""
+
+    def fn(x: torch.Tensor) -> tuple[Any, ...]:
+        y = x.relu()
+        return y, x, None, y
+
+    x = torch.randn(4)
+    out = compile_and_run(fn, (x,), Capture(cpu_session))
+    assert out[1] is x
+    assert out[2] is None
+    assert torch.equal(out[0], x.relu())
+    assert torch.equal(out[3], out[0])
+
+
+def test_signature_json_round_trip() -> None:
+    """GraphSignature.to_dict() survives JSON and from_dict() rebuilds an equal signature."""
+    model, x = CONTRACT_MODELS["mlp"]()
+    cap = only(capture(model, x)[0])
+    sig = qe.export(cap.gm, cap.example_inputs).signature
+    again = qe.GraphSignature.from_dict(json.loads(json.dumps(sig.to_dict())))
+    assert again == sig
+    with pytest.raises(SignatureError):
+        qe.GraphSignature.from_dict({"inputs": []})
+
+
+def test_int64_input_legalized_with_range_check() -> None:
+    """An int64 index input is fed as int32; a value beyond int32 raises instead of saturating."""
+    emb = nn.Embedding(10, 4).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    cap = only(capture(emb, ids)[0])
+    exported = qe.export(cap.gm, cap.example_inputs)
+    (spec,) = exported.signature.inputs
+    assert (spec.dtype, spec.onnx_dtype) == ("int64", "int32")
+    out = run_exported(cpu_session(exported.model_bytes()), exported, cap.example_inputs)
+    assert torch.equal(out[0], emb(ids))
+    bad = list(cap.example_inputs)
+    bad[spec.arg_index] = torch.tensor([[1, 2, 2**40]])
+    with pytest.raises(SignatureError, match="int32"):
+        exported.signature.onnx_inputs(bad)
+
+
+def test_onnx_inputs_checks_shape_and_dtype() -> None:
+    """onnx_inputs refuses an argument whose shape or dtype differs from the export, naming it."""
+    model, x = CONTRACT_MODELS["mlp"]()
+    cap = only(capture(model, x)[0])
+    sig = qe.export(cap.gm, cap.example_inputs).signature
+    args = list(cap.example_inputs)
+    args[sig.user_indices[0]] = torch.randn(5, 8)
+    with pytest.raises(SignatureError, match=r"\[5, 8\]"):
+        sig.onnx_inputs(args)
+
+
+def test_params_unchanged_detects_reassign_and_inplace_update() -> None:
+    """params_unchanged is True for the frozen args and False after an in-place update or a new tensor."""
+    model, x = CONTRACT_MODELS["mlp"]()
+    cap = only(capture(model, x)[0])
+    exported = qe.export(cap.gm, cap.example_inputs)
+    assert exported.params_unchanged(cap.example_inputs)
+    i = cap.analysis.param_indices[0]
+    with torch.no_grad():
+        cap.example_inputs[i].add_(1.0)
+    assert not exported.params_unchanged(cap.example_inputs)
+    args = list(cap.example_inputs)
+    args[i] = args[i].clone()
+    assert not exported.params_unchanged(args)
+
+
+def test_timings_and_passes_reported() -> None:
+    """ExportedGraph reports per-stage timings and which passes changed the graph."""
+    model, x = CONTRACT_MODELS["mlp"]()
+    cap = only(capture(model, x)[0])
+    exported = qe.export(cap.gm, cap.example_inputs)
+    assert set(exported.timings) == {"prepare", "torch_export", "passes", "serialize"}
+    assert all(v >= 0 for v in exported.timings.values())
+    assert set(exported.passes_applied) <= set(exported.passes_run)
+    assert exported.passes_run == qe.ExportOptions().resolved_passes()
+    assert len(exported.weight_digest) == 64
+
+
+def test_external_data_with_lowered_threshold(tmp_path: Path) -> None:
+    """Above the threshold the model is saved with external data that ORT loads and runs correctly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(2, 64)
+    cap = only(capture(model, x)[0])
+    exported = qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(external_data_threshold=4096))
+    assert exported.external_data
+    with pytest.raises(ExportError, match="save"):
+        exported.model_bytes()
+    path = exported.save(tmp_path / "m.onnx")
+    data = tmp_path / "m.onnx.data"
+    assert data.exists() and data.stat().st_size >= 64 * 64 * 4
+    stored = onnx.load(str(path), load_external_data=False).graph.initializer
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in stored)
+    out = run_exported(cpu_session(str(path)), exported, cap.example_inputs)
+    assert rel_err(out[0], model(x)) < 1e-5
+    small = qe.export(cap.gm, cap.example_inputs)
+    assert not small.external_data
+    assert small.save(tmp_path / "s.onnx").read_bytes() == small.model_bytes()
+
+
+def test_export_without_dynamo_sources() -> None:
+    """A hand-made FX graph (no Dynamo metadata) exports with Parameter args frozen."""
+    gm = torch.fx.symbolic_trace(lambda x, w: torch.relu(x @ w))
+    w = nn.Parameter(torch.randn(4, 3), requires_grad=False)
+    x = torch.randn(2, 4)
+    exported = qe.export(gm, [x, w])
+    assert [i.name for i in exported.model.graph.input] == [exported.signature.input_names[0]]
+    out = run_exported(cpu_session(exported.model_bytes()), exported, [x, w])
+    assert rel_err(out, torch.relu(x @ w)) < 1e-6
+
+
+def test_graph_without_onnx_outputs() -> None:
+    """A graph returning only an input and None needs no session: zero ONNX outputs, exact assembly."""
+    gm = torch.fx.symbolic_trace(lambda x: (x, None))
+    x = torch.randn(2)
+    exported = qe.export(gm, [x])
+    sig = exported.signature
+    assert sig.num_onnx_outputs == 0
+    out = sig.assemble([], [x])
+    assert out[0] is x and out[1] is None
