@@ -12,6 +12,7 @@ import attrs
 
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._report import DEVICE_LABELS
+from qnnx_backend._session import model_source
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 continue
             if compile:
                 try:
-                    placement = _placement(exported.model_bytes(), dev, soc, opts)
+                    placement = _placement(model_source(exported), dev, soc, opts)
                 except Exception as exc:
                     devices.append(
                         DeviceExplanation(device=dev, accepted=False, reason=f"session failed: {exc}", unsupported=bad)
@@ -272,7 +273,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     )
 
 
-def _placement(model: bytes, device: str, soc: int, opts: BackendOptions) -> dict[str, str]:
+def _placement(model: bytes | str, device: str, soc: int, opts: BackendOptions) -> dict[str, str]:
     import qnnx_detection
 
     session = qnnx_detection.create_session(

@@ -41,6 +41,47 @@ class DeviceRejected(Exception):
         self.cause = cause
 
 
+def model_source(exported: Any) -> bytes | str:
+    """The exported model as ONNX Runtime takes it: bytes, or a file path when its weights are external data
+    (models over the 2 GB protobuf limit). The temporary folder lives as long as the exported graph."""
+    if not exported.external_data:
+        return exported.model_bytes()
+    import shutil
+    import tempfile
+    import weakref
+
+    folder = tempfile.mkdtemp(prefix="qnnx-model-")
+    weakref.finalize(exported, shutil.rmtree, folder, True)
+    return str(exported.save(Path(folder) / "model.onnx"))
+
+
+class _NothingToCompile(Exception):
+    def __init__(self, exported: Any) -> None:
+        super().__init__("the graph has no ONNX outputs")
+        self.exported = exported
+
+
+class _NoSessionProgram:
+    """A graph whose outputs are all inputs, constants or None: nothing to run on QNN."""
+
+    def __init__(self, signature: Any, common: Mapping[str, Any]) -> None:
+        self.signature = signature
+        self.session = None
+        self.cache = "bypass"
+        self.onnx_nodes = 0
+        self.passes_applied = ()
+        self.placement: dict[str, int] = {}
+        for key in ("param_indices", "device", "soc_model", "is_simulator"):
+            setattr(self, key, common[key])
+        self.param_indices = tuple(self.param_indices)
+
+    def run(self, args: Sequence[object]) -> Any:
+        return self.signature.assemble([], args)
+
+    def recreate(self) -> _NoSessionProgram:
+        return self
+
+
 def _first_line(exc: BaseException, limit: int = 400) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -322,8 +363,10 @@ def build_program(
 
     if not opts.cache:
         exported = _exported(gm, args, opts, analysis, shared, timings)
+        if exported.signature.num_onnx_outputs == 0:
+            return _NoSessionProgram(exported.signature, common)  # type: ignore[return-value]
         _check_ops(exported, device, soc, opts, timings)
-        model = exported.model_bytes()
+        model = model_source(exported)
         session = _create(model, device, session_kwargs, timings)
         return QnnProgram(
             session=session,
@@ -344,7 +387,8 @@ def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra,
 
     t = time.perf_counter()
     if "fingerprint" not in shared:
-        shared["fingerprint"] = qnnx_export.fingerprint(gm, _export_args(args, opts.fp16), analysis)
+        # fp16 is part of the key material below, so the fingerprint can hash the caller's weights as they are.
+        shared["fingerprint"] = qnnx_export.fingerprint(gm, args, analysis)
     timings["fingerprint"] = time.perf_counter() - t
     with _store_lock:
         store = _store(str(opts.cache_dir) if opts.cache_dir is not None else None)
@@ -368,6 +412,8 @@ def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra,
 
     def build(staging: Path) -> Any:
         exported = _exported(gm, args, opts, analysis, shared, timings)
+        if exported.signature.num_onnx_outputs == 0:
+            raise _NothingToCompile(exported)
         _check_ops(exported, device, soc, opts, timings)
         ctx_kwargs = dict(session_kwargs)
         ctx_kwargs["session_config"] = {
@@ -375,7 +421,7 @@ def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra,
             "ep.context_file_path": str(staging / _CTX_FILE),
             "ep.context_embed_mode": "0",
         }
-        built["session"] = _create(exported.model_bytes(), device, ctx_kwargs, timings)
+        built["session"] = _create(model_source(exported), device, ctx_kwargs, timings)
         built["exported"] = exported
         return qnnx_ctxcache.BuildResult(
             model_file=_CTX_FILE,
@@ -386,7 +432,10 @@ def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra,
             },
         )
 
-    entry = store.get_or_create(key, build)
+    try:
+        entry = store.get_or_create(key, build)
+    except _NothingToCompile as nothing:
+        return _NoSessionProgram(nothing.exported.signature, common)  # type: ignore[return-value]
     if "session" not in built:  # another process published first: load what it built
         loaded = _load_entry(store, key, entry, device, session_kwargs, timings, common)
         if loaded is not None:
