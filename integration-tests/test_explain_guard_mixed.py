@@ -13,7 +13,7 @@ from models import MLP
 from torch import nn
 
 import qnnx_backend
-from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
+from qnnx_backend.errors import QnnDeviceError, QnnFallbackWarning, QnnRuntimeError
 
 
 class _Embeddings(nn.Module):
@@ -111,11 +111,25 @@ def test_mixed_partition_with_a_random_unsupported_node_matches_eager(position, 
         assert_close_fp16(got, model(x))
 
 
+# With the fixing rewrite disabled, opcheck already refuses the pattern in partition="whole" (see below); with
+# partition="mixed" only QNN's own capability check decides, QNN takes the node and computes it wrongly, which is
+# exactly the situation the accuracy guard exists for: a defect nothing upstream knows about.
+_UNGUARDED = {"verify": True, "disable_passes": ["tile_layernorm_broadcast"], "partition": "mixed"}
+
+
+def test_opcheck_refuses_the_known_broadcast_layernorm_defect_when_the_rewrite_is_off():
+    """Defence in depth: without the rewrite, opcheck names the hazard and strict mode refuses the NPU."""
+    model = _Embeddings().eval()
+    options = {"device": "npu", "strict": True, "disable_passes": ["tile_layernorm_broadcast"]}
+    with torch.no_grad(), pytest.raises(QnnDeviceError, match="LayerNormalization"):
+        torch.compile(model, backend="qnn", options=options)(torch.randn(2, 16, 64))
+
+
 def test_accuracy_guard_catches_the_broadcast_layernorm_defect_and_falls_back():
-    """With the fixing rewrite disabled, QNN is wrong for batch rows >= 1; verify=True detects it and runs eager."""
+    """QNN is wrong for batch rows >= 1 when nothing fixes the graph; verify=True detects it and runs eager."""
     model = _Embeddings().eval()
     x = torch.randn(2, 16, 64)
-    options = {"device": "auto", "verify": True, "disable_passes": ["tile_layernorm_broadcast"]}
+    options = {"device": "auto", **_UNGUARDED}
     with torch.no_grad(), pytest.warns(QnnFallbackWarning, match="accuracy guard"):
         got = torch.compile(model, backend="qnn", options=options)(x)
     with torch.no_grad():
@@ -125,7 +139,7 @@ def test_accuracy_guard_catches_the_broadcast_layernorm_defect_and_falls_back():
 def test_accuracy_guard_raises_under_strict_with_the_numbers():
     """Under strict=True the guard raises, giving the relative error and the cosine it measured."""
     model = _Embeddings().eval()
-    options = {"device": "npu", "strict": True, "verify": True, "disable_passes": ["tile_layernorm_broadcast"]}
+    options = {"device": "npu", "strict": True, **_UNGUARDED}
     with torch.no_grad(), pytest.raises(QnnRuntimeError, match=r"max\|err\|/max\|ref\|"):
         torch.compile(model, backend="qnn", options=options)(torch.randn(2, 16, 64))
 

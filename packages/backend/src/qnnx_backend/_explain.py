@@ -12,7 +12,6 @@ import attrs
 
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._report import DEVICE_LABELS
-from qnnx_backend._session import model_source
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +171,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     import qnnx_detection
     import qnnx_export
     import qnnx_opcheck
+    from qnnx_backend._session import model_source
 
     opts = BackendOptions.from_mapping(options)
     probe = qnnx_detection.probe()

@@ -144,7 +144,7 @@ def _disable_passes(value: object) -> tuple[str, ...]:
         )
     import qnnx_export  # the backend runs inside torch.compile: torch is already imported
 
-    known = tuple(qnnx_export.DEFAULT_PASSES)
+    known = tuple(qnnx_export.ExportOptions().resolved_passes())
     bad = sorted(str(p) for p in value if p not in known)
     if bad:
         raise InvalidOptionsError(f"disable_passes names unknown pass(es) {bad!r}; accepted: {', '.join(known)}.")

@@ -225,7 +225,8 @@ def _exported(
         try:
             export_options = qnnx_export.ExportOptions()
             if opts.disable_passes:
-                passes = tuple(p for p in qnnx_export.DEFAULT_PASSES if p not in opts.disable_passes)
+                default = qnnx_export.ExportOptions().resolved_passes()
+                passes = tuple(p for p in default if p not in opts.disable_passes)
                 export_options = qnnx_export.ExportOptions(passes=passes)
             shared["exported"] = qnnx_export.export(
                 gm, _export_args(args, opts.fp16), options=export_options, analysis=analysis
