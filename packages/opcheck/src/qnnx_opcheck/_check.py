@@ -1,0 +1,494 @@
+"""The checker: one verdict per node from the table entry, the node's dtypes/ranks/attributes and the
+multi-node patterns the table lists."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from importlib import metadata
+from typing import Any
+
+import onnx
+
+from qnnx_opcheck._model import GraphFacts, ModelInput, NodeView, load_model, read_facts
+from qnnx_opcheck._report import NodeVerdict, OpCheckReport
+from qnnx_opcheck._tables import OpTable, load_table, normalize_backend
+
+__all__ = ["check_model", "installed_onnxruntime_qnn"]
+
+_log = logging.getLogger(__name__)
+
+# Table outcome -> report status. Everything that stops the node (or the whole session) is unsupported;
+# a known-wrong numerical result is unsupported too: a silent wrong answer is worse than a fallback.
+_KIND_STATUS = {
+    "supported": "supported",
+    "fused": "supported",
+    "constant_folded": "supported",
+    "removed": "supported",
+    "caveat": "hazard",
+    "unknown_dtype": "hazard",
+    "unverified": "hazard",
+    "rejected": "unsupported",
+    "finalize_error": "unsupported",
+    "session_error": "unsupported",
+    "crash": "unsupported",
+    "wrong_result": "unsupported",
+    "run_error": "unsupported",
+    "error": "unsupported",
+    "unknown_op": "unsupported",
+    "unlisted_dtype": "unsupported",
+}
+_KIND_TEXT = {
+    "rejected": "the QNN EP declines it (it would fall back to the CPU EP)",
+    "finalize_error": "the QNN EP takes it, then QNN graph finalize fails (CPU fallback does not rescue this)",
+    "session_error": "session creation fails even with CPU fallback allowed",
+    "crash": "it crashes the process (segfault inside the QNN EP)",
+    "wrong_result": "QNN runs it but returns wrong values (silent)",
+    "run_error": "the session builds but Run() fails",
+    "error": "session creation fails",
+    "unverified": "support is documented for float only; this dtype is unverified on this backend",
+}
+_FLOATS = ("float32", "float16", "bfloat16")
+
+
+def installed_onnxruntime_qnn() -> str | None:
+    """Return the installed onnxruntime-qnn version (read from package metadata, no import), or None."""
+    try:
+        return metadata.version("onnxruntime-qnn")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_model(
+    model: ModelInput,
+    backend: str = "htp",
+    *,
+    onnxruntime_qnn: str | None = None,
+    soc_model: int | None = None,
+) -> OpCheckReport:
+    """Check, node by node, whether a QNN backend can run an ONNX model.
+
+    The model is read without external data (weights are never needed). Local functions are inlined,
+    dtypes and shapes come from ONNX shape inference, and nodes that onnxruntime folds away before
+    partitioning (constant subgraphs, inference Dropout) are reported as supported.
+
+    Args:
+        model: An ``onnx.ModelProto``, serialized model bytes, or the path of a ``.onnx`` file.
+        backend: ``"htp"`` (NPU; ``"npu"`` is an alias) or ``"gpu"``.
+        onnxruntime_qnn: The onnxruntime-qnn release to check against. None: the installed release
+            (from package metadata, without importing it), else the newest table.
+        soc_model: The HTP SoC (e.g. 60 for Snapdragon X Elite). None: the table's default SoC.
+
+    Returns:
+        The report. An unsupported node is a normal result; call
+        :meth:`OpCheckReport.raise_for_unsupported` to turn it into an exception.
+
+    Raises:
+        qnnx_opcheck.errors.UnknownBackendError: ``backend`` is not htp, npu or gpu.
+        qnnx_opcheck.errors.InvalidVersionError: ``onnxruntime_qnn`` is not a version string.
+        qnnx_opcheck.errors.ModelLoadError: The input is not a readable, valid ONNX model.
+    """
+    backend = normalize_backend(backend)
+    requested = onnxruntime_qnn if onnxruntime_qnn is not None else installed_onnxruntime_qnn()
+    table, table_notes = load_table(backend, requested, soc_model)
+    proto, source, load_notes = load_model(model)
+    facts = read_facts(proto, load_notes, source)
+    verdicts = tuple(_Checker(table, facts).verdicts())
+    notes = list(table_notes) + list(facts.notes) + list(table.notes)
+    for name, dims in facts.symbolic_inputs.items():
+        if "dynamic_shape" in table.patterns:
+            notes.append(
+                f"graph input '{name}' has symbolic dims {list(dims)}: QNN needs static shapes; fix them with "
+                f"SessionOptions.add_free_dimension_override_by_name or re-export with static shapes"
+            )
+    report = OpCheckReport(
+        backend=backend,
+        onnxruntime_qnn=table.onnxruntime_qnn,
+        soc_model=table.soc_model,
+        verdicts=verdicts,
+        requested_onnxruntime_qnn=requested,
+        table_source=table.source,
+        notes=tuple(notes),
+    )
+    _log.debug("checked %s: %s", source, report.summary())
+    return report
+
+
+@functools.cache
+def _schema(op_type: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op_type, max_inclusive_version=opset, domain=domain)
+    except Exception:  # unknown op / domain: no defaults known
+        return None
+
+
+class _Checker:
+    def __init__(self, table: OpTable, facts: GraphFacts) -> None:
+        self.t = table
+        self.f = facts
+        self.patterns = table.patterns
+
+    # Facts about one node ------------------------------------------------------------------------
+    def _dtype(self, name: str) -> str | None:
+        v = self.f.values.get(name) if name else None
+        return v.dtype if v is not None else None
+
+    def _shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        v = self.f.values.get(name) if name else None
+        return v.shape if v is not None else None
+
+    def _is_const(self, name: str) -> bool:
+        return bool(name) and name in self.f.constants
+
+    def _const_value(self, name: str) -> Any:
+        return self.f.const_values.get(name) if name else None
+
+    def _attr(self, node: NodeView, name: str) -> Any:
+        for a in node.attribute:
+            if a.name == name:
+                value = onnx.helper.get_attribute_value(a)
+                return value.decode() if isinstance(value, bytes) else value
+        schema = _schema(node.op_type, node.domain, self.f.opsets.get(node.domain, 1))
+        if schema is not None and name in schema.attributes:
+            default = schema.attributes[name].default_value
+            if default.name or default.type:
+                value = onnx.helper.get_attribute_value(default)
+                return value.decode() if isinstance(value, bytes) else value
+        return None
+
+    def _matches(self, when: dict[str, Any], node: NodeView) -> bool:
+        for key, arg in when.items():
+            if key == "rank" or key == "output_rank":
+                shape = self._shape(node.input[0] if key == "rank" else node.output[0])
+                if shape is None or not (arg[0] <= len(shape) <= arg[1]):
+                    return False
+            elif key == "attr":
+                for name, allowed in arg.items():
+                    if self._attr(node, name) not in allowed:
+                        return False
+            elif key == "const_inputs":
+                if not all(i < len(node.input) and self._is_const(node.input[i]) for i in arg):
+                    return False
+            elif key == "dynamic_inputs":
+                if not all(i < len(node.input) and node.input[i] and not self._is_const(node.input[i]) for i in arg):
+                    return False
+            elif key == "input_dtype":
+                idx, allowed = arg
+                if idx >= len(node.input) or self._dtype(node.input[idx]) not in allowed:
+                    return False
+            elif key == "const_input_not_all":
+                idx, value = arg
+                val = self._const_value(node.input[idx]) if idx < len(node.input) else None
+                if val is None or bool((val == value).all()):
+                    return False
+            elif key == "opset":
+                opset = self.f.opsets.get(node.domain)
+                if opset is None or not (arg[0] <= opset <= arg[1]):
+                    return False
+            else:  # a condition this version does not know: do not apply the variant
+                return False
+        return True
+
+    def _dtype_keys(self, node: NodeView, entry: dict[str, Any]) -> tuple[str | None, str | None]:
+        where, _, idx_s = entry.get("type_from", "input:0").partition(":")
+        idx = int(idx_s or 0)
+        names = node.input if where == "input" else node.output
+        name = names[idx] if idx < len(names) else ""
+        dtype = self._dtype(name)
+        qdq = None
+        if dtype in _FLOATS and where == "input":
+            producer = self.f.producers.get(name)
+            if producer is not None and self.f.nodes[producer].op_type == "DequantizeLinear":
+                qtype = self._dtype(self.f.nodes[producer].input[0])
+                if qtype is not None:
+                    qdq = f"qdq_{qtype}"
+        return dtype, qdq
+
+    # Verdicts ------------------------------------------------------------------------------------
+    def verdicts(self) -> list[NodeVerdict]:
+        out = []
+        for i, node in enumerate(self.f.nodes):
+            try:
+                out.append(self._verdict(i, node))
+            except Exception as exc:  # never let one odd node break the whole check
+                _log.warning("could not check node %s (%s): %s", node.name, node.op_type, exc)
+                out.append(
+                    NodeVerdict(
+                        node_name=node.name or f"n{i}",
+                        op_type=node.op_type,
+                        domain=node.domain,
+                        status="hazard",
+                        kind="unknown_dtype",
+                        reason=f"opcheck could not evaluate this node ({type(exc).__name__}: {exc})",
+                    )
+                )
+        return out
+
+    def _verdict(self, index: int, node: NodeView) -> NodeVerdict:
+        name = node.name or f"n{index}"
+        domain = node.domain
+        kind, reason, evidence, dtype = self._decide(index, node, domain)
+        return NodeVerdict(
+            node_name=name,
+            op_type=node.op_type,
+            domain=domain,
+            status=_KIND_STATUS.get(kind, "unsupported"),  # type: ignore[arg-type]
+            reason=reason,
+            evidence=evidence,
+            dtype=dtype,
+            kind=kind,
+        )
+
+    def _pattern(self, pid: str) -> dict[str, Any] | None:
+        return self.patterns.get(pid)
+
+    def _decide(self, index: int, node: NodeView, domain: str) -> tuple[str, str | None, str | None, str | None]:
+        p = self._pattern("constant_folded")
+        # Constant nodes become initializers when onnxruntime loads the graph, wherever their output goes.
+        if (
+            p is not None
+            and domain == ""
+            and (node.op_type == "Constant" or (node.output and all(o in self.f.constants for o in node.output if o)))
+        ):
+            return "constant_folded", p["reason"], p.get("evidence"), None
+        p = self._pattern("dropout_removed")
+        if p is not None and node.op_type == "Dropout" and domain == "":
+            mask = node.output[1] if len(node.output) > 1 else ""
+            if not mask or (mask not in self.f.consumers and mask not in self.f.graph_outputs):
+                return "removed", p["reason"], p.get("evidence"), None
+
+        p = self._pattern("qdq_constant_dequantize")
+        if p is not None and node.op_type == "DequantizeLinear" and domain == "" and self._is_const(node.input[0]):
+            return "fused", p["reason"], p.get("evidence"), self._dtype(node.input[0])
+
+        kind, reason, evidence, dtype = self._op_decision(node, domain)
+
+        if node.op_type == "Erf" and kind != "supported":
+            p = self._pattern("erf_gelu_fusion")
+            if p is not None and self._is_erf_gelu(index, node):
+                return "fused", p["reason"], p.get("evidence"), dtype
+        if _KIND_STATUS.get(kind) == "unsupported":
+            return kind, reason, evidence, dtype
+        p = self._pattern("dynamic_shape")
+        if p is not None and self.f.symbolic_inputs:
+            dyn = self._dynamic_value(node)
+            if dyn is not None:
+                return p["kind"], f"{p['reason']} (value '{dyn[0]}' has shape {list(dyn[1])})", p.get("evidence"), dtype
+        p = self._pattern("rank_limit")
+        if p is not None:
+            big = self._over_rank(node, int(p["max_rank"]))
+            if big is not None:
+                return p["kind"], f"{p['reason']} ('{big[0]}' has rank {big[1]})", p.get("evidence"), dtype
+        for pid, matcher in (
+            ("add_const_broadcast_layernorm", self._is_add_const_ln),
+            ("rmsnorm_mul_weight", self._is_rmsnorm_mul),
+        ):
+            p = self._pattern(pid)
+            if p is not None and node.op_type in p.get("ops", ()) and matcher(index, node):
+                return p["kind"], p["reason"] + (f" Fix: {p['fix']}" if p.get("fix") else ""), p.get("evidence"), dtype
+        if kind == "supported":
+            p = self._pattern("int64_saturation")
+            ops = p.get("ops", ()) if p is not None else ()
+            if p is not None and dtype == "int64" and ("*" in ops or node.op_type in ops):
+                return "caveat", p["reason"], p.get("evidence"), dtype
+        return kind, reason, evidence, dtype
+
+    def _op_decision(self, node: NodeView, domain: str) -> tuple[str, str | None, str | None, str | None]:
+        entry = self.t.entry(domain, node.op_type)
+        where = f"QNN {self.t.backend} table (onnxruntime-qnn {self.t.onnxruntime_qnn})"
+        if entry is None:
+            op = node.op_type if not domain else f"{domain}::{node.op_type}"
+            why = (
+                "it was not probed, so opcheck cannot vouch for it"
+                if not domain
+                else f"the QNN EP takes only the {domain} ops the table lists"
+            )
+            return "unknown_op", f"{op} is not in the {where}: {why}", None, None
+        lo, hi = entry.get("opset", [1, None])
+        opset = self.f.opsets.get(domain)
+        if opset is not None and (opset < lo or (hi is not None and opset > hi)):
+            return (
+                "unknown_op",
+                f"{node.op_type} at opset {opset} is outside the opsets the {where} covers ({lo}..{hi or 'latest'})",
+                entry.get("evidence"),
+                None,
+            )
+        dtype, qdq = self._dtype_keys(node, entry)
+        variants = [v for v in entry["variants"] if self._matches(v.get("when", {}), node)]
+        if not variants:
+            return "unknown_op", f"no {where} entry matches this {node.op_type} node", entry.get("evidence"), dtype
+        if dtype is None:
+            return self._unknown_dtype(node, variants[0], entry)
+        for key in (qdq, dtype):
+            if key is None:
+                continue
+            for v in variants:
+                cell = v["dtypes"].get(key)
+                if cell is not None:
+                    return self._from_cell(node, v, key, cell, entry)
+        allowed = sorted(k for k, c in variants[0]["dtypes"].items() if c["status"] == "supported")
+        return (
+            "unlisted_dtype",
+            f"{node.op_type} on {dtype} is not in the {where}; supported dtypes: {', '.join(allowed) or 'none'}",
+            entry.get("evidence"),
+            dtype,
+        )
+
+    def _from_cell(
+        self, node: NodeView, variant: dict[str, Any], key: str, cell: dict[str, Any], entry: dict[str, Any]
+    ) -> tuple[str, str | None, str | None, str | None]:
+        status = cell["status"]
+        evidence = cell.get("evidence") or variant.get("evidence") or entry.get("evidence")
+        if status == "supported":
+            return "supported", cell.get("note"), evidence, key
+        what = _KIND_TEXT.get(status, status)
+        desc = variant.get("description")
+        detail = cell.get("reason")
+        text = f"{node.op_type} on {key}{f' ({desc})' if desc else ''}: {what}"
+        if detail:
+            text += f" [{detail}]"
+        return status, text, evidence, key
+
+    def _unknown_dtype(
+        self, node: NodeView, variant: dict[str, Any], entry: dict[str, Any]
+    ) -> tuple[str, str | None, str | None, str | None]:
+        cells = {k: c["status"] for k, c in variant["dtypes"].items() if not k.startswith("qdq_")}
+        ok = sorted(k for k, s in cells.items() if s == "supported")
+        evidence = variant.get("evidence") or entry.get("evidence")
+        if cells and len(ok) == len(cells):
+            return "supported", None, evidence, None
+        if not ok:
+            return (
+                "rejected",
+                f"{node.op_type} is not supported by QNN {self.t.backend} for any dtype in the table "
+                f"(input dtype unknown)",
+                evidence,
+                None,
+            )
+        return (
+            "unknown_dtype",
+            f"input dtype unknown (shape inference could not type it); QNN {self.t.backend} takes "
+            f"{node.op_type} only for {', '.join(ok)}",
+            evidence,
+            None,
+        )
+
+    # Multi-node patterns -------------------------------------------------------------------------
+    def _dynamic_value(self, node: NodeView) -> tuple[str, tuple[Any, ...]] | None:
+        for name in list(node.input) + list(node.output):
+            if not name or self._is_const(name):
+                continue
+            shape = self._shape(name)
+            if shape is not None and any(not isinstance(d, int) for d in shape):
+                return name, tuple(d if d is not None else "?" for d in shape)
+        return None
+
+    def _over_rank(self, node: NodeView, max_rank: int) -> tuple[str, int] | None:
+        for name in list(node.input) + list(node.output):
+            shape = self._shape(name) if name and not self._is_const(name) else None
+            if shape is not None and len(shape) > max_rank:
+                return name, len(shape)
+        return None
+
+    def _producer(self, name: str) -> NodeView | None:
+        idx = self.f.producers.get(name)
+        return self.f.nodes[idx] if idx is not None else None
+
+    def _consumer_nodes(self, name: str) -> list[NodeView]:
+        return [self.f.nodes[i] for i in self.f.consumers.get(name, ())]
+
+    def _scalar(self, name: str) -> float | None:
+        val = self._const_value(name)
+        if val is None or getattr(val, "size", 0) != 1:
+            return None
+        try:
+            return float(val.reshape(-1)[0])
+        except (TypeError, ValueError):
+            return None
+
+    def _is_erf_gelu(self, index: int, node: NodeView) -> bool:
+        """Erf inside x * 0.5 * (1 + erf(x / sqrt(2))): the QNN EP fuses it into one Gelu."""
+        pre = self._producer(node.input[0])
+        if pre is None or pre.op_type not in ("Div", "Mul") or len(pre.input) != 2:
+            return False
+        k = self._scalar(pre.input[1])
+        want = math.sqrt(2.0) if pre.op_type == "Div" else 1 / math.sqrt(2.0)
+        if k is None or abs(k - want) > 1e-3:
+            return False
+        x = pre.input[0]
+        adds = self._consumer_nodes(node.output[0])
+        if len(adds) != 1 or adds[0].op_type != "Add":
+            return False
+        add = adds[0]
+        one = next((i for i in add.input if i != node.output[0]), "")
+        if self._scalar(one) is None or abs((self._scalar(one) or 0.0) - 1.0) > 1e-6:
+            return False
+        muls = self._consumer_nodes(add.output[0])
+        if len(muls) != 1 or muls[0].op_type != "Mul":
+            return False
+        mul = muls[0]
+        other = next((i for i in mul.input if i != add.output[0]), "")
+        # Either (x * 0.5) * (1 + erf) or x * (1 + erf) followed by * 0.5.
+        if other == x:
+            tail = self._consumer_nodes(mul.output[0])
+            return (
+                len(tail) == 1
+                and tail[0].op_type == "Mul"
+                and any(abs((self._scalar(i) or 0.0) - 0.5) < 1e-6 for i in tail[0].input)
+            )
+        half = self._producer(other)
+        return (
+            half is not None
+            and half.op_type == "Mul"
+            and x in half.input
+            and any(abs((self._scalar(i) or 0.0) - 0.5) < 1e-6 for i in half.input)
+        )
+
+    def _is_add_const_ln(self, index: int, node: NodeView) -> bool:
+        """Add/Mul(x[N>1,...], const[1,...]) feeding LayerNormalization (wrong rows >= 1 on HTP)."""
+        if len(node.input) != 2:
+            return False
+        a, b = node.input
+        if self._is_const(a) == self._is_const(b):
+            return False
+        const, x = (a, b) if self._is_const(a) else (b, a)
+        cs, xs = self._shape(const), self._shape(x)
+        if cs is None or xs is None or len(cs) < 2 or len(cs) != len(xs):
+            return False
+        if cs[0] != 1 or not isinstance(xs[0], int) or xs[0] <= 1:
+            return False
+        return any(
+            c.op_type == "LayerNormalization" and c.input[0] == node.output[0]
+            for c in self._consumer_nodes(node.output[0])
+        )
+
+    def _is_rmsnorm_mul(self, index: int, node: NodeView) -> bool:
+        """Mul(weight_const, x * 1/sqrt(mean(x^2) + eps)) as written by Llama/T5-style RMSNorm."""
+        p = self._pattern("rmsnorm_mul_weight") or {}
+        orders = p.get("orders", ["const_first"])
+        if len(node.input) != 2:
+            return False
+        a, b = node.input
+        if self._is_const(a) and not self._is_const(b) and "const_first" in orders:
+            inner = b
+        elif self._is_const(b) and not self._is_const(a) and "const_second" in orders:
+            inner = a
+        else:
+            return False
+        mul = self._producer(inner)
+        if mul is None or mul.op_type != "Mul":
+            return False
+        for name in mul.input:
+            prod = self._producer(name)
+            if prod is None:
+                continue
+            if prod.op_type == "Reciprocal":
+                root = self._producer(prod.input[0])
+                if root is not None and root.op_type == "Sqrt":
+                    return True
+            if prod.op_type == "Div" and self._scalar(prod.input[0]) == 1.0:
+                root = self._producer(prod.input[1])
+                if root is not None and root.op_type == "Sqrt":
+                    return True
+        return False

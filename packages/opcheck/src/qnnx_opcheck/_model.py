@@ -1,0 +1,374 @@
+"""Reading a model for checking: load without weights, inline local functions, infer dtypes and shapes.
+
+Nothing here reads external data: weights are never needed to decide op support, and skipping them keeps
+multi-gigabyte models cheap to check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import onnx
+import onnx.inliner
+from onnx import TensorProto, numpy_helper
+
+from qnnx_opcheck.errors import ModelLoadError
+
+__all__ = ["GraphFacts", "ModelInput", "load_model", "read_facts"]
+
+_log = logging.getLogger(__name__)
+
+ModelInput = onnx.ModelProto | str | os.PathLike[str] | bytes
+
+# Dtype keys used by the tables (TensorProto enum -> key).
+DTYPE_KEYS: dict[int, str] = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.BFLOAT16: "bfloat16",
+    TensorProto.DOUBLE: "float64",
+    TensorProto.INT8: "int8",
+    TensorProto.INT16: "int16",
+    TensorProto.INT32: "int32",
+    TensorProto.INT64: "int64",
+    TensorProto.UINT8: "uint8",
+    TensorProto.UINT16: "uint16",
+    TensorProto.UINT32: "uint32",
+    TensorProto.UINT64: "uint64",
+    TensorProto.BOOL: "bool",
+    TensorProto.STRING: "string",
+    TensorProto.INT4: "int4",
+    TensorProto.UINT4: "uint4",
+    TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
+}
+
+# Small constant tensors whose values the checker may look at (Slice steps, scalar multipliers).
+_MAX_CONST_VALUE_ELEMENTS = 64
+
+
+def load_model(model: ModelInput) -> tuple[onnx.ModelProto, str, tuple[str, ...]]:
+    """Load ``model`` without external data and validate its structure.
+
+    Args:
+        model: A ModelProto, serialized model bytes, or a path to a ``.onnx`` file.
+
+    Returns:
+        The model, a description of the source for messages, and notes (e.g. missing external data).
+
+    Raises:
+        ModelLoadError: When the input cannot be read or is not a valid ONNX model.
+    """
+    notes: list[str] = []
+    if isinstance(model, onnx.ModelProto):
+        source = "the given onnx.ModelProto"
+        proto = model
+    elif isinstance(model, bytes | bytearray | memoryview):
+        source = f"{len(model)} bytes"
+        if not model:
+            raise ModelLoadError(source, "the data is empty")
+        proto = _parse(bytes(model), source)
+    elif isinstance(model, str | os.PathLike):
+        path = Path(model)
+        source = f"'{path}'"
+        if not path.exists():
+            raise ModelLoadError(source, "no such file")
+        if path.is_dir():
+            raise ModelLoadError(source, "it is a directory, not a file")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ModelLoadError(source, f"the file cannot be read ({exc.strerror or exc})") from exc
+        if not data:
+            raise ModelLoadError(source, "the file is empty")
+        proto = _parse(data, source)
+        notes.extend(_missing_external_data(proto, path.parent))
+    else:
+        raise ModelLoadError(
+            repr(type(model).__name__), "expected an onnx.ModelProto, bytes, or a path (str / os.PathLike)"
+        )
+    _validate(proto, source)
+    return proto, source, tuple(notes)
+
+
+def _parse(data: bytes, source: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as exc:  # google.protobuf.message.DecodeError and friends
+        raise ModelLoadError(source, f"not an ONNX protobuf ({type(exc).__name__}: {exc})") from exc
+    return proto
+
+
+def _validate(proto: onnx.ModelProto, source: str) -> None:
+    if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
+        missing = [
+            what
+            for what, ok in (
+                ("graph", proto.HasField("graph")),
+                ("ir_version", proto.ir_version > 0),
+                ("opset_import", bool(proto.opset_import)),
+            )
+            if not ok
+        ]
+        raise ModelLoadError(source, f"not an ONNX model (missing {', '.join(missing)})")
+    if any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer):
+        # The ONNX checker insists that external data files exist (relative to the working directory
+        # for an in-memory model), and weights do not decide support: the structural check above is
+        # what big models with external data get.
+        return
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(source, f"the model is not valid ONNX ({first})") from exc
+
+
+def _check_structure(graph: onnx.GraphProto, nodes: tuple[NodeView, ...], source: str) -> None:
+    """Every node input is defined before use and every value is produced once."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    defined.add("")
+    problems: list[str] = []
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            if name not in defined:
+                problems.append(
+                    f"node {node.name or i} ({node.op_type}) reads '{name}', which nothing defines before it"
+                )
+        for name in node.output:
+            if name and name in defined:
+                problems.append(f"value '{name}' is produced twice (again by node {node.name or i})")
+            defined.add(name)
+        if len(problems) >= 5:
+            break
+    missing = [o.name for o in graph.output if o.name not in defined]
+    problems += [f"graph output '{name}' is never produced" for name in missing[:3]]
+    if problems:
+        raise ModelLoadError(source, "the model is not valid ONNX (" + "; ".join(problems) + ")")
+
+
+def _missing_external_data(proto: onnx.ModelProto, base: Path) -> list[str]:
+    locations: set[str] = set()
+    for tensor in _all_initializers(proto.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            for kv in tensor.external_data:
+                if kv.key == "location":
+                    locations.add(kv.value)
+    missing = sorted(loc for loc in locations if not (base / loc).is_file())
+    return [
+        f"external data file '{loc}' (next to the model) is missing: the op check does not need weights, "
+        f"but onnxruntime cannot load this model until the file is there"
+        for loc in missing
+    ]
+
+
+def _all_initializers(graph: onnx.GraphProto) -> Iterable[TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                yield from _all_initializers(g)
+
+
+class NodeView:
+    """A node's fields as plain Python values: protobuf field access is slow on 10k-node graphs."""
+
+    __slots__ = ("attribute", "domain", "input", "name", "op_type", "output")
+
+    def __init__(self, proto: onnx.NodeProto) -> None:
+        self.name: str = proto.name
+        self.op_type: str = proto.op_type
+        self.domain: str = "" if proto.domain == "ai.onnx" else proto.domain
+        self.input: tuple[str, ...] = tuple(proto.input)
+        self.output: tuple[str, ...] = tuple(proto.output)
+        self.attribute = proto.attribute
+
+
+@attrs.frozen(kw_only=True)
+class ValueFacts:
+    """What is known about one value: dtype key, shape (ints, names for symbolic dims, None if unknown)."""
+
+    dtype: str | None = None
+    shape: tuple[int | str | None, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GraphFacts:
+    """The checked graph and the facts the checker needs about it."""
+
+    model: onnx.ModelProto
+    nodes: tuple[NodeView, ...]
+    values: dict[str, ValueFacts]
+    constants: frozenset[str]
+    const_values: dict[str, Any]
+    producers: dict[str, int]
+    consumers: dict[str, tuple[int, ...]]
+    opsets: dict[str, int]
+    graph_outputs: frozenset[str]
+    symbolic_inputs: dict[str, tuple[str, ...]]
+    notes: tuple[str, ...] = ()
+
+
+def _value_facts(vi: onnx.ValueInfoProto) -> ValueFacts:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return ValueFacts()
+    tt = t.tensor_type
+    dtype = DTYPE_KEYS.get(tt.elem_type) if tt.elem_type else None
+    shape: tuple[int | str | None, ...] | None = None
+    if tt.HasField("shape"):
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return ValueFacts(dtype=dtype, shape=shape)
+
+
+def _tensor_facts(t: TensorProto) -> ValueFacts:
+    return ValueFacts(dtype=DTYPE_KEYS.get(t.data_type), shape=tuple(int(d) for d in t.dims))
+
+
+def _small_value(t: TensorProto) -> Any:
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    if n > _MAX_CONST_VALUE_ELEMENTS or t.data_location == TensorProto.EXTERNAL:
+        return None
+    try:
+        return numpy_helper.to_array(t)
+    except Exception:  # an unusual encoding: the value is simply unknown
+        return None
+
+
+# ORT's constant folding (graph optimization level 1, on by default) evaluates a node whose inputs are
+# all constant on the CPU before partitioning, so QNN never sees it. Q/DQ are kept (QDQ groups must
+# survive for the QNN EP) and random ops are never folded. Shape folds when the input shape is static.
+_NEVER_FOLDED = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "If",
+        "Loop",
+        "Scan",
+    }
+)
+
+
+def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str = "the model") -> GraphFacts:
+    """Inline local functions, run shape inference (non-strict) and collect per-value facts.
+
+    Args:
+        proto: A model loaded without external data (never modified).
+        notes: Notes from loading, carried into the facts.
+        source: How to name the model in error messages.
+
+    Raises:
+        ModelLoadError: When a node reads a value nothing defines (the graph is not valid ONNX).
+
+    Returns:
+        The facts the checker needs.
+    """
+    model = proto
+    out_notes = list(notes)
+    nodes = tuple(NodeView(n) for n in proto.graph.node)
+    _check_structure(proto.graph, nodes, source)
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+            nodes = tuple(NodeView(n) for n in model.graph.node)
+        except Exception as exc:
+            _log.warning("could not inline local functions (%s); checking function call nodes as they are", exc)
+            out_notes.append(f"local functions could not be inlined ({exc}); their call nodes are checked as ops")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # a partial result is fine; unknown dtypes are handled conservatively
+        _log.info("shape inference failed (%s); dtypes of intermediate values are unknown", exc)
+        out_notes.append(f"onnx shape inference failed ({exc}); dtypes of intermediate values are unknown")
+        inferred = model
+    graph = inferred.graph
+    values: dict[str, ValueFacts] = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        facts = _value_facts(vi)
+        old = values.get(vi.name)
+        if old is None or (old.dtype is None and facts.dtype is not None):
+            values[vi.name] = facts
+    constants: set[str] = set()
+    const_values: dict[str, Any] = {}
+    overridable = {i.name for i in graph.input}  # an initializer that is also a graph input can be fed
+    for t in graph.initializer:
+        if t.name not in overridable:  # onnxruntime does not fold what a caller may override
+            constants.add(t.name)
+        values[t.name] = _tensor_facts(t)
+        const_values[t.name] = _small_value(t)
+    for st in graph.sparse_initializer:
+        constants.add(st.values.name)
+    producers: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    graph_output_names = {o.name for o in graph.output}
+    static_shapes = {
+        name for name, f in values.items() if f.shape is not None and all(isinstance(d, int) for d in f.shape)
+    }
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            if name:
+                consumers.setdefault(name, []).append(i)
+        for name in node.output:
+            if name:
+                producers[name] = i
+        if node.op_type == "Constant" and node.domain == "":
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    const_values[node.output[0]] = _small_value(attr.t)
+                    values.setdefault(node.output[0], _tensor_facts(attr.t))
+        # ORT does not fold a node that produces a graph output, so such a node is checked as an op.
+        if _folds(node, constants, static_shapes) and not any(o in graph_output_names for o in node.output):
+            constants.update(o for o in node.output if o)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in inferred.opset_import}
+    symbolic: dict[str, tuple[str, ...]] = {}
+    init_names = {t.name for t in graph.initializer}
+    for vi in graph.input:
+        if vi.name in init_names:
+            continue
+        f = values.get(vi.name)
+        if f is not None and f.shape is not None:
+            dyn = tuple(d if isinstance(d, str) else "?" for d in f.shape if not isinstance(d, int))
+            if dyn:
+                symbolic[vi.name] = dyn
+    return GraphFacts(
+        model=inferred,
+        nodes=nodes,
+        values=values,
+        constants=frozenset(constants),
+        const_values=const_values,
+        producers=producers,
+        consumers={k: tuple(v) for k, v in consumers.items()},
+        opsets=opsets,
+        graph_outputs=frozenset(o.name for o in graph.output),
+        symbolic_inputs=symbolic,
+        notes=tuple(out_notes),
+    )
+
+
+def _folds(node: NodeView, constants: set[str], static_shapes: set[str]) -> bool:
+    if node.domain != "" or node.op_type in _NEVER_FOLDED:
+        return False
+    if node.op_type == "Shape":
+        return bool(node.input) and (node.input[0] in constants or node.input[0] in static_shapes)
+    return all((not name) or name in constants for name in node.input)

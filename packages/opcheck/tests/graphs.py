@@ -1,0 +1,60 @@
+"""Small ONNX graph builders for the opcheck tests (numpy + onnx only)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+F = TensorProto.FLOAT
+
+
+def model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[str | onnx.ValueInfoProto],
+    inits: Sequence[onnx.TensorProto] = (),
+    opset: int = 21,
+    extra_opsets: Sequence[tuple[str, int]] = (),
+) -> onnx.ModelProto:
+    """Build a checked model; outputs given by name get their type from shape inference."""
+    outs = [o if isinstance(o, onnx.ValueInfoProto) else helper.make_empty_tensor_value_info(o) for o in outputs]
+    g = helper.make_graph(list(nodes), "g", list(inputs), outs, list(inits))
+    ops = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
+    m = helper.make_model(g, opset_imports=ops, ir_version=10)
+    inferred = onnx.shape_inference.infer_shapes(m)
+    typed = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    del m.graph.output[:]
+    for o in outs:
+        vi = typed.get(o.name, o)
+        if not vi.type.tensor_type.elem_type:
+            vi = helper.make_tensor_value_info(o.name, F, None)
+        m.graph.output.append(vi)
+    onnx.checker.check_model(m)
+    return m
+
+
+def inp(name: str, shape: Sequence[int | str] | None, dtype: int = F) -> onnx.ValueInfoProto:
+    """A typed graph input."""
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def const(name: str, value: object, dtype: object = np.float32) -> onnx.TensorProto:
+    """An initializer from a Python/numpy value."""
+    return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+
+
+def node(
+    op: str, ins: Sequence[str], outs: Sequence[str], name: str = "", domain: str = "", **attrs: object
+) -> onnx.NodeProto:
+    """A node with a name (defaults to the op type in lower case)."""
+    return helper.make_node(op, list(ins), list(outs), name=name or op.lower(), domain=domain, **attrs)
+
+
+def unary(
+    op: str, dtype: int = F, shape: Sequence[int] = (2, 3, 4), opset: int = 21, **attrs: object
+) -> onnx.ModelProto:
+    """One unary node on a graph input."""
+    return model([node(op, ["x"], ["y"], **attrs)], [inp("x", shape, dtype)], ["y"], opset=opset)

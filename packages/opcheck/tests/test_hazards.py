@@ -1,0 +1,356 @@
+"""Graphs built to contain each known QNN hazard get the right verdict (HTP, onnxruntime-qnn 2.7.0).
+
+The verdicts here are what the live EP did in the probe; test_live_tables.py re-checks the live EP.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graphs import const, inp, model, node, unary
+from onnx import TensorProto, numpy_helper
+
+import qnnx_opcheck as oc
+
+I64 = TensorProto.INT64
+I32 = TensorProto.INT32
+BOOL = TensorProto.BOOL
+
+
+def _check(m: object, backend: str = "htp") -> oc.OpCheckReport:
+    return oc.check_model(m, backend, onnxruntime_qnn="2.7.0", soc_model=60)
+
+
+def _by_name(rep: oc.OpCheckReport) -> dict[str, oc.NodeVerdict]:
+    return {v.node_name: v for v in rep.verdicts}
+
+
+def test_erf_alone_is_unsupported() -> None:
+    """A standalone Erf is rejected by the QNN EP."""
+    v = _check(unary("Erf")).verdicts[0]
+    assert (v.status, v.kind) == ("unsupported", "rejected")
+    assert "Erf" in (v.reason or "")
+    assert "case Erf/float32" in (v.evidence or "")
+
+
+@pytest.mark.parametrize("form", ["div", "mul"])
+def test_erf_inside_gelu_pattern_is_supported(form: str) -> None:
+    """Erf inside x*0.5*(1+erf(x/sqrt2)) is fused by the QNN EP into Gelu: supported."""
+    first = node("Div", ["x", "k"], ["d"]) if form == "div" else node("Mul", ["x", "k"], ["d"], name="scale")
+    k = 1.4142135 if form == "div" else 0.70710677
+    m = model(
+        [
+            first,
+            node("Erf", ["d"], ["e"]),
+            node("Add", ["e", "one"], ["a"]),
+            node("Mul", ["x", "a"], ["p"]),
+            node("Mul", ["p", "half"], ["y"], name="half_mul"),
+        ],
+        [inp("x", [2, 8])],
+        ["y"],
+        [const("k", k), const("one", 1.0), const("half", 0.5)],
+    )
+    rep = _check(m)
+    assert rep.supported
+    assert _by_name(rep)["erf"].kind == "fused"
+
+
+def test_erf_with_other_constant_is_not_gelu() -> None:
+    """Erf(x/3) + 1 is not GELU: Erf stays unsupported."""
+    m = model(
+        [
+            node("Div", ["x", "k"], ["d"]),
+            node("Erf", ["d"], ["e"]),
+            node("Add", ["e", "one"], ["a"]),
+            node("Mul", ["x", "a"], ["p"]),
+            node("Mul", ["p", "half"], ["y"], name="m2"),
+        ],
+        [inp("x", [2, 8])],
+        ["y"],
+        [const("k", 3.0), const("one", 1.0), const("half", 0.5)],
+    )
+    assert _by_name(_check(m))["erf"].status == "unsupported"
+
+
+def test_gathernd_on_bool_is_unsupported() -> None:
+    """GatherND on bool data (BERT's attention-mask path) is rejected."""
+    m = model(
+        [node("GatherND", ["x", "i"], ["y"])],
+        [inp("x", [2, 3, 4], BOOL)],
+        ["y"],
+        [const("i", [[0, 1], [1, 2]], np.int64)],
+    )
+    v = _check(m).verdicts[0]
+    assert v.status == "unsupported" and v.dtype == "bool"
+
+
+def test_unsqueeze_int64_to_5d_crashes() -> None:
+    """Unsqueeze of runtime int64 data to a 5-D output crashes the process: unsupported, kind crash."""
+    m = model(
+        [node("Unsqueeze", ["x", "ax"], ["y"])], [inp("x", [2, 3, 4, 5], I64)], ["y"], [const("ax", [2], np.int64)]
+    )
+    v = _check(m).verdicts[0]
+    assert (v.status, v.kind) == ("unsupported", "crash")
+    assert "crash" in (v.reason or "")
+
+
+def test_unsqueeze_int64_to_4d_runs() -> None:
+    """Unsqueeze of int64 data to 4-D runs on QNN (the crash needs a 5-D output), with the int64 caveat."""
+    m = model([node("Unsqueeze", ["x", "ax"], ["y"])], [inp("x", [2, 3, 4], I64)], ["y"], [const("ax", [1], np.int64)])
+    rep = _check(m)
+    assert rep.supported
+    assert rep.verdicts[0].kind == "caveat"
+
+
+def test_unsqueeze_int64_on_constants_is_folded() -> None:
+    """Shape arithmetic on int64 constants is folded by ORT before QNN sees it: supported."""
+    m = model(
+        [
+            node("Unsqueeze", ["shp", "ax"], ["u"]),
+            node("Squeeze", ["u", "ax"], ["u2"]),
+            node("Reshape", ["x", "u2"], ["y"]),
+        ],
+        [inp("x", [2, 3, 4, 5])],
+        ["y"],
+        [const("shp", [6, 20], np.int64), const("ax", [0], np.int64)],
+    )
+    rep = _check(m)
+    assert rep.supported
+    assert _by_name(rep)["unsqueeze"].kind == "constant_folded"
+
+
+def test_group_normalization_opset21_matches_probe() -> None:
+    """GroupNormalization (opset 21) is reported as the 2.7.0 probe found it: it runs with soc_model 60.
+
+    An earlier lab probe (reference/data/htp_x86_soc60.json) saw a session-creation failure; this probe's
+    shapes and the live re-check in test_live_tables.py do not reproduce it.
+    """
+    m = model(
+        [node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)],
+        [inp("x", [1, 4, 4, 4])],
+        [_vi("y", [1, 4, 4, 4])],
+        [const("s", np.ones(4)), const("b", np.zeros(4))],
+    )
+    v = _check(m).verdicts[0]
+    table, _ = oc.load_table("htp", "2.7.0", 60)
+    plain = next(x for x in table.entry("", "GroupNormalization")["variants"] if not x["when"])
+    expected = "supported" if plain["dtypes"]["float32"]["status"] == "supported" else "unsupported"
+    assert v.status == expected
+
+
+def _vi(name: str, shape: list[int]) -> object:
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_resize_on_int32_fails_session_creation() -> None:
+    """Resize on integer data fails session creation even with CPU fallback (layout transformer)."""
+    m = model(
+        [node("Resize", ["x", "", "sc"], ["y"], mode="nearest")],
+        [inp("x", [1, 4, 4, 4], I32)],
+        ["y"],
+        [const("sc", [1, 1, 2, 2])],
+    )
+    v = _check(m).verdicts[0]
+    assert (v.status, v.kind) == ("unsupported", "session_error")
+
+
+def test_slice_step2_int32_fails_finalize_but_step1_runs() -> None:
+    """Strided Slice on int32 fails at finalize; the same Slice with step 1 is supported."""
+
+    def sl(step: int) -> object:
+        return model(
+            [node("Slice", ["x", "s", "e", "a", "st"], ["y"])],
+            [inp("x", [2, 3, 4], I32)],
+            ["y"],
+            [
+                const("s", [0], np.int64),
+                const("e", [4], np.int64),
+                const("a", [2], np.int64),
+                const("st", [step], np.int64),
+            ],
+        )
+
+    assert _check(sl(2)).verdicts[0].kind == "finalize_error"
+    assert _check(sl(1)).verdicts[0].status == "supported"
+
+
+def _add_ln(batch: int, const_shape: tuple[int, ...], op: str = "Add") -> object:
+    rng = np.random.default_rng(0)
+    return model(
+        [
+            node(op, ["x", "pos"], ["a"], name="embed_add"),
+            node("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1, name="ln"),
+        ],
+        [inp("x", [batch, 16, 64])],
+        ["y"],
+        [const("pos", rng.standard_normal(const_shape)), const("g", np.ones(64)), const("b", np.zeros(64))],
+    )
+
+
+def test_add_broadcast_const_into_layernorm_is_wrong_result() -> None:
+    """Add(x[4,...], const[1,...]) -> LayerNormalization computes wrongly on HTP: the Add is unsupported."""
+    rep = _check(_add_ln(4, (1, 16, 64)))
+    v = _by_name(rep)["embed_add"]
+    assert (v.status, v.kind) == ("unsupported", "wrong_result")
+    assert "tile" in (v.reason or "").lower()
+    assert _by_name(rep)["ln"].status == "supported"
+
+
+@pytest.mark.parametrize(("batch", "shape"), [(1, (1, 16, 64)), (4, (64,)), (4, (4, 16, 64))])
+def test_add_const_layernorm_safe_forms(batch: int, shape: tuple[int, ...]) -> None:
+    """Batch 1, a rank-1 constant, or a full-batch constant are not the bug: supported."""
+    assert _check(_add_ln(batch, shape)).supported
+
+
+def test_rmsnorm_weight_first_fails_finalize() -> None:
+    """RMSNorm as Mul(weight, x * 1/sqrt(mean(x^2)+eps)) fails at finalize: the weight Mul is unsupported."""
+    rng = np.random.default_rng(0)
+    m = model(
+        [
+            node("Pow", ["x", "two"], ["p"]),
+            node("ReduceMean", ["p", "axes"], ["mean"], keepdims=1),
+            node("Add", ["mean", "eps"], ["a"]),
+            node("Sqrt", ["a"], ["s"]),
+            node("Reciprocal", ["s"], ["r"]),
+            node("Mul", ["x", "r"], ["n"], name="norm_mul"),
+            node("Mul", ["w", "n"], ["y"], name="weight_mul"),
+        ],
+        [inp("x", [2, 8, 32])],
+        ["y"],
+        [const("two", 2.0), const("axes", [-1], np.int64), const("eps", 1e-6), const("w", rng.uniform(0.5, 1.5, 32))],
+    )
+    rep = _check(m)
+    assert [v.node_name for v in rep.unsupported] == ["weight_mul"]
+    assert rep.unsupported[0].kind == "finalize_error"
+
+
+def test_symbolic_input_dims_are_unsupported() -> None:
+    """Nodes on a tensor with a symbolic batch dim are rejected (QNN needs static shapes); a note says how to fix."""
+    rep = _check(unary("Relu", shape=("batch", 8)))  # type: ignore[arg-type]
+    assert not rep.supported
+    assert "symbolic" in (rep.verdicts[0].reason or "")
+    assert any("add_free_dimension_override_by_name" in n for n in rep.notes)
+
+
+def test_rank6_is_unsupported() -> None:
+    """A rank-6 elementwise node is rejected by QNN HTP (rank <= 5)."""
+    v = _check(unary("Relu", shape=(1, 2, 1, 2, 1, 3))).verdicts[0]
+    assert v.status == "unsupported"
+
+
+def test_non_default_domain_is_unsupported_unless_listed() -> None:
+    """A com.microsoft op not in the table is unsupported, with a reason naming the domain."""
+    m = model(
+        [node("FusedGelu", ["x"], ["y"], domain="com.microsoft")],
+        [inp("x", [2, 3])],
+        [_vi("y", [2, 3])],
+        extra_opsets=[("com.microsoft", 1)],
+    )
+    v = _check(m).verdicts[0]
+    assert v.status == "unsupported" and v.domain == "com.microsoft"
+    assert "com.microsoft" in (v.reason or "")
+
+
+def test_gpu_lists_com_microsoft_matmulnbits() -> None:
+    """The GPU table lists com.microsoft::MatMulNBits (documented GPU op); HTP does not."""
+    t, _ = oc.load_table("gpu", "2.7.0")
+    assert t.entry("com.microsoft", "MatMulNBits") is not None
+    t, _ = oc.load_table("htp", "2.7.0", 60)
+    assert t.entry("com.microsoft", "MatMulNBits") is None
+
+
+def test_int64_arithmetic_is_a_hazard() -> None:
+    """int64 Add runs on HTP but saturates at int32: hazard, not unsupported."""
+    m = model([node("Add", ["x", "z"], ["y"])], [inp("x", [4], I64), inp("z", [4], I64)], ["y"])
+    rep = _check(m)
+    assert rep.supported
+    assert [v.kind for v in rep.hazards] == ["caveat"]
+    assert "int32" in (rep.hazards[0].reason or "")
+
+
+def test_cast_float_to_int64_is_rejected() -> None:
+    """Cast float32 -> int64 is declined by the QNN EP."""
+    v = _check(unary("Cast", to=TensorProto.INT64)).verdicts[0]
+    assert v.status == "unsupported"
+
+
+def test_qdq_relu_is_supported_as_quantized_op() -> None:
+    """DQ(uint8) -> Relu -> Q uses the table's qdq_uint8 entry and is supported."""
+    m = model(
+        [
+            node("DequantizeLinear", ["x", "s", "z"], ["d"]),
+            node("Relu", ["d"], ["r"]),
+            node("QuantizeLinear", ["r", "s", "z"], ["y"]),
+        ],
+        [inp("x", [2, 8], TensorProto.UINT8)],
+        ["y"],
+        [const("s", 0.02), const("z", 128, np.uint8)],
+    )
+    rep = _check(m)
+    assert rep.supported
+    assert _by_name(rep)["relu"].dtype == "qdq_uint8"
+
+
+def test_qdq_erf_is_unsupported() -> None:
+    """DQ -> Erf -> Q is unsupported (Erf has no QNN builder)."""
+    m = model(
+        [
+            node("DequantizeLinear", ["x", "s", "z"], ["d"]),
+            node("Erf", ["d"], ["r"]),
+            node("QuantizeLinear", ["r", "s", "z"], ["y"]),
+        ],
+        [inp("x", [2, 8], TensorProto.UINT8)],
+        ["y"],
+        [const("s", 0.02), const("z", 128, np.uint8)],
+    )
+    assert [v.op_type for v in _check(m).unsupported] == ["Erf"]
+
+
+def test_dropout_in_inference_graph_is_removed() -> None:
+    """An inference Dropout (mask unused) is removed by ORT before partitioning: supported."""
+    m = model(
+        [node("Relu", ["x"], ["a"]), node("Dropout", ["a"], ["b"]), node("Sigmoid", ["b"], ["y"])],
+        [inp("x", [2, 8])],
+        ["y"],
+    )
+    rep = _check(m)
+    assert rep.supported
+    assert _by_name(rep)["dropout"].kind == "removed"
+
+
+def test_unknown_dtype_is_decided_from_the_table() -> None:
+    """With an untyped input: Erf (never supported) is unsupported; Relu (float only) is a hazard, not unsupported."""
+    from onnx import helper
+
+    m = model(
+        [node("Custom", ["x"], ["c"], domain="my.ops"), node("Relu", ["c"], ["r"]), node("Erf", ["c"], ["e"])],
+        [inp("x", [2, 3])],
+        [_vi("r", [2, 3]), _vi("e", [2, 3])],
+        extra_opsets=[("my.ops", 1)],
+    )
+    del helper  # only the builder's import side effect is needed
+    rep = _by_name(_check(m))
+    assert rep["relu"].status == "hazard" and rep["relu"].kind == "unknown_dtype"
+    assert rep["erf"].status == "unsupported"
+    assert rep["custom"].status == "unsupported"
+
+
+def test_every_unsupported_verdict_has_a_reason() -> None:
+    """Unsupported and hazard verdicts always carry a reason; table-backed ones carry evidence."""
+    m = model(
+        [node("Erf", ["x"], ["a"]), node("Softsign", ["a"], ["b"]), node("Celu", ["b"], ["y"])],
+        [inp("x", [2, 3])],
+        ["y"],
+    )
+    for v in _check(m).verdicts:
+        assert v.status == "unsupported" and v.reason and v.evidence
+
+
+def test_numpy_helper_roundtrip_unused() -> None:
+    """Constants built by the test helpers are real initializers (guards the helpers themselves)."""
+    m = unary("Relu")
+    assert not m.graph.initializer
+    t = const("c", [1.0, 2.0])
+    assert numpy_helper.to_array(t).tolist() == [1.0, 2.0]

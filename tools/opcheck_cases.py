@@ -1,0 +1,773 @@
+"""Probe cases for tools/opcheck_probe.py: one small ONNX model per (op variant, dtype).
+
+Each :class:`Variant` names an ONNX op, the model opset, the inputs, and a ``when`` condition that tells
+qnnx_opcheck when the variant's results apply to a node (the checker takes the first variant whose
+condition matches). The variant list is the source of the generated HTP tables; hazards that no
+single-op probe can show live in :data:`PATTERNS` (multi-node probes) and in
+``tools/opcheck_curated.py``.
+
+This module is imported by the probe and by the live-table tests; it needs numpy and onnx only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# Dtype keys used in the tables. "qdq_uint8"/"qdq_uint16" mean: the op's float inputs come from
+# DequantizeLinear and its output goes to QuantizeLinear (the QDQ form QNN HTP runs quantized).
+PLAIN_DTYPES = ("float32", "float16", "int32", "int64", "uint8", "bool")
+QDQ_DTYPES = ("qdq_uint8", "qdq_uint16")
+ELEM = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "int32": TensorProto.INT32,
+    "int64": TensorProto.INT64,
+    "uint8": TensorProto.UINT8,
+    "int8": TensorProto.INT8,
+    "uint16": TensorProto.UINT16,
+    "int16": TensorProto.INT16,
+    "bool": TensorProto.BOOL,
+}
+NP = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+    "int8": np.int8,
+    "uint16": np.uint16,
+    "int16": np.int16,
+    "bool": np.bool_,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class D:
+    """A runtime (graph input) tensor of the probed dtype, or of ``dtype`` when given."""
+
+    shape: tuple[int, ...]
+    dtype: str | None = None
+    domain: str = "any"  # value range: any | pos | unit | ge1 | int
+
+
+@dataclasses.dataclass(frozen=True)
+class C:
+    """A constant initializer. ``value`` may be a callable of the probed dtype."""
+
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class CT:
+    """A constant initializer of the probed dtype with this shape (e.g. a weight)."""
+
+    shape: tuple[int, ...]
+    domain: str = "any"
+
+
+EMPTY = "EMPTY"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One probe variant: an op with fixed inputs/attributes, run for every dtype in ``dtypes``."""
+
+    name: str
+    op: str
+    inputs: tuple[Any, ...]
+    attrs: dict[str, Any] | Callable[[str], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    n_out: int = 1
+    opset: int = 21
+    when: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dtypes: tuple[str, ...] = PLAIN_DTYPES
+    qdq: bool = False
+    domain: str = ""
+
+    def attrs_for(self, dtype: str) -> dict[str, Any]:
+        return self.attrs(dtype) if callable(self.attrs) else dict(self.attrs)
+
+
+def _i64(*v: int) -> np.ndarray:
+    return np.array(v, dtype=np.int64)
+
+
+X = (2, 3, 4)
+FLOATS = ("float32", "float16")
+UNARY_FLOAT = {
+    "Abs": "any",
+    "Neg": "any",
+    "Relu": "any",
+    "Sigmoid": "any",
+    "Tanh": "any",
+    "Exp": "any",
+    "Log": "pos",
+    "Sqrt": "pos",
+    "Reciprocal": "pos",
+    "Floor": "grid",
+    "Ceil": "grid",
+    "Round": "grid",
+    "Sign": "grid",
+    "Sin": "any",
+    "Cos": "any",
+    "Tan": "unit",
+    "Asin": "unit",
+    "Acos": "unit",
+    "Atan": "any",
+    "Sinh": "any",
+    "Cosh": "any",
+    "Atanh": "unit",
+    "Asinh": "any",
+    "Acosh": "ge1",
+    "Erf": "any",
+    "Softplus": "any",
+    "Softsign": "any",
+    "HardSwish": "any",
+    "HardSigmoid": "any",
+    "Elu": "any",
+    "Selu": "any",
+    "Celu": "any",
+    "LeakyRelu": "any",
+    "ThresholdedRelu": "any",
+    "Mish": "any",
+    "IsNaN": "any",
+    "IsInf": "any",
+    "Identity": "any",
+    "Not": "any",
+    "BitwiseNot": "any",
+    "Shrink": "any",
+    "Softmax": "any",
+    "LogSoftmax": "any",
+    "Hardmax": "any",
+    "Dropout": "any",
+}
+QDQ_UNARY = {
+    "Abs",
+    "Neg",
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Reciprocal",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sin",
+    "Cos",
+    "Atan",
+    "Erf",
+    "Softplus",
+    "HardSwish",
+    "HardSigmoid",
+    "Elu",
+    "LeakyRelu",
+    "Softmax",
+    "LogSoftmax",
+    "Identity",
+}
+BINARY = [
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Mean",
+    "Sum",
+    "Mod",
+    "BitShift",
+    "BitwiseAnd",
+    "BitwiseOr",
+    "BitwiseXor",
+    "Equal",
+    "Greater",
+    "Less",
+    "GreaterOrEqual",
+    "LessOrEqual",
+    "And",
+    "Or",
+    "Xor",
+]
+QDQ_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
+REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2"]
+REDUCE += ["ReduceLogSumExp", "ReduceSumSquare"]
+RANK6_OPS = ["Add", "Relu", "Transpose", "Reshape", "Concat", "Softmax", "ReduceSum", "Slice", "Gather"]
+
+
+def _attrs_mod(dtype: str) -> dict[str, Any]:
+    return {"fmod": 1} if dtype.startswith("float") or "qdq" in dtype else {}
+
+
+def _attrs_bitshift(dtype: str) -> dict[str, Any]:
+    return {"direction": "LEFT"}
+
+
+def _variants() -> list[Variant]:
+    v: list[Variant] = []
+    add = v.append
+    for op, dom in UNARY_FLOAT.items():
+        attrs: dict[str, Any] = {}
+        inputs: tuple[Any, ...] = (D(X, domain=dom),)
+        if op == "Dropout":
+            attrs = {}
+        add(Variant(op, op, inputs, attrs, qdq=op in QDQ_UNARY))
+    add(Variant("Softmax_axis1", "Softmax", (D(X),), {"axis": 1}, when={"attr": {"axis": [1, -2]}}))
+    add(Variant("Gelu", "Gelu", (D(X),), opset=20, qdq=True))
+    add(
+        Variant(
+            "Gelu_tanh", "Gelu", (D(X),), {"approximate": "tanh"}, opset=20, when={"attr": {"approximate": ["tanh"]}}
+        )
+    )
+    add(Variant("Swish", "Swish", (D(X),), opset=24))
+    add(Variant("Det", "Det", (D((2, 3, 3)),)))
+    for op in BINARY:
+        attrs = _attrs_mod if op == "Mod" else (_attrs_bitshift if op == "BitShift" else {})
+        add(Variant(op, op, (D(X, domain="nz"), D(X, domain="nz")), attrs, qdq=op in QDQ_BINARY))
+    add(Variant("PRelu", "PRelu", (D(X), CT((4,))), qdq=True))
+    add(Variant("Where", "Where", (D(X, "bool"), D(X), D(X)), when={}))
+    add(Variant("Clip", "Clip", (D(X), C(lambda t: np.array(1, NP[t])), C(lambda t: np.array(3, NP[t])))))
+    for op in REDUCE:
+        add(Variant(op, op, (D(X, domain="pos"), C(_i64(1))), {"keepdims": 1}, opset=18, qdq=op == "ReduceMean"))
+    add(Variant("ArgMax", "ArgMax", (D(X),), {"axis": 1}))
+    add(Variant("ArgMin", "ArgMin", (D(X),), {"axis": 1}))
+    add(Variant("TopK", "TopK", (D(X), C(_i64(2))), n_out=2))
+    add(Variant("CumSum", "CumSum", (D(X), C(np.array(1, np.int64)))))
+    # Shape and layout family.
+    add(Variant("Transpose", "Transpose", (D(X),), {"perm": [0, 2, 1]}, qdq=True))
+    add(Variant("Flatten", "Flatten", (D(X),), {"axis": 1}))
+    add(Variant("Reshape", "Reshape", (D(X), C(_i64(6, 4))), qdq=True))
+    add(Variant("Squeeze", "Squeeze", (D((2, 1, 4)), C(_i64(1)))))
+    add(Variant("Unsqueeze_rank0", "Unsqueeze", (D(()), C(_i64(0))), when={"rank": [0, 0]}))
+    add(Variant("Unsqueeze_rank1", "Unsqueeze", (D((3,)), C(_i64(0))), when={"rank": [1, 1]}))
+    add(Variant("Unsqueeze_out5d", "Unsqueeze", (D((2, 3, 4, 5)), C(_i64(2))), when={"output_rank": [5, 64]}))
+    add(Variant("Unsqueeze", "Unsqueeze", (D(X), C(_i64(1)))))
+    add(Variant("Expand", "Expand", (D((1, 3, 4)), C(_i64(2, 3, 4)))))
+    add(Variant("Tile", "Tile", (D(X), C(_i64(1, 2, 1)))))
+    slice_in = (C(_i64(0)), C(_i64(4)), C(_i64(2)))
+    add(Variant("Slice_step2", "Slice", (D(X), *slice_in, C(_i64(2))), when={"const_input_not_all": [4, 1]}))
+    add(Variant("Slice", "Slice", (D(X), C(_i64(1)), C(_i64(3)), C(_i64(2)), C(_i64(1)))))
+    add(Variant("Split", "Split", (D(X), C(_i64(2, 2))), {"axis": 2}, n_out=2))
+    add(Variant("Concat", "Concat", (D(X), D(X)), {"axis": 1}, qdq=True))
+    add(Variant("Gather_dynidx", "Gather", (D(X), D((2,), "int64", "idx")), {"axis": 1}, when={"dynamic_inputs": [1]}))
+    add(
+        Variant(
+            "Gather_i32idx",
+            "Gather",
+            (D(X), C(np.array([0, 2], np.int32))),
+            {"axis": 1},
+            when={"input_dtype": [1, ["int32"]]},
+        )
+    )
+    add(Variant("Gather", "Gather", (D(X), C(_i64(0, 2))), {"axis": 1}, qdq=True))
+    add(Variant("GatherElements", "GatherElements", (D(X), C(np.zeros((2, 3, 2), np.int64))), {"axis": 2}))
+    add(Variant("GatherND", "GatherND", (D(X), C(np.array([[0, 1], [1, 2]], np.int64)))))
+    add(Variant("ScatterND", "ScatterND", (D(X), C(np.array([[0], [1]], np.int64)), D((2, 3, 4)))))
+    add(
+        Variant(
+            "ScatterElements", "ScatterElements", (D(X), C(np.zeros((2, 3, 1), np.int64)), D((2, 3, 1))), {"axis": 2}
+        )
+    )
+    add(
+        Variant(
+            "Pad_reflect",
+            "Pad",
+            (D(X), C(_i64(0, 0, 1, 0, 0, 1))),
+            {"mode": "reflect"},
+            when={"attr": {"mode": ["reflect"]}},
+        )
+    )
+    add(
+        Variant(
+            "Pad_edge", "Pad", (D(X), C(_i64(0, 0, 1, 0, 0, 1))), {"mode": "edge"}, when={"attr": {"mode": ["edge"]}}
+        )
+    )
+    add(Variant("Pad", "Pad", (D(X), C(_i64(0, 0, 1, 0, 0, 1)))))
+    img = (1, 4, 4, 4)
+    sc = C(np.array([1, 1, 2, 2], np.float32))
+    add(
+        Variant(
+            "Resize_nearest", "Resize", (D(img), EMPTY, sc), {"mode": "nearest"}, when={"attr": {"mode": ["nearest"]}}
+        )
+    )
+    add(Variant("Resize_cubic", "Resize", (D(img), EMPTY, sc), {"mode": "cubic"}, when={"attr": {"mode": ["cubic"]}}))
+    add(Variant("Resize_linear", "Resize", (D(img), EMPTY, sc), {"mode": "linear"}))
+    add(Variant("DepthToSpace", "DepthToSpace", (D(img),), {"blocksize": 2}, qdq=True))
+    add(Variant("SpaceToDepth", "SpaceToDepth", (D(img),), {"blocksize": 2}, qdq=True))
+    add(Variant("Shape", "Shape", (D(X),)))
+    add(Variant("Size", "Size", (D(X),)))
+    add(Variant("NonZero", "NonZero", (D(X),)))
+    for to in ("float32", "float16", "int32", "int64", "bool", "uint8"):
+        # Non-negative inputs: float -> unsigned casts of negative values are undefined in ONNX.
+        add(
+            Variant(
+                f"Cast_to_{to}", "Cast", (D(X, domain="gridpos"),), {"to": ELEM[to]}, when={"attr": {"to": [ELEM[to]]}}
+            )
+        )
+    add(Variant("CastLike", "CastLike", (D(X), C(np.array([1.0], np.float32)))))
+    add(
+        Variant(
+            "OneHot", "OneHot", (D((3,), domain="idx"), C(np.array(4, np.int64)), C(np.array([0.0, 1.0], np.float32)))
+        )
+    )
+    add(Variant("Range", "Range", (D((), domain="zero"), D((), domain="five"), D((), domain="one"))))
+    add(
+        Variant(
+            "ConstantOfShape",
+            "ConstantOfShape",
+            (D((2,), "int64", "idx"),),
+            lambda t: {"value": numpy_helper.from_array(np.array([1], NP[t]))},
+        )
+    )
+    add(Variant("Trilu", "Trilu", (D(X),)))
+    add(Variant("Einsum", "Einsum", (D((2, 3)), D((3, 4))), {"equation": "ij,jk->ik"}))
+    # Linear algebra and NN.
+    add(Variant("MatMul_constW", "MatMul", (D(X), CT((4, 5))), when={"const_inputs": [1]}, qdq=True))
+    add(Variant("MatMul", "MatMul", (D(X), D((2, 4, 5))), qdq=True))
+    add(Variant("Gemm", "Gemm", (D((2, 3)), CT((3, 4)), CT((4,))), qdq=True))
+    add(Variant("Conv1d", "Conv", (D((1, 3, 8)), CT((4, 3, 3)), CT((4,))), when={"rank": [3, 3]}))
+    add(Variant("Conv3d", "Conv", (D((1, 3, 4, 4, 4)), CT((4, 3, 3, 3, 3)), CT((4,))), when={"rank": [5, 5]}))
+    add(Variant("Conv", "Conv", (D((1, 3, 8, 8)), CT((4, 3, 3, 3)), CT((4,))), qdq=True))
+    add(Variant("ConvTranspose", "ConvTranspose", (D((1, 3, 4, 4)), CT((3, 4, 3, 3))), qdq=True))
+    bn = tuple(CT((3,), domain="pos") for _ in range(4))
+    add(Variant("BatchNormalization", "BatchNormalization", (D((1, 3, 4, 4)), *bn)))
+    add(Variant("InstanceNormalization", "InstanceNormalization", (D((1, 3, 4, 4)), CT((3,)), CT((3,)))))
+    add(Variant("LayerNormalization", "LayerNormalization", (D(X), CT((4,)), CT((4,))), {"axis": -1}, qdq=True))
+    gn = (D((1, 4, 4, 4)), CT((4,)), CT((4,)))
+    add(
+        Variant(
+            "GroupNormalization_18",
+            "GroupNormalization",
+            (D((1, 4, 4, 4)), CT((2,)), CT((2,))),
+            {"num_groups": 2},
+            opset=18,
+            when={"opset": [18, 20]},
+        )
+    )
+    add(
+        Variant(
+            "GroupNormalization_dynscale",
+            "GroupNormalization",
+            (D((1, 4, 4, 4)), D((4,)), D((4,))),
+            {"num_groups": 2},
+            when={"dynamic_inputs": [1]},
+        )
+    )
+    add(Variant("GroupNormalization", "GroupNormalization", gn, {"num_groups": 2}))
+    add(
+        Variant(
+            "GroupNormalization_x1", "GroupNormalization", (D((2, 32, 8, 8)), CT((32,)), CT((32,))), {"num_groups": 8}
+        )
+    )
+    add(Variant("GroupNormalization_x2", "GroupNormalization", (D((1, 4, 16)), CT((4,)), CT((4,))), {"num_groups": 2}))
+    add(
+        Variant("GroupNormalization_x3", "GroupNormalization", (D((1, 4, 4, 4)), CT((4,)), CT((4,))), {"num_groups": 4})
+    )
+    add(
+        Variant("GroupNormalization_x4", "GroupNormalization", (D((1, 4, 4, 4)), CT((4,)), CT((4,))), {"num_groups": 1})
+    )
+    add(Variant("RMSNormalization", "RMSNormalization", (D(X), CT((4,))), {"axis": -1}, opset=23))
+    add(Variant("LpNormalization", "LpNormalization", (D(X),), {"axis": -1, "p": 2}))
+    add(Variant("LRN", "LRN", (D((1, 3, 4, 4)),), {"size": 3}))
+    pool = {"kernel_shape": [2, 2]}
+    add(Variant("MaxPool3d", "MaxPool", (D((1, 2, 4, 4, 4)),), {"kernel_shape": [2, 2, 2]}, when={"rank": [5, 5]}))
+    add(Variant("MaxPool", "MaxPool", (D((1, 3, 4, 4)),), pool, qdq=True))
+    add(Variant("AveragePool", "AveragePool", (D((1, 3, 4, 4)),), pool, qdq=True))
+    add(Variant("GlobalAveragePool", "GlobalAveragePool", (D((1, 3, 4, 4)),), qdq=True))
+    add(Variant("GlobalMaxPool", "GlobalMaxPool", (D((1, 3, 4, 4)),)))
+    add(Variant("LpPool", "LpPool", (D((1, 3, 4, 4)),), {**pool, "p": 2}))
+    add(Variant("GridSample", "GridSample", (D((1, 2, 4, 4)), D((1, 3, 3, 2), domain="unit"))))
+    qkv = tuple(D((1, 2, 4, 8)) for _ in range(3))
+    add(Variant("Attention", "Attention", qkv, opset=23))
+    lstm = (D((3, 2, 4)), CT((1, 16, 4)), CT((1, 16, 4)))
+    add(Variant("LSTM", "LSTM", lstm, {"hidden_size": 4}))
+    add(Variant("GRU", "GRU", (D((3, 2, 4)), CT((1, 12, 4)), CT((1, 12, 4))), {"hidden_size": 4}))
+    # Q/DQ themselves: the dtype key is the quantized type.
+    qtypes = ("uint8", "uint16", "int8", "int16")
+    add(
+        Variant(
+            "QuantizeLinear", "QuantizeLinear", (D(X, "float32"), C(np.array(0.05, np.float32)), "ZP"), dtypes=qtypes
+        )
+    )
+    add(Variant("DequantizeLinear", "DequantizeLinear", (D(X), C(np.array(0.05, np.float32)), "ZP"), dtypes=qtypes))
+    # Rank limits: the same op at rank 6 (float32 only).
+    r6 = (1, 2, 1, 2, 1, 3)
+    for op in RANK6_OPS:
+        name = f"{op}_rank6"
+        w = {"rank": [6, 64]}
+        if op == "Add":
+            add(Variant(name, op, (D(r6), D(r6)), when=w, dtypes=FLOATS))
+        elif op == "Transpose":
+            add(Variant(name, op, (D(r6),), {"perm": [5, 4, 3, 2, 1, 0]}, when=w, dtypes=FLOATS))
+        elif op == "Reshape":
+            add(Variant(name, op, (D(r6), C(_i64(2, 3, 1, 1, 1, 1))), when=w, dtypes=FLOATS))
+        elif op == "Concat":
+            add(Variant(name, op, (D(r6), D(r6)), {"axis": 1}, when=w, dtypes=FLOATS))
+        elif op == "ReduceSum":
+            add(Variant(name, op, (D(r6), C(_i64(5))), opset=18, when=w, dtypes=FLOATS))
+        elif op == "Slice":
+            add(Variant(name, op, (D(r6), C(_i64(0)), C(_i64(2)), C(_i64(5))), when=w, dtypes=FLOATS))
+        elif op == "Gather":
+            add(Variant(name, op, (D(r6), C(_i64(0, 1))), {"axis": 5}, when=w, dtypes=FLOATS))
+        else:
+            add(Variant(name, op, (D(r6),), when=w, dtypes=FLOATS))
+    return v
+
+
+VARIANTS: list[Variant] = _variants()
+
+
+def _random(shape: tuple[int, ...], dtype: str, domain: str, rng: np.random.Generator) -> np.ndarray:
+    if domain == "idx":
+        return rng.integers(0, 2, size=shape).astype(NP[dtype] if dtype != "bool" else np.int64)
+    if domain in ("zero", "five", "one"):
+        return np.array({"zero": 0, "five": 5, "one": 1}[domain]).astype(NP[dtype])
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if dtype in ("int32", "int64", "uint8", "int8", "uint16", "int16"):
+        # Distinct values 1..n: no ties (TopK/ArgMax indices stay well defined), no zero divisors.
+        n = int(np.prod(shape)) if shape else 1
+        return (rng.permutation(n) % 100 + 1).reshape(shape).astype(NP[dtype])
+    if domain in ("grid", "gridpos"):
+        # k + 0.25 or k + 0.75: exact in float16 and never on a rounding/truncation boundary, so
+        # Floor/Round/Cast give the same answer in fp16 (HTP) and fp32 (CPU).
+        k = rng.integers(0 if domain == "gridpos" else -4, 4, size=shape)
+        return (k + rng.choice([0.25, 0.75], size=shape)).astype(NP[dtype])
+    lo, hi = {"pos": (0.5, 2.0), "unit": (-0.9, 0.9), "ge1": (1.1, 3.0), "nz": (0.5, 2.0)}.get(domain, (-2.0, 2.0))
+    return rng.uniform(lo, hi, size=shape).astype(NP[dtype])
+
+
+@dataclasses.dataclass
+class Built:
+    """A built probe model and the feeds to run it with."""
+
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+
+
+def build(variant: Variant, dtype: str, seed: int = 0) -> Built | None:
+    """Build the single-op model for ``variant`` at ``dtype``; None when it is not valid ONNX."""
+    rng = np.random.default_rng(seed)
+    qdq = dtype.startswith("qdq_")
+    qtype = dtype[4:] if qdq else None
+    base = "float32" if qdq else dtype
+    if variant.op in ("QuantizeLinear", "DequantizeLinear"):
+        return _build_qdq_node(variant, dtype, rng)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    graph_inputs: list[onnx.ValueInfoProto] = []
+    feeds: dict[str, np.ndarray] = {}
+    names: list[str] = []
+    scale = np.array(0.02 if qtype == "uint8" else 0.0002, np.float32)
+    zp_val = 128 if qtype == "uint8" else 32768
+    for i, spec in enumerate(variant.inputs):
+        name = f"in{i}"
+        if spec == EMPTY:
+            names.append("")
+            continue
+        if isinstance(spec, D):
+            dt = spec.dtype or base
+            arr = _random(spec.shape, dt, spec.domain, rng)
+            if qdq and spec.dtype is None:
+                # The form ORT's quantizer writes: float graph input -> Q -> DQ -> op -> Q -> DQ -> float output.
+                # (A DQ fed straight by a graph input makes the QNN EP reject some data-movement ops, e.g.
+                # Transpose, that it takes inside real QDQ graphs.)
+                graph_inputs.append(helper.make_tensor_value_info(name + "_f", TensorProto.FLOAT, spec.shape))
+                feeds[name + "_f"] = arr
+                inits += [
+                    numpy_helper.from_array(scale, name + "_s"),
+                    numpy_helper.from_array(np.array(zp_val, NP[qtype]), name + "_z"),
+                ]
+                nodes.append(
+                    helper.make_node(
+                        "QuantizeLinear", [name + "_f", name + "_s", name + "_z"], [name + "_q"], name=name + "_ql"
+                    )
+                )
+                nodes.append(
+                    helper.make_node(
+                        "DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name], name=name + "_dq"
+                    )
+                )
+            else:
+                graph_inputs.append(helper.make_tensor_value_info(name, ELEM[dt], spec.shape))
+                feeds[name] = arr
+            names.append(name)
+        elif isinstance(spec, CT):
+            arr = _random(spec.shape, base, spec.domain, rng)
+            if qdq:
+                q = np.clip(np.round(arr / scale) + zp_val, 0, 255 if qtype == "uint8" else 65535).astype(NP[qtype])
+                inits += [numpy_helper.from_array(q, name + "_q"), numpy_helper.from_array(scale, name + "_s")]
+                inits.append(numpy_helper.from_array(np.array(zp_val, NP[qtype]), name + "_z"))
+                nodes.append(
+                    helper.make_node(
+                        "DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name], name=name + "_dq"
+                    )
+                )
+            else:
+                inits.append(numpy_helper.from_array(arr, name))
+            names.append(name)
+        elif isinstance(spec, C):
+            val = spec.value(base) if callable(spec.value) else spec.value
+            inits.append(numpy_helper.from_array(np.asarray(val), name))
+            names.append(name)
+        else:
+            raise ValueError(spec)
+    outs = [f"out{j}" for j in range(variant.n_out)]
+    op_outs = [o + "_f" for o in outs] if qdq else outs
+    attrs = variant.attrs_for(base)
+    nodes.append(helper.make_node(variant.op, names, op_outs, name="probe", domain=variant.domain, **attrs))
+    if qdq:
+        for o in outs:
+            inits += [
+                numpy_helper.from_array(scale, o + "_s"),
+                numpy_helper.from_array(np.array(zp_val, NP[qtype]), o + "_z"),
+            ]
+            nodes.append(helper.make_node("QuantizeLinear", [o + "_f", o + "_s", o + "_z"], [o + "_q"], name=o + "_ql"))
+            nodes.append(helper.make_node("DequantizeLinear", [o + "_q", o + "_s", o + "_z"], [o], name=o + "_dq"))
+    graph = helper.make_graph(
+        nodes, "probe", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outs], inits
+    )
+    return _finish(graph, variant.opset, feeds)
+
+
+def _build_qdq_node(variant: Variant, dtype: str, rng: np.random.Generator) -> Built | None:
+    """Relu -> QuantizeLinear -> DequantizeLinear -> Sigmoid: a Q/DQ pair inside a float graph.
+
+    A lone Q or DQ between graph input and output is declined by the QNN EP (graph-I/O quantization is
+    meant to be offloaded), which says nothing about Q/DQ inside real QDQ models; this form does.
+    """
+    zp = np.array(0 if dtype.startswith("int") else 8, NP[dtype])
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(zp, "z")]
+    feeds = {"x": rng.uniform(-2, 4, size=X).astype(np.float32)}
+    inp = helper.make_tensor_value_info("x", TensorProto.FLOAT, X)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q"], name="probe_q"),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="probe_dq"),
+        helper.make_node("Sigmoid", ["d"], ["out0"], name="sigmoid"),
+    ]
+    graph = helper.make_graph(nodes, "probe", [inp], [helper.make_empty_tensor_value_info("out0")], inits)
+    return _finish(graph, variant.opset, feeds)
+
+
+def _finish(graph: onnx.GraphProto, opset: int, feeds: dict[str, np.ndarray]) -> Built | None:
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception:  # the op does not accept this dtype / the opset lacks the op
+        return None
+    known = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    del model.graph.output[:]
+    for out in graph.output:
+        vi = known.get(out.name)
+        if vi is None or not vi.type.tensor_type.elem_type:
+            # Function ops (GroupNormalization) have no shape inference: they keep input 0's type and shape.
+            first = graph.node[-1].input[0]
+            src = {x.name: x for x in graph.input}.get(first)
+            if src is None or len(graph.output) != 1:
+                return None
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(src)
+            vi.name = out.name
+        model.graph.output.append(vi)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception:
+        return None
+    return Built(model, feeds)
+
+
+# Multi-node patterns: hazards that no single-op probe shows. Each builder returns (model, feeds).
+def _pattern_gelu_erf(use_mul: bool) -> Built:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    inits = [
+        numpy_helper.from_array(np.array(1.4142135, np.float32), "sqrt2"),
+        numpy_helper.from_array(np.array(0.70710677, np.float32), "inv_sqrt2"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+    ]
+    first = (
+        helper.make_node("Mul", ["x", "inv_sqrt2"], ["d"])
+        if use_mul
+        else helper.make_node("Div", ["x", "sqrt2"], ["d"])
+    )
+    nodes = [
+        first,
+        helper.make_node("Erf", ["d"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["a"]),
+        helper.make_node("Mul", ["x", "a"], ["m"]),
+        helper.make_node("Mul", ["m", "half"], ["out0"]),
+    ]
+    g = helper.make_graph(nodes, "p", [x], [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [2, 8])], inits)
+    rng = np.random.default_rng(0)
+    return Built(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+        {"x": rng.standard_normal((2, 8)).astype(np.float32)},
+    )
+
+
+def _pattern_add_const_ln(op: str) -> Built:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, 64])
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((1, 16, 64)).astype(np.float32), "pos"),
+        numpy_helper.from_array(np.ones(64, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(64, np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node(op, ["x", "pos"], ["a"], name="add_const"),
+        helper.make_node("LayerNormalization", ["a", "g", "b"], ["out0"], axis=-1, name="ln"),
+    ]
+    g = helper.make_graph(
+        nodes, "p", [x], [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [4, 16, 64])], inits
+    )
+    return Built(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+        {"x": rng.standard_normal((4, 16, 64)).astype(np.float32)},
+    )
+
+
+def _pattern_rmsnorm() -> Built:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 32])
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 32).astype(np.float32), "w"),
+    ]
+    nodes = [
+        helper.make_node("Pow", ["x", "two"], ["p"]),
+        helper.make_node("ReduceMean", ["p", "axes"], ["m"], keepdims=1),
+        helper.make_node("Add", ["m", "eps"], ["a"]),
+        helper.make_node("Sqrt", ["a"], ["s"]),
+        helper.make_node("Reciprocal", ["s"], ["r"]),
+        helper.make_node("Mul", ["x", "r"], ["n"]),
+        helper.make_node("Mul", ["w", "n"], ["out0"], name="mul_weight"),
+    ]
+    g = helper.make_graph(
+        nodes, "p", [x], [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [2, 8, 32])], inits
+    )
+    return Built(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+        {"x": rng.standard_normal((2, 8, 32)).astype(np.float32)},
+    )
+
+
+def _pattern_rmsnorm_rev() -> Built:
+    built = _pattern_rmsnorm()
+    last = built.model.graph.node[-1]
+    last.input[0], last.input[1] = last.input[1], last.input[0]
+    return built
+
+
+def _pattern_dynamic_dim() -> Built:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["out0"])],
+        "p",
+        [x],
+        [helper.make_tensor_value_info("out0", TensorProto.FLOAT, ["batch", 8])],
+    )
+    return Built(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+        {"x": np.ones((2, 8), np.float32)},
+    )
+
+
+def _pattern_dropout_mid() -> Built:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Dropout", ["a"], ["b"]),
+        helper.make_node("Sigmoid", ["b"], ["out0"]),
+    ]
+    g = helper.make_graph(nodes, "p", [x], [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [2, 8])])
+    return Built(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+        {"x": np.ones((2, 8), np.float32)},
+    )
+
+
+def _pattern_const_fold_i64() -> Built:
+    """Unsqueeze/ConstantOfShape/Range on constants only: ORT folds them before QNN sees them."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    inits = [
+        numpy_helper.from_array(np.array([2, 3], np.int64), "shp"),
+        numpy_helper.from_array(np.array([0], np.int64), "ax"),
+        numpy_helper.from_array(np.array(0, np.int64), "r0"),
+        numpy_helper.from_array(np.array(3, np.int64), "r1"),
+        numpy_helper.from_array(np.array(1, np.int64), "r2"),
+    ]
+    nodes = [
+        helper.make_node("Unsqueeze", ["shp", "ax"], ["u"]),
+        helper.make_node("Squeeze", ["u", "ax"], ["s"]),
+        helper.make_node("ConstantOfShape", ["s"], ["c"], value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        helper.make_node("Range", ["r0", "r1", "r2"], ["rg"]),
+        helper.make_node("Cast", ["rg"], ["rgf"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "c"], ["a"]),
+        helper.make_node("Add", ["a", "rgf"], ["out0"]),
+    ]
+    g = helper.make_graph(nodes, "p", [x], [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [2, 3])], inits)
+    return Built(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+        {"x": np.ones((2, 3), np.float32)},
+    )
+
+
+def _pattern_qdq_conv_int32_bias() -> Built:
+    """The QDQ form ORT's quantizer writes for Conv: uint8 activations/weights, int32 bias, float graph I/O."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    xs, ws = 0.02, 0.01
+    w = rng.integers(100, 156, size=(4, 3, 3, 3)).astype(np.uint8)
+    inits = [
+        numpy_helper.from_array(np.array(xs, np.float32), "xs"),
+        numpy_helper.from_array(np.array(128, np.uint8), "xz"),
+        numpy_helper.from_array(w, "wq"),
+        numpy_helper.from_array(np.array(ws, np.float32), "ws"),
+        numpy_helper.from_array(np.array(128, np.uint8), "wz"),
+        numpy_helper.from_array(rng.integers(-500, 500, size=(4,)).astype(np.int32), "bq"),
+        numpy_helper.from_array(np.array(xs * ws, np.float32), "bs"),
+        numpy_helper.from_array(np.array(0, np.int32), "bz"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
+        numpy_helper.from_array(np.array(128, np.uint8), "yz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]),
+        helper.make_node("DequantizeLinear", ["bq", "bs", "bz"], ["bd"], name="bias_dq"),
+        helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["cq"]),
+        helper.make_node("DequantizeLinear", ["cq", "ys", "yz"], ["out0"]),
+    ]
+    g = helper.make_graph(
+        nodes, "p", [x], [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [1, 4, 8, 8])], inits
+    )
+    return Built(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+        {"x": rng.uniform(-2, 2, (1, 3, 8, 8)).astype(np.float32)},
+    )
+
+
+PATTERNS: dict[str, Callable[[], Built]] = {
+    "qdq_conv_int32_bias": _pattern_qdq_conv_int32_bias,
+    "gelu_erf_div": lambda: _pattern_gelu_erf(False),
+    "gelu_erf_mul": lambda: _pattern_gelu_erf(True),
+    "add_const1_layernorm": lambda: _pattern_add_const_ln("Add"),
+    "mul_const1_layernorm": lambda: _pattern_add_const_ln("Mul"),
+    "rmsnorm_mul_weight": _pattern_rmsnorm,
+    "rmsnorm_mul_weight_rev": _pattern_rmsnorm_rev,
+    "dynamic_dim": _pattern_dynamic_dim,
+    "dropout_mid": _pattern_dropout_mid,
+    "const_fold_int64": _pattern_const_fold_i64,
+}

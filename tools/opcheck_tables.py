@@ -1,0 +1,553 @@
+"""Build qnnx_opcheck's packaged operator tables from raw probe results and documented facts.
+
+Inputs:
+  tools/opcheck_data/htp-<version>-soc<N>.raw.json   written by tools/opcheck_probe.py (the live HTP EP)
+  the curated facts below (release notes, documented GPU support, lab evidence for multi-node hazards)
+
+Outputs (packages/opcheck/src/qnnx_opcheck/tables/):
+  htp-<version>-soc<N>.json   "probed" for every raw file; "derived" for releases 2.4-2.6 that were not
+                              probed here (the nearest probed table minus the ops the release notes say
+                              arrived later)
+  gpu-<version>.json          "documented": the GPU backend cannot initialize without an Adreno GPU
+
+Then run tools/gen_operators_doc.py to refresh docs/operators.md.
+
+    python tools/opcheck_tables.py
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import opcheck_cases as cases  # noqa: E402
+
+OUT = HERE.parent / "packages" / "opcheck" / "src" / "qnnx_opcheck" / "tables"
+DATA = HERE / "opcheck_data"
+SCHEMA = 1
+# Probe results with a larger error (max abs error / max |reference|) than this are numerically wrong,
+# not fp16 rounding: HTP float math is fp16 (~1e-3 relative, reference/qnn-ep-facts.md §3.5).
+WRONG_RESULT_ERR = 0.05
+# Ops whose dtype key is not input 0.
+TYPE_FROM = {"Where": "input:1", "QuantizeLinear": "output:0", "ConstantOfShape": "output:0"}
+# Human-readable meaning of each variant condition (shown in reasons and docs/operators.md).
+DESCRIPTIONS = {
+    "Softmax_axis1": "axis not last",
+    "Gelu_tanh": "approximate='tanh'",
+    "Slice_step2": "steps != 1",
+    "Gather_dynidx": "runtime indices",
+    "Gather_i32idx": "int32 indices",
+    "Pad_reflect": "mode='reflect'",
+    "Pad_edge": "mode='edge'",
+    "Resize_nearest": "mode='nearest'",
+    "Resize_cubic": "mode='cubic'",
+    "Resize_linear": "mode='linear'",
+    "Unsqueeze_rank0": "scalar input",
+    "Unsqueeze_rank1": "1-D input",
+    "Unsqueeze_out5d": "5-D output",
+    "MatMul_constW": "constant B",
+    "Conv1d": "1-D conv",
+    "Conv3d": "3-D conv",
+    "GroupNormalization_18": "opset 18-20 form",
+    "MaxPool3d": "3-D pooling",
+    **{f"Cast_to_{t}": f"to {t}" for t in ("float32", "float16", "int32", "int64", "bool", "uint8")},
+    "GroupNormalization_dynscale": "runtime scale",
+}
+# Release notes of onnxruntime-qnn (reference/qnn-ep-facts.md §3.1): ops first supported in a release.
+ADDED_IN = {
+    "2.5.0": ["Shape", "ReduceLogSumExp", "QLinearMatMul", "NonMaxSuppression", "If"],
+    "2.6.0": ["Attention", "Bernoulli", "Range", "CastLike"],
+    "2.7.0": ["ArrayFeatureExtractor", "MaxRoiPool", "QLinearConv", "Swish"],
+}
+QAIRT = {"2.4.0": "2.48.40", "2.5.0": "2.49.40", "2.6.0": "2.50.40", "2.7.0": "2.51.0"}
+
+
+def _first_opset(op: str, domain: str) -> int:
+    """The first opset that defines ``op`` (the lower end of an entry's opset range)."""
+    import onnx.defs
+
+    versions = [
+        s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.name == op and s.domain == domain
+    ]
+    return min(versions, default=1)
+
+
+def _cell(raw: dict[str, Any], evidence: str) -> dict[str, Any] | None:
+    status = raw["status"]
+    if status in ("probe_error",):
+        return None
+    cell: dict[str, Any] = {"evidence": evidence}
+    if status == "Y":
+        err = raw.get("err")
+        if err is not None and err > WRONG_RESULT_ERR:
+            cell["status"] = "wrong_result"
+            cell["reason"] = f"max error {err:.3g} relative to the output's max, against the ORT CPU EP"
+        else:
+            cell["status"] = "supported"
+    elif status == "timeout":
+        cell["status"] = "error"
+        cell["reason"] = "the probe timed out"
+    else:
+        cell["status"] = status
+        detail = raw.get("reason") or raw.get("error") or (f"signal {-raw['rc']}" if "rc" in raw else "")
+        if status == "session_error" and raw.get("with_fallback") == "ok":
+            # Not a layout-transformer failure after all: with fallback allowed the session builds.
+            cell["status"] = "rejected"
+        if detail:
+            # The probe's node is called "probe"; keep the EP's words, not our node name.
+            detail = re.sub(r"\s*\w+ node `probe` will not be assigned to QNN EP\.", "", str(detail))
+            cell["reason"] = detail.strip()[:240]
+    return cell
+
+
+def build_probed(raw: dict[str, Any]) -> dict[str, Any]:
+    meta = raw["meta"]
+    results = raw["results"]
+    ver, soc = meta["onnxruntime_qnn"], meta["soc_model"]
+    tag = f"probe htp {ver} soc{soc} {meta['date']}"
+    ops: dict[str, dict[str, Any]] = {}
+    for v in cases.VARIANTS:
+        if v.name not in results:
+            continue
+        is_extra = "_x" in v.name  # extra shapes probed for evidence only
+        key = f"{v.domain}::{v.op}"
+        entry = ops.setdefault(
+            key,
+            {
+                "domain": v.domain,
+                "op_type": v.op,
+                "opset": [_first_opset(v.op, v.domain), None],
+                "type_from": TYPE_FROM.get(v.op, "input:0"),
+                "evidence": f"{tag}: tools/opcheck_probe.py, one child process per case, CPU fallback disabled",
+                "variants": [],
+                "also_probed": [],
+            },
+        )
+        cells = {}
+        for dtype, r in results[v.name].items():
+            c = _cell(r, f"{tag}, case {v.name}/{dtype}")
+            if c is not None:
+                cells[dtype] = c
+        if is_extra:
+            entry["also_probed"].append({"name": v.name, "dtypes": {k: c["status"] for k, c in cells.items()}})
+            continue
+        variant = {"name": v.name, "when": v.when, "probed_opset": v.opset, "dtypes": cells}
+        if v.name in DESCRIPTIONS:
+            variant["description"] = DESCRIPTIONS[v.name]
+        entry["variants"].append(variant)
+    patterns = _htp_patterns(results, tag)
+    for entry in ops.values():
+        # Specific variants first: the checker takes the first variant whose condition matches.
+        entry["variants"].sort(key=lambda x: 0 if x["when"] else 1)
+        if not entry["also_probed"]:
+            del entry["also_probed"]
+        _max_rank(entry)
+        if "rank_limit" in patterns:
+            entry.setdefault("max_rank", patterns["rank_limit"]["max_rank"])
+    return {
+        "schema": SCHEMA,
+        "backend": "htp",
+        "onnxruntime_qnn": ver,
+        "qairt": meta.get("qairt"),
+        "soc_model": soc,
+        "source": "probed",
+        "provenance": {
+            "summary": f"Probed on the live QNN EP: {meta['platform']}, onnxruntime-qnn {ver} (QAIRT {meta.get('qairt')}), "
+            f"onnxruntime {meta['onnxruntime']}, soc_model {soc}, {meta['date']}; {meta['cases']} cases in {meta['seconds']} s.",
+            "tool": "tools/opcheck_probe.py + tools/opcheck_tables.py",
+            **{k: meta[k] for k in ("onnxruntime", "onnx", "platform", "date", "seconds", "cases")},
+        },
+        "notes": [
+            "HTP computes float32 graphs in float16 (expect ~1e-3 relative error; large values saturate at 65504).",
+        ],
+        "patterns": patterns,
+        "ops": dict(sorted(ops.items())),
+    }
+
+
+def _max_rank(entry: dict[str, Any]) -> None:
+    for v in entry["variants"]:
+        if v["name"].endswith("_rank6"):
+            ok = [c["status"] == "supported" for c in v["dtypes"].values()]
+            entry["rank_probe"] = "rank 6 accepted" if ok and all(ok) else "rank 6 not accepted"
+            if ok and not any(ok):
+                entry["max_rank"] = 5
+
+
+def _pstatus(results: dict[str, Any], name: str) -> dict[str, Any]:
+    return results.get(f"pattern:{name}", {}).get("float32", {"status": "not probed"})
+
+
+def _describe(r: dict[str, Any]) -> str:
+    s = r["status"]
+    if s == "Y":
+        return f"ran on QNN, max error {r.get('err', 0):.2g} relative to the output's max"
+    return s + (f" ({(r.get('reason') or r.get('error') or '')[:120]})" if r.get("reason") or r.get("error") else "")
+
+
+def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
+    p: dict[str, Any] = {}
+    cf = _pstatus(results, "const_fold_int64")
+    p["constant_folded"] = {
+        "status": "supported",
+        "kind": "constant_folded",
+        "reason": "every input is a constant: onnxruntime folds this node before partitioning, QNN never sees it",
+        "evidence": f"{tag}, pattern const_fold_int64 (Unsqueeze/Squeeze/ConstantOfShape/Range/Cast on int64 "
+        f"constants): {_describe(cf)}",
+    }
+    dr = _pstatus(results, "dropout_mid")
+    p["dropout_removed"] = {
+        "status": "supported",
+        "kind": "removed",
+        "reason": "inference Dropout without a used mask: onnxruntime removes it before partitioning",
+        "evidence": f"{tag}, pattern dropout_mid (Relu -> Dropout -> Sigmoid): {_describe(dr)}",
+    }
+    g1, g2 = _pstatus(results, "gelu_erf_div"), _pstatus(results, "gelu_erf_mul")
+    if g1["status"] == "Y" or g2["status"] == "Y":
+        p["erf_gelu_fusion"] = {
+            "status": "supported",
+            "kind": "fused",
+            "reason": "Erf inside the GELU pattern x*0.5*(1+erf(x/sqrt(2))): the QNN EP fuses it into one Gelu",
+            "evidence": f"{tag}, pattern gelu_erf_div: {_describe(g1)}; gelu_erf_mul: {_describe(g2)}",
+        }
+    dyn = _pstatus(results, "dynamic_dim")
+    if dyn["status"] != "Y":
+        p["dynamic_shape"] = {
+            "status": "unsupported",
+            "kind": "rejected",
+            "reason": "QNN needs static shapes; this node has a symbolic dimension",
+            "evidence": f"{tag}, pattern dynamic_dim (Relu on x['batch', 8]): {_describe(dyn)}; ORT#22066",
+        }
+    ops, ev = [], []
+    for op in ("Add", "Mul"):
+        r = _pstatus(results, f"{op.lower()}_const1_layernorm")
+        ev.append(f"{op}: {_describe(r)}")
+        if r["status"] != "Y" or (r.get("err") or 0) > WRONG_RESULT_ERR:
+            ops.append(op)
+    if ops:
+        p["add_const_broadcast_layernorm"] = {
+            "status": "unsupported",
+            "kind": "wrong_result",
+            "ops": ops,
+            "reason": "QNN HTP computes Add/Mul(x[N>1,...], constant[1,...]) feeding LayerNormalization wrongly for "
+            "batch rows >= 1 (silent wrong output).",
+            "fix": "tile the [1,...] constant to the batch size before building the session",
+            "evidence": f"{tag}, patterns add_const1_layernorm / mul_const1_layernorm (x[4,16,64] + const[1,16,64] -> "
+            f"LayerNormalization): {'; '.join(ev)}; first found in reference/lab-findings.md §2 (BERT embeddings), "
+            "also seen in onnxruntime-qnn 2.4.0 and 2.6.0",
+        }
+    orders = []
+    for name, order in (("rmsnorm_mul_weight", "const_first"), ("rmsnorm_mul_weight_rev", "const_second")):
+        r = _pstatus(results, name)
+        if r["status"] not in ("Y", "not probed"):
+            orders.append(order)
+    if orders:
+        r1, r2 = _pstatus(results, "rmsnorm_mul_weight"), _pstatus(results, "rmsnorm_mul_weight_rev")
+        p["rmsnorm_mul_weight"] = {
+            "status": "unsupported",
+            "kind": r1["status"] if r1["status"] not in ("Y", "not probed") else r2["status"],
+            "ops": ["Mul"],
+            "orders": orders,
+            "reason": "RMSNorm written as Mul(weight, x * 1/sqrt(mean(x^2) + eps)) fails at QNN graph finalize "
+            "(QNN_COMMON_ERROR_MEM_ALLOC), even with CPU fallback allowed.",
+            "fix": "export RMSNormalization (opset 23) or SimplifiedLayerNormalization, or keep this block on the CPU",
+            "evidence": f"{tag}, pattern rmsnorm_mul_weight (weight first): {_describe(r1)}; weight second: {_describe(r2)}",
+        }
+    qc = _pstatus(results, "qdq_conv_int32_bias")
+    if qc["status"] == "Y":
+        p["qdq_constant_dequantize"] = {
+            "status": "supported",
+            "kind": "fused",
+            "reason": "DequantizeLinear of a constant (quantized weight or int32 bias) is folded into its consumer's "
+            "QDQ node unit",
+            "evidence": f"{tag}, pattern qdq_conv_int32_bias (float -> Q -> DQ -> Conv(DQ uint8 weight, DQ int32 bias) "
+            f"-> Q -> DQ, as ORT's quantizer writes it): {_describe(qc)}",
+        }
+    rank6 = {k: v for k, v in results.items() if k.endswith("_rank6")}
+    if rank6 and all(r["status"] == "rejected" for v in rank6.values() for r in v.values()):
+        names = ", ".join(sorted(k[: -len("_rank6")] for k in rank6))
+        p["rank_limit"] = {
+            "status": "unsupported",
+            "kind": "rejected",
+            "max_rank": 5,
+            "reason": "QNN HTP takes tensors of rank <= 5; this node has a rank-6+ input or output",
+            "evidence": f"{tag}, rank-6 cases of {names}: all rejected (float32 and float16), while the same ops "
+            "at rank <= 5 are taken",
+        }
+    p["int64_saturation"] = {
+        "status": "hazard",
+        "kind": "caveat",
+        "ops": ["*"],
+        "reason": "HTP has no int64: the QNN EP carries int64 data as int32, so values beyond +-2147483647 saturate",
+        "evidence": "reference/qnn-ep-facts.md §3.2 (verified: Add of two 2.0e9 int64 tensors returned 2147483647); ORT#24351",
+    }
+    return p
+
+
+def _is_function_op(op: str) -> bool:
+    import onnx.defs
+
+    try:
+        schema = onnx.defs.get_schema(op)
+    except Exception:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def derive(table: dict[str, Any], version: str) -> dict[str, Any]:
+    """A table for a release that was not probed: the probed table minus ops added later."""
+    t = copy.deepcopy(table)
+    later = [
+        op
+        for v, lst in ADDED_IN.items()
+        if tuple(map(int, v.split("."))) > tuple(map(int, version.split(".")))
+        for op in lst
+    ]
+    added = {op: v for v, lst in ADDED_IN.items() for op in lst}
+    for op in later:
+        entry = t["ops"].get(f"::{op}")
+        if entry is None:
+            continue
+        if _is_function_op(op):
+            # onnxruntime expands an ONNX function op into its body when no EP claims it, so it can run on
+            # QNN before the release that added a direct builder: the 2.6.0 probe ran Swish (release
+            # notes: 2.7.0) fully on QNN. Keep the probed outcome and say why.
+            for variant in entry["variants"]:
+                for cell in variant["dtypes"].values():
+                    cell["evidence"] += (
+                        f"; kept for {version}: ONNX function op, expanded by onnxruntime before {added[op]}"
+                    )
+            continue
+        note = f"release notes: {op} is supported by the QNN EP from onnxruntime-qnn {added[op]}"
+        for variant in entry["variants"]:
+            for cell in variant["dtypes"].values():
+                if cell["status"] == "supported":
+                    cell["status"] = "rejected"
+                    cell["reason"] = f"not yet supported in {version}"
+                    cell["evidence"] = note
+    t["onnxruntime_qnn"] = version
+    t["qairt"] = QAIRT.get(version)
+    t["source"] = "derived"
+    t["provenance"] = {
+        "summary": f"Not probed: derived from the probed {table['onnxruntime_qnn']} table ({table['provenance']['summary']}) "
+        f"by marking unsupported the ops the onnxruntime-qnn release notes list as added after {version} "
+        f"({', '.join(op for op in later if not _is_function_op(op)) or 'none'}); ONNX function ops among them "
+        f"({', '.join(op for op in later if _is_function_op(op)) or 'none'}) keep the probed outcome because "
+        f"onnxruntime expands them. Per-dtype results of {version} itself are not verified.",
+        "derived_from": f"htp-{table['onnxruntime_qnn']}-soc{table['soc_model']}.json",
+    }
+    if version < "2.7.0" and "add_const_broadcast_layernorm" in t["patterns"]:
+        # Lab: with Mul in place of Add the bug appears in 2.7.0 and not in 2.4.0 (reference/lab-findings.md §2).
+        pat = t["patterns"]["add_const_broadcast_layernorm"]
+        if version == "2.4.0":
+            pat["ops"] = [o for o in pat["ops"] if o != "Mul"]
+    return t
+
+
+_FAILING = ("crash", "wrong_result", "session_error", "finalize_error", "error", "run_error", "rejected")
+
+
+def derive_between(lo: dict[str, Any], hi: dict[str, Any], version: str) -> dict[str, Any]:
+    """A table for a release between two probed ones: agreeing cells are kept; where the probes differ,
+    the release notes decide, and an unexplained difference takes the failing outcome (a fallback is
+    cheaper than a crash or a wrong result)."""
+    t = copy.deepcopy(hi)
+    v = tuple(map(int, version.split(".")))
+    added = {op: tuple(map(int, rel.split("."))) for rel, lst in ADDED_IN.items() for op in lst}
+    lo_v, hi_v = lo["onnxruntime_qnn"], hi["onnxruntime_qnn"]
+    for key, entry in t["ops"].items():
+        lo_entry = lo["ops"].get(key, {"variants": []})
+        lo_variants = {x["name"]: x for x in lo_entry["variants"]}
+        for variant in entry["variants"]:
+            for dtype, cell in variant["dtypes"].items():
+                other = lo_variants.get(variant["name"], {"dtypes": {}})["dtypes"].get(dtype)
+                if other is None or other["status"] == cell["status"]:
+                    cell["evidence"] += f"; {version} not probed: {lo_v} and {hi_v} probes agree"
+                    continue
+                op = entry["op_type"]
+                if op in added and added[op] <= v:
+                    pick, why = cell, f"release notes add {op} in {'.'.join(map(str, added[op]))}"
+                elif op in added:
+                    pick, why = other, f"release notes add {op} only in {'.'.join(map(str, added[op]))}"
+                else:
+                    failing = [c for c in (cell, other) if c["status"] in _FAILING]
+                    pick = min(failing, key=lambda c: _FAILING.index(c["status"])) if failing else cell
+                    why = "unexplained difference: the failing outcome is kept"
+                new = copy.deepcopy(pick)
+                new["evidence"] = (
+                    f"{version} not probed: {lo_v} gave {other['status']}, {hi_v} gave {cell['status']}; {why}"
+                )
+                variant["dtypes"][dtype] = new
+    t["onnxruntime_qnn"] = version
+    t["qairt"] = QAIRT.get(version)
+    t["source"] = "derived"
+    t["provenance"] = {
+        "summary": f"Not probed: derived cell by cell from the probed {lo_v} and {hi_v} tables. Where they agree the "
+        f"outcome is kept; where they differ the release notes decide, else the failing outcome is kept. "
+        f"Multi-node hazards are those of {hi_v}.",
+        "derived_from": [f"htp-{lo_v}-soc{lo['soc_model']}.json", f"htp-{hi_v}-soc{hi['soc_model']}.json"],
+    }
+    return t
+
+
+def build_gpu(htp: dict[str, Any], version: str) -> dict[str, Any]:
+    """GPU table from documented support; the op registry is shared with HTP (op_builder_factory.cc)."""
+    ops: dict[str, Any] = {}
+    doc = (
+        "documented: QNN EP GPU backend takes fp32/fp16 activations and weights (QNN-EP doc; "
+        "reference/qnn-ep-facts.md §3.2); op in the EP's builder registry (shared by all backends, "
+        "op_builder_factory.cc). Not probed: libQnnGpu.so cannot initialize without an Adreno GPU."
+    )
+    cell_doc = "documented (QNN-EP doc: GPU takes fp32/fp16); not probed, no Adreno GPU here"
+    for key, entry in htp["ops"].items():
+        reasons = [c.get("reason", "") for v in entry["variants"] for c in v["dtypes"].values()]
+        in_registry = not any("are not supported by QNN EP" in r for r in reasons) or any(
+            c["status"] == "supported" for v in entry["variants"] for c in v["dtypes"].values()
+        )
+        if not in_registry:
+            continue
+        htp_dtypes = {k for v in entry["variants"] for k in v["dtypes"] if not k.startswith("qdq_")}
+        cells: dict[str, Any] = {}
+        for dt in sorted(htp_dtypes):
+            if dt in ("float32", "float16"):
+                cells[dt] = {"status": "supported", "evidence": cell_doc}
+            else:
+                cells[dt] = {
+                    "status": "unverified",
+                    "reason": f"GPU support for {dt} is not documented and cannot be verified off-device",
+                    "evidence": cell_doc,
+                }
+        if entry["op_type"] in ("QuantizeLinear", "DequantizeLinear"):
+            # GPU takes uint8-quantized weights with float activations; quantized activations are not
+            # its documented mode (reference/qnn-ep-facts.md §3.2).
+            cells = {
+                dt: {
+                    "status": "unverified",
+                    "reason": "the GPU backend documents uint8 weights with float activations only",
+                    "evidence": cell_doc,
+                }
+                # int32: the bias of QDQ Conv/Gemm.
+                for dt in sorted(htp_dtypes | ({"int32"} if entry["op_type"] == "DequantizeLinear" else set()))
+            }
+            if entry["op_type"] == "DequantizeLinear":
+                cells["uint8"] = {
+                    "status": "supported",
+                    "evidence": "documented: uint8-quantized weights with float activations (QNN-EP doc)",
+                }
+        ops[key] = {
+            "domain": entry["domain"],
+            "op_type": entry["op_type"],
+            "opset": entry["opset"],
+            "type_from": entry["type_from"],
+            "evidence": doc,
+            "variants": [{"name": entry["op_type"], "when": {}, "dtypes": cells}],
+        }
+        if entry["op_type"] == "Einsum":
+            ops[key]["notes"] = "some Einsum equations are rejected on GPU (einsum_op_builder.cc, IsGpuBackend branch)"
+    for op, since in (("MatMulNBits", "2.0.0"), ("GroupQueryAttention", "2.4.0"), ("GatherBlockQuantized", "2.4.0")):
+        if tuple(map(int, since.split("."))) > tuple(map(int, version.split("."))):
+            continue
+        ev = f"documented: GPU-specific com.microsoft op (reference/qnn-ep-facts.md §3.2; since {since})"
+        ops[f"com.microsoft::{op}"] = {
+            "domain": "com.microsoft",
+            "op_type": op,
+            "opset": [1, None],
+            "type_from": "input:0",
+            "evidence": ev,
+            "variants": [
+                {
+                    "name": op,
+                    "when": {},
+                    "dtypes": {k: {"status": "supported", "evidence": ev} for k in ("float32", "float16")},
+                }
+            ],
+        }
+    later = [
+        op
+        for v, lst in ADDED_IN.items()
+        if tuple(map(int, v.split("."))) > tuple(map(int, version.split(".")))
+        for op in lst
+    ]
+    for op in later:
+        ops.pop(f"::{op}", None)
+    patterns = {
+        k: copy.deepcopy(htp["patterns"][k])
+        for k in ("constant_folded", "dropout_removed", "dynamic_shape", "erf_gelu_fusion")
+        if k in htp["patterns"]
+    }
+    for pat in patterns.values():
+        pat["evidence"] = (
+            "documented (onnxruntime graph optimizations / QNN EP node-group fusions; shown on HTP: "
+            + pat["evidence"]
+            + ")"
+        )
+    return {
+        "schema": SCHEMA,
+        "backend": "gpu",
+        "onnxruntime_qnn": version,
+        "qairt": QAIRT.get(version),
+        "soc_model": None,
+        "source": "documented",
+        "provenance": {
+            "summary": f"Documented support, not probed (the QNN GPU backend cannot initialize on x86_64: "
+            f"QNN_BACKEND_ERROR_CANNOT_INITIALIZE). Op list = the QNN EP builder registry observed through the "
+            f"HTP probe of {htp['onnxruntime_qnn']}, minus ops added after {version}; float32/float16 per the "
+            f"QNN-EP doc; other dtypes unverified (reported as hazards).",
+        },
+        "notes": ["GPU table is documented, not probed: verify on a device with an Adreno GPU."],
+        "patterns": patterns,
+        "ops": dict(sorted(ops.items())),
+    }
+
+
+def write(table: dict[str, Any]) -> Path:
+    name = (
+        f"{table['backend']}-{table['onnxruntime_qnn']}"
+        + (f"-soc{table['soc_model']}" if table["soc_model"] else "")
+        + ".json"
+    )
+    path = OUT / name
+    path.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    n_cells = sum(len(v["dtypes"]) for e in table["ops"].values() for v in e["variants"])
+    print(f"wrote {path.relative_to(HERE.parent)}: {len(table['ops'])} ops, {n_cells} cells, source {table['source']}")
+    return path
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    raws = sorted(DATA.glob("htp-*-soc*.raw.json"))
+    if not raws:
+        print("no raw probe results in tools/opcheck_data; run tools/opcheck_probe.py first", file=sys.stderr)
+        return 1
+    probed: dict[str, dict[str, Any]] = {}
+    for path in raws:
+        raw = json.loads(path.read_text())
+        table = build_probed(raw)
+        write(table)
+        if table["soc_model"] == 60:
+            probed[table["onnxruntime_qnn"]] = table
+    newest = max(probed, key=lambda v: tuple(map(int, v.split("."))))
+    for version in ("2.4.0", "2.5.0", "2.6.0", "2.7.0"):
+        if version not in probed:
+            below = [v for v in probed if v < version]
+            above = [v for v in probed if v > version]
+            if below and above:
+                write(derive_between(probed[max(below)], probed[min(above)], version))
+            else:
+                # Nearest probed release at or above it (tables only lose ops going back in time).
+                base = min(above, default=newest)
+                write(derive(probed[base], version))
+        base = probed.get(version) or probed[newest]
+        write(build_gpu(base, version))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
