@@ -50,7 +50,9 @@ def _pytest(session: nox.Session, *extra: str) -> None:
     env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
     marker = () if "-m" in session.posargs else ("-m", "not slow")
     for name in PACKAGES:  # one run per package, so each is tested in its own process
-        session.run("pytest", f"packages/{name}/tests", "-p", "no:cacheprovider", *marker, *extra, *session.posargs, env=env)
+        session.run(
+            "pytest", f"packages/{name}/tests", "-p", "no:cacheprovider", *marker, *extra, *session.posargs, env=env
+        )
     session.run("pytest", "integration-tests", "-p", "no:cacheprovider", *marker, *extra, *session.posargs, env=env)
 
 

@@ -68,10 +68,12 @@ def main() -> int:
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0).item()
     print("qnnx demo: TinyResNet (1x3x32x32) with torch.compile(backend='qnn', device='npu', strict=True)")
     print(f"  ran on          : {report.summary()}")
-    print(f"  compile stages  : " + ", ".join(f"{k} {v:.3f} s" for k, v in report.timings.items()))
+    print("  compile stages  : " + ", ".join(f"{k} {v:.3f} s" for k, v in report.timings.items()))
     print(f"  first call      : {first_call:.2f} s (Dynamo trace + export + QNN compile + run)")
-    print(f"  latency         : {statistics.median(times) * 1e3:.2f} ms median of 20 "
-          f"(eager PyTorch: {statistics.median(eager_times) * 1e3:.2f} ms)")
+    print(
+        f"  latency         : {statistics.median(times) * 1e3:.2f} ms median of 20 "
+        f"(eager PyTorch: {statistics.median(eager_times) * 1e3:.2f} ms)"
+    )
     if report.is_simulator:
         print("                    (HTP here is the x86_64 simulator: its latency says nothing about a Snapdragon)")
     print(f"  vs eager        : max|err|/max|ref| = {err:.2e}, cosine = {cosine:.6f} (fp16-level expected)")
