@@ -216,3 +216,12 @@ def test_runtime_failure_twice_falls_back_or_raises():
 def _with_session(program, session):
     program.session = session
     return program
+
+
+def test_explain_names_the_pytorch_module_of_each_node():
+    """Each ONNX node in explain() points back to the PyTorch module and ATen op it came from."""
+    model = MLP().eval()
+    with torch.no_grad():
+        report = qnnx_backend.explain(model, torch.randn(2, 16))
+    origins = [o for n in report.graphs[0].nodes for o in n.fx_nodes]
+    assert any(o.startswith("net.0 (Linear): aten.linear") for o in origins), origins

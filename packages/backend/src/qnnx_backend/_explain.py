@@ -27,12 +27,13 @@ class NodeExplanation:
     onnx_node: str
     op_type: str
     fx_nodes: tuple[str, ...] = ()
-    """The Dynamo FX node(s) it was exported from, when the exporter recorded it."""
+    """Where it comes from in the PyTorch model (module path, class and ATen op), when the exporter recorded it."""
     verdict: str | None = None
     """opcheck's verdict for the device the graph runs on: supported / unsupported / hazard."""
     reason: str | None = None
     placement: str | None = None
-    """Where ONNX Runtime put it (``QNN``, ``ORT CPU``) when a session was built; None when predicted only."""
+    """Where ONNX Runtime put it when a session was built: ``QNN``, ``ORT CPU``, or ``fused`` (ORT's graph
+    optimizer folded it into a constant or fused it into another node before placement); None when predicted."""
 
 
 @attrs.frozen(kw_only=True)
@@ -67,7 +68,9 @@ class GraphExplanation:
         if self.final_device == "eager":
             return 0
         if self.compiled:
-            return sum(1 for n in self.nodes if n.placement == "QNN")
+            # Fused nodes were absorbed before placement: they count with QNN when nothing went to the CPU EP.
+            on_cpu = any(n.placement == "ORT CPU" for n in self.nodes)
+            return sum(1 for n in self.nodes if n.placement == "QNN" or (n.placement == "fused" and not on_cpu))
         return sum(1 for n in self.nodes if n.verdict != "unsupported")
 
 
@@ -119,7 +122,7 @@ class ExplainReport:
                 lines.append(f"  {d.device}: {state}")
             if g.nodes:
                 width = max(len(n.onnx_node) for n in g.nodes)
-                lines.append(f"  {'ONNX node':<{width}}  {'op':<20} {'verdict':<11} {'placed':<8} from FX")
+                lines.append(f"  {'ONNX node':<{width}}  {'op':<20} {'verdict':<11} {'placed':<8} from PyTorch")
                 for n in g.nodes:
                     placed = n.placement or ("(pred.)" if g.final_device != "eager" else "-")
                     lines.append(
@@ -205,7 +208,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 )
             )
             continue
-        origins = _origins(exported.model)
+        origins = {**_origins(exported.model), **{k: (v,) for k, v in getattr(exported, "node_origins", {}).items()}}
         devices: list[DeviceExplanation] = []
         final, final_report, placement = "eager", None, None
         for dev in chain:
@@ -245,7 +248,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 fx_nodes=origins.get(n.name, ()),
                 verdict=verdicts[n.name].status if n.name in verdicts else None,
                 reason=verdicts[n.name].reason if n.name in verdicts else None,
-                placement=placement.get(n.name) if placement is not None else None,
+                placement=placement.get(n.name, "fused") if placement is not None else None,
             )
             for n in exported.model.graph.node
         )

@@ -53,6 +53,9 @@ class ExportedGraph:
         external_data: True when the weights exceed ``ExportOptions.external_data_threshold``; then
             :meth:`model_bytes` refuses and :meth:`save` writes the weights beside the model.
         opset: The ONNX opset of the default domain.
+        node_origins: For each ONNX node the exporter made, where it comes from in the PyTorch model, e.g.
+            ``"encoder.layers.0.linear1 (Linear): aten.linear"`` (nodes a rewrite pass created have none). Kept
+            beside the model, not in it, so that the model bytes stay deterministic and small.
     """
 
     model: onnx.ModelProto
@@ -66,6 +69,7 @@ class ExportedGraph:
     _ir_model: Any = attrs.field(repr=False, alias="_ir_model")
     _params: tuple[_ParamRecord, ...] = attrs.field(repr=False, alias="_params")
     _cache: dict[str, Any] = attrs.field(factory=dict, repr=False, alias="_cache")
+    node_origins: Mapping[str, str] = attrs.field(factory=dict, repr=False)
 
     def model_bytes(self) -> bytes:
         """Return the serialized model (deterministic: same graph and inputs give the same bytes).
@@ -375,6 +379,7 @@ def export(
     # Record the torch dtypes of the outputs before passes may legalize them (int64 -> int32).
     torch_out_dtypes = [_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs]
     pass_report = run_passes(model, options.resolved_passes())
+    origins = {n.name: o for n in model.graph if n.name and (o := _origin(n.metadata_props.get("namespace")))}
     _canonicalize(model)
     t3 = time.perf_counter()
 
@@ -435,9 +440,27 @@ def export(
         timings=timings,
         external_data=external,
         opset=options.opset,
+        node_origins=origins,
         _ir_model=model if external else None,  # only save() of external-data models needs it
         _params=params,
     )
+
+
+def _origin(namespace: str | None) -> str | None:
+    """Turn torch.onnx's ``namespace`` node metadata into ``"<module path> (<class>): <aten op>"``.
+
+    torch 2.13 writes e.g. ``L['self']: M/L['self'].fc1: torch.nn.modules.linear.Linear/linear: aten.linear.default``.
+    """
+    if not namespace:
+        return None
+    scopes = [part.partition(": ") for part in namespace.split("/")]
+    module_scopes = [(name, kind) for name, _, kind in scopes[:-1]]
+    op = scopes[-1][2].removesuffix(".default") or scopes[-1][0]
+    if not module_scopes:
+        return op
+    name, kind = module_scopes[-1]
+    path = re.sub(r"^L\['[^']*'\]\.?", "", name) or "<root>"
+    return f"{path} ({kind.rsplit('.', 1)[-1]}): {op}"
 
 
 def _ir_to_torch_dtype_name(dtype: Any) -> str:
