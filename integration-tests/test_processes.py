@@ -103,3 +103,26 @@ def test_importing_packages_does_no_work():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["-", "False"]
+
+
+def test_corrupted_cached_context_is_detected_and_rebuilt(tmp_path):
+    """Bytes overwritten in a cached QNN context (which QNN would load and run wrongly) are caught by the cache's
+    checksums in the next process: the entry is rebuilt and the answer is right."""
+    script = tmp_path / "cached.py"
+    script.write_text(_CACHE_SCRIPT)
+    cache = tmp_path / "cache"
+
+    def run() -> dict:
+        proc = subprocess.run([sys.executable, str(script), str(cache)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert run()["cache"] == "miss"
+    (binary,) = [p for p in cache.rglob("*.bin") if "quarantine" not in p.parts]
+    data = bytearray(binary.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 8] = b"\xff" * 8  # same size: only a checksum can tell
+    binary.write_bytes(bytes(data))
+    again = run()
+    assert again["cache"] == "miss" and again["err"] < 2e-2
+    assert run()["cache"] == "hit"
