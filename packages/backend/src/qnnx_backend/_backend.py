@@ -94,4 +94,4 @@ def is_available(device: str | None = None) -> bool:
 
     if device is not None and device not in ("npu", "gpu", "htp"):
         raise InvalidOptionsError(f"device={device!r} is not valid here; accepted: None, 'npu', 'gpu'.")
-    return qnnx_detection.is_available({"htp": "npu"}.get(device, device) if device else None)
+    return qnnx_detection.is_available(device)  # detection accepts "htp" as another name for "npu"

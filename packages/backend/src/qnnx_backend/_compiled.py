@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from qnnx_backend import _report
-from qnnx_backend._options import BackendOptions
+from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._session import DeviceRejected as _DeviceRejected
 from qnnx_backend._session import QnnProgram, build_program
 from qnnx_backend.errors import (
@@ -27,7 +27,6 @@ from qnnx_backend.errors import (
 
 logger = logging.getLogger(__name__)
 
-_CHAIN = ("npu", "gpu")
 _LIVE: list[weakref.ref[QnnGraph]] = []
 
 
@@ -157,13 +156,12 @@ class QnnGraph:
             logger.info("%s", rep.summary())
             return _Eager(gm, rep)
 
-        device = opts.device
         # A quick probe (no backend initialized): the session built below is the real test of the device, and its
         # failure carries the true cause. Devices known to be unusable (QNN missing or disabled, no library, no
         # device enumerated) are still skipped without trying.
         probe = qnnx_detection.probe(initialize=False)
-        if device == "auto" and probe.overrides.device not in (None, "auto"):
-            device = probe.overrides.device
+        device = effective_device(opts.device, probe.overrides.device)
+        if device != opts.device:
             logger.info("QNNX_DEVICE=%s overrides device='auto'", device)
         if device == "cpu":
             return eager("device='cpu' was requested", warn=False)
@@ -182,7 +180,7 @@ class QnnGraph:
                 )
             return eager("; ".join(details), warn=True)
 
-        devices = [d for d in ([device] if device != "auto" else _CHAIN) if d not in exclude]
+        devices = [d for d in ([device] if device != "auto" else CHAIN) if d not in exclude]
         attempts: list[_report.Attempt] = []
         shared: dict[str, Any] = {}  # export result shared across devices of one chain
         for pos, dev in enumerate(devices):

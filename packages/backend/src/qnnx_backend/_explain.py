@@ -10,13 +10,11 @@ from typing import Any
 
 import attrs
 
-from qnnx_backend._options import BackendOptions
+from qnnx_backend._options import CHAIN, OPCHECK_BACKEND, BackendOptions, effective_device
 from qnnx_backend._report import DEVICE_LABELS
 
 logger = logging.getLogger(__name__)
 
-_CHAIN = ("npu", "gpu")
-_OPCHECK_BACKEND = {"npu": "htp", "gpu": "gpu"}
 _EP_LABEL = {"QNNExecutionProvider": "QNN", "CPUExecutionProvider": "ORT CPU"}
 
 
@@ -151,15 +149,6 @@ def _capture(model: Any, example_inputs: Sequence[object]) -> tuple[list[tuple[A
     return graphs, breaks
 
 
-def _origins(model_proto: Any) -> dict[str, tuple[str, ...]]:
-    origins: dict[str, tuple[str, ...]] = {}
-    for node in model_proto.graph.node:
-        for prop in node.metadata_props:
-            if prop.key in ("qnnx.fx_nodes", "pkg.torch.onnx.fx_node"):
-                origins[node.name] = tuple(v for v in prop.value.split(",") if v)
-    return origins
-
-
 def explain(model: Any, *example_inputs: object, compile: bool = False, **options: Any) -> ExplainReport:
     """Explain where ``model`` would run with ``torch.compile(model, backend="qnn", options=options)``.
 
@@ -180,10 +169,8 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     probe = qnnx_detection.probe()
     soc = opts.soc_model if opts.soc_model is not None else qnnx_detection.resolve_soc_model(None)
     graphs, breaks = _capture(model, example_inputs)
-    device = opts.device
-    if device == "auto" and probe.overrides.device not in (None, "auto"):
-        device = probe.overrides.device
-    chain = _CHAIN if device == "auto" else (() if device == "cpu" else (device,))
+    device = effective_device(opts.device, probe.overrides.device)
+    chain = CHAIN if device == "auto" else (() if device == "cpu" else (device,))
 
     explained: list[GraphExplanation] = []
     for index, (gm, inputs) in enumerate(graphs):
@@ -208,12 +195,12 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 )
             )
             continue
-        origins = {**_origins(exported.model), **{k: (v,) for k, v in getattr(exported, "node_origins", {}).items()}}
+        origins = {name: (origin,) for name, origin in exported.node_origins.items()}
         devices: list[DeviceExplanation] = []
         final, final_report, placement = "eager", None, None
         for dev in chain:
             status = probe.backend(dev)
-            report = qnnx_opcheck.check_model(exported.model, _OPCHECK_BACKEND[dev], soc_model=soc)
+            report = qnnx_opcheck.check_model(exported.model, OPCHECK_BACKEND[dev], soc_model=soc)
             bad = tuple(f"{v.op_type} ({v.node_name})" for v in report.unsupported)
             if not status.available:
                 devices.append(
@@ -277,18 +264,20 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
 
 
 def _placement(model: bytes | str, device: str, soc: int, opts: BackendOptions) -> dict[str, str]:
-    import qnnx_detection
+    """Build the session the backend would build (same options, same mixed-partition retries) and read ORT's
+    placement of each node."""
+    from qnnx_backend._session import create_for_device
 
-    session = qnnx_detection.create_session(
+    session = create_for_device(
         model,
         device,
-        soc_model=soc,
-        provider_options=dict(opts.provider_options),
-        allow_cpu_fallback=opts.partition == "mixed",
-        session_config={"session.record_ep_graph_assignment_info": "1"},
+        {
+            "soc_model": soc,
+            "provider_options": dict(opts.provider_options),
+            "allow_cpu_fallback": opts.partition == "mixed",
+        },
     )
-    placed: dict[str, str] = {}
-    for sub in session.get_provider_graph_assignment_info():
-        for node in sub.get_nodes():
-            placed[node.name] = _EP_LABEL.get(sub.ep_name, sub.ep_name)
-    return placed
+    import qnnx_detection
+
+    placed = qnnx_detection.node_placement(session) or {}
+    return {name: _EP_LABEL.get(ep, ep) for ep, names in placed.items() for name in names}

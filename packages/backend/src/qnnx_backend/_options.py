@@ -15,6 +15,18 @@ from qnnx_backend.errors import InvalidOptionsError
 DEVICES = ("auto", "npu", "gpu", "cpu")
 _DEVICE_ALIASES = {"htp": "npu", "dsp": "npu"}
 PARTITIONS = ("whole", "mixed")
+CHAIN = ("npu", "gpu")
+"""The order device='auto' tries QNN backends in, before eager PyTorch."""
+OPCHECK_BACKEND = {"npu": "htp", "gpu": "gpu"}
+"""qnnx-opcheck's name of each device's table."""
+
+
+def effective_device(requested: str, override: str | None) -> str:
+    """The device a compile uses: ``QNNX_DEVICE`` (read by qnnx-detection) replaces ``device='auto'`` only."""
+    if requested == "auto" and override not in (None, "auto"):
+        return str(override)
+    return requested
+
 
 # QNN EP provider options (onnxruntime-qnn 2.4-2.7) a user may pass through `provider_options`. ORT silently
 # ignores unknown keys (verified with 2.7.0), so a typo would otherwise degrade without a word: we check names.

@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from qnnx_backend._options import BackendOptions
+from qnnx_backend._options import OPCHECK_BACKEND, BackendOptions
 
 logger = logging.getLogger(__name__)
 
-_OPCHECK_BACKEND = {"npu": "htp", "gpu": "gpu"}
 _CTX_FILE = "model_ctx.onnx"
 # ORT type strings of session inputs -> numpy dtypes, for the few casts the call path may need.
 _ORT_TO_NUMPY = {
@@ -245,7 +244,7 @@ def _check_ops(exported: Any, device: str, soc: int, opts: BackendOptions, timin
     import qnnx_opcheck
 
     t = time.perf_counter()
-    report = qnnx_opcheck.check_model(exported.model, _OPCHECK_BACKEND[device], soc_model=soc)
+    report = qnnx_opcheck.check_model(exported.model, OPCHECK_BACKEND[device], soc_model=soc)
     timings[f"opcheck_{device}"] = time.perf_counter() - t
     if report.supported or opts.partition == "mixed":
         if not report.supported:
@@ -253,7 +252,7 @@ def _check_ops(exported: Any, device: str, soc: int, opts: BackendOptions, timin
         return
     nodes = ", ".join(f"{v.op_type} ({v.node_name}): {v.reason}" for v in report.unsupported)
     err = DeviceRejected(
-        f"{len(report.unsupported)} ONNX node(s) not supported by QNN {_OPCHECK_BACKEND[device]}: {nodes}"
+        f"{len(report.unsupported)} ONNX node(s) not supported by QNN {OPCHECK_BACKEND[device]}: {nodes}"
     )
     try:
         report.raise_for_unsupported()
@@ -265,16 +264,26 @@ def _check_ops(exported: Any, device: str, soc: int, opts: BackendOptions, timin
 _MIXED_RETRIES = 4
 
 
+def create_for_device(model: Any, device: str, kwargs: Mapping[str, Any]) -> Any:
+    """A QNN session that records ORT's node placement; partition='mixed' retries as described in _create_mixed.
+
+    Raises qnnx_detection.errors.SessionCreationError with the cause.
+    """
+    import qnnx_detection
+
+    kwargs = dict(kwargs)
+    kwargs["session_config"] = {**kwargs.get("session_config", {}), "session.record_ep_graph_assignment_info": "1"}
+    if kwargs.get("allow_cpu_fallback"):
+        return _create_mixed(model, device, kwargs)
+    return qnnx_detection.create_session(model, device, **kwargs)
+
+
 def _create(model: Any, device: str, kwargs: Mapping[str, Any], timings: dict[str, float]) -> Any:
     import qnnx_detection
 
     t = time.perf_counter()
-    kwargs = dict(kwargs)
-    kwargs["session_config"] = {**kwargs.get("session_config", {}), "session.record_ep_graph_assignment_info": "1"}
     try:
-        if kwargs.get("allow_cpu_fallback"):
-            return _create_mixed(model, device, kwargs)
-        return qnnx_detection.create_session(model, device, **kwargs)
+        return create_for_device(model, device, kwargs)
     except qnnx_detection.errors.SessionCreationError as exc:
         raise DeviceRejected(exc.cause) from exc
     finally:
@@ -321,14 +330,10 @@ def _create_mixed(model: Any, device: str, kwargs: dict[str, Any]) -> Any:
 
 
 def placement_counts(session: Any) -> dict[str, int]:
-    """How many ONNX nodes each execution provider took (ORT's own assignment record)."""
-    counts: dict[str, int] = {}
-    try:
-        for sub in session.get_provider_graph_assignment_info():
-            counts[sub.ep_name] = counts.get(sub.ep_name, 0) + len(sub.get_nodes())
-    except Exception:  # an ORT without the API, or a session created without the record
-        return {}
-    return counts
+    """How many ONNX nodes each execution provider took (ORT's own assignment record; empty when not recorded)."""
+    import qnnx_detection
+
+    return {ep: len(nodes) for ep, nodes in (qnnx_detection.node_placement(session) or {}).items()}
 
 
 def build_program(
