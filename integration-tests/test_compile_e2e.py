@@ -218,15 +218,49 @@ def test_buffer_mutation_is_not_frozen_stale():
     assert model.count.item() == 2.0 and torch.equal(out, torch.full((2,), 2.0))
 
 
-def test_weights_changed_after_compile_are_picked_up():
-    """An in-place weight update after compile (like an optimizer step) recompiles instead of using stale weights."""
+def _update_in_place(layer: nn.Linear) -> None:
+    layer.weight.mul_(-2.0)
+
+
+def _replace(layer: nn.Linear) -> None:
+    layer.weight = nn.Parameter(torch.randn_like(layer.weight), requires_grad=False)
+
+
+@pytest.mark.parametrize("change", [_update_in_place, _replace], ids=["in_place", "replaced"])
+def test_weights_changed_after_compile_are_picked_up(change):
+    """A weight updated in place after compile (like an optimizer step) or replaced by another tensor recompiles
+    instead of using stale weights."""
     model = MLP().eval()
     compiled = torch.compile(model, backend="qnn", options=NPU_STRICT)
     x = torch.randn(2, 16)
     with torch.no_grad():
         compiled(x)
-        model.net[0].weight.mul_(-2.0)
+        change(model.net[0])
         assert_close_fp16(compiled(x), model(x))
+    assert len(qnnx_backend.compile_reports()) == 2
+
+
+class _Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, ids, x):
+        return self.lin(self.emb(ids) + x)
+
+
+def test_inputs_that_need_a_conversion_match_eager():
+    """Inputs fed to ORT after a conversion (int64 ids as int32, a non-contiguous view) give eager's result, and so
+    do the same values passed as they are."""
+    model = _Embed().eval()
+    compiled = torch.compile(model, backend="qnn", options=NPU_STRICT)
+    ids = torch.randint(0, 50, (3, 5))
+    x = torch.randn(5, 3, 16).transpose(0, 1)
+    assert not x.is_contiguous()
+    with torch.no_grad():
+        assert_close_fp16(compiled(ids, x), model(ids, x))
+        assert_close_fp16(compiled(ids, x.contiguous()), model(ids, x))
 
 
 def test_new_input_shape_compiles_a_new_static_graph():

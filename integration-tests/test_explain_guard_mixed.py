@@ -224,4 +224,4 @@ def test_explain_names_the_pytorch_module_of_each_node():
     with torch.no_grad():
         report = qnnx_backend.explain(model, torch.randn(2, 16))
     origins = [o for n in report.graphs[0].nodes for o in n.fx_nodes]
-    assert any(o.startswith("net.0 (Linear): aten.linear") for o in origins), origins
+    assert any(o.startswith("net.0 (Linear): aten.") for o in origins), origins

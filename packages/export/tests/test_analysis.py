@@ -65,6 +65,23 @@ def test_input_mutation_detected() -> None:
     assert any("add_" in p.detail for p in cap.analysis.problems)
 
 
+def test_bitwise_operators_are_not_mutations() -> None:
+    """a & b, a | b on inputs (Dynamo records operator.and_ / or_) write nothing; a &= b does."""
+
+    def pure(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a & b, a | b
+
+    cap = only(capture(pure, torch.tensor([True, False]), torch.tensor([True, True]))[0])
+    assert cap.analysis.exportable, cap.analysis.problems
+
+    def inplace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a &= b
+        return a
+
+    cap = only(capture(inplace, torch.tensor([True, False]), torch.tensor([True, True]))[0])
+    assert [p.kind for p in cap.analysis.problems] == ["input_mutation"]
+
+
 def test_mutation_through_view_detected() -> None:
     """An in-place op on a view of an input is a mutation of that input."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -163,7 +164,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     import qnnx_detection
     import qnnx_export
     import qnnx_opcheck
-    from qnnx_backend._session import model_source
+    from qnnx_backend._session import StagedModel
 
     opts = BackendOptions.from_mapping(options)
     probe = qnnx_detection.probe()
@@ -200,7 +201,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
         final, final_report, placement = "eager", None, None
         for dev in chain:
             status = probe.backend(dev)
-            report = qnnx_opcheck.check_model(exported.model, OPCHECK_BACKEND[dev], soc_model=soc)
+            report = qnnx_opcheck.check_model(exported.structure, OPCHECK_BACKEND[dev], soc_model=soc)
             bad = tuple(f"{v.op_type} ({v.node_name})" for v in report.unsupported)
             if not status.available:
                 devices.append(
@@ -218,7 +219,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 continue
             if compile:
                 try:
-                    placement = _placement(model_source(exported), dev, soc, opts)
+                    placement = _placement(StagedModel(exported), dev, soc, opts)
                 except Exception as exc:
                     devices.append(
                         DeviceExplanation(device=dev, accepted=False, reason=f"session failed: {exc}", unsupported=bad)
@@ -237,12 +238,12 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 reason=verdicts[n.name].reason if n.name in verdicts else None,
                 placement=placement.get(n.name, "fused") if placement is not None else None,
             )
-            for n in exported.model.graph.node
+            for n in exported.structure.graph.node
         )
         reason = None if final != "eager" else "; ".join(f"{d.device}: {d.reason}" for d in devices) or "no QNN device"
         explained.append(
             GraphExplanation(
-                onnx_nodes=len(exported.model.graph.node),
+                onnx_nodes=len(exported.structure.graph.node),
                 devices=tuple(devices),
                 final_device=final,
                 reason=reason,
@@ -263,7 +264,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     )
 
 
-def _placement(model: bytes | str, device: str, soc: int, opts: BackendOptions) -> dict[str, str]:
+def _placement(model: bytes | str | os.PathLike[str], device: str, soc: int, opts: BackendOptions) -> dict[str, str]:
     """Build the session the backend would build (same options, same mixed-partition retries) and read ORT's
     placement of each node."""
     from qnnx_backend._session import create_for_device

@@ -163,6 +163,18 @@ def _disable_passes(value: object) -> tuple[str, ...]:
     return tuple(p for p in known if p in value)
 
 
+EXPORTERS = ("auto", "fast", "torch.onnx")
+
+
+def _exporter(value: object) -> str:
+    if value not in EXPORTERS:
+        raise InvalidOptionsError(
+            f"exporter={value!r} is not valid; accepted: {', '.join(map(repr, EXPORTERS))} ('auto' translates the "
+            "graph directly when qnnx-export covers all its ops and uses torch.onnx otherwise)."
+        )
+    return str(value)
+
+
 def _partition(value: object) -> str:
     if value not in PARTITIONS:
         raise InvalidOptionsError(f"partition={value!r} is not valid; accepted: {', '.join(map(repr, PARTITIONS))}.")
@@ -219,6 +231,11 @@ class BackendOptions:
     """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
     wrong results; the accuracy guard ``verify=True`` is advised when skipping any)."""
 
+    exporter: str = attrs.field(default="auto", converter=_exporter)
+    """How the graph becomes ONNX: ``"auto"`` uses qnnx-export's direct ATen->ONNX translator when it covers every
+    op of the graph (about 10x faster than torch.onnx) and ``torch.onnx.export`` otherwise; ``"fast"`` refuses
+    graphs the translator cannot take; ``"torch.onnx"`` always uses torch.onnx (an escape hatch)."""
+
     def __attrs_post_init__(self) -> None:
         if self.cache_dir is not None and not self.cache:
             raise InvalidOptionsError(
@@ -259,5 +276,6 @@ class BackendOptions:
             "fp16": str(self.fp16),
             "partition": self.partition,
             "disable_passes": ",".join(self.disable_passes),
+            "exporter": self.exporter,
             **{f"provider.{k}": v for k, v in self.provider_options},
         }

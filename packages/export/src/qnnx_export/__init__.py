@@ -3,6 +3,7 @@
 from qnnx_export import errors
 from qnnx_export._analysis import GraphAnalysis, Problem, analyze
 from qnnx_export._export import ExportedGraph, export
+from qnnx_export._fast import supported_ops as fast_path_ops
 from qnnx_export._fingerprint import fingerprint
 from qnnx_export._options import ExportOptions
 from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot
@@ -20,5 +21,6 @@ __all__ = [
     "analyze",
     "errors",
     "export",
+    "fast_path_ops",
     "fingerprint",
 ]

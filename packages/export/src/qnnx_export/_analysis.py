@@ -206,6 +206,9 @@ def _is_view_like(node: Any) -> bool:
     return False
 
 
+_PURE_OPERATORS = frozenset({operator.and_, operator.or_, operator.not_, operator.is_, operator.is_not})
+
+
 def _mutated_arg(node: Any) -> Any:
     """Return the FX node written in place by ``node``, or None."""
     import torch.fx
@@ -232,6 +235,8 @@ def _mutated_arg(node: Any) -> Any:
         return out
     if node.op == "call_method" and name in _INPLACE_DUNDERS:
         return first if isinstance(first, torch.fx.Node) else None
+    if node.op == "call_function" and node.target in _PURE_OPERATORS:
+        return None  # operator.and_ / or_ / not_ (what Dynamo records for &, |, not) write nothing
     if name.endswith("_") and not name.endswith("__") and name not in ("requires_grad_",):
         return first if isinstance(first, torch.fx.Node) else None
     return None

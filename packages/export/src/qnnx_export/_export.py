@@ -7,6 +7,7 @@ import functools
 import io
 import logging
 import re
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -43,22 +44,31 @@ class _ParamRecord:
 class ExportedGraph:
     """A frozen ONNX model plus how to call it with Dynamo's arguments.
 
+    The weights are not copied at export: the model's initializers refer to the frozen tensors (and to the
+    tensors folded from them). :attr:`model` builds the protobuf (a copy of the weights) on first use;
+    :attr:`structure` and :meth:`save` with ``external_data=True`` never hold a second copy of the weights.
+    Both refuse (``ExportError``) once a frozen parameter was changed in place or replaced, so a model is
+    never written with weights other than those :attr:`weight_digest` names.
+
     Attributes:
-        model: The ONNX model. Parameters and buffers are initializers; user inputs are graph inputs.
         signature: The mapping between Dynamo arguments/outputs and ONNX inputs/outputs.
         weight_digest: sha256 hex digest of the frozen parameter/buffer bytes.
         passes_applied: Names of the rewrite passes that changed the graph, in order.
         passes_run: Names of every pass that ran (changed the graph or not).
-        timings: Seconds per stage (``prepare``, ``torch_export``, ``passes``, ``serialize``).
+        timings: Seconds per stage (``prepare``, ``translate`` (the direct translator or torch.onnx),
+            ``passes``, ``serialize``).
         external_data: True when the weights exceed ``ExportOptions.external_data_threshold``; then
             :meth:`model_bytes` refuses and :meth:`save` writes the weights beside the model.
         opset: The ONNX opset of the default domain.
         node_origins: For each ONNX node the exporter made, where it comes from in the PyTorch model, e.g.
             ``"encoder.layers.0.linear1 (Linear): aten.linear"`` (nodes a rewrite pass created have none). Kept
             beside the model, not in it, so that the model bytes stay deterministic and small.
+        exporter: Which exporter made the model: ``"fast"`` (the direct ATen->ONNX translator),
+            ``"torch.onnx"``, or ``"none"`` (a graph without ONNX outputs).
+        fast_path_declined: Why the direct translator declined the graph (``exporter="auto"`` then
+            used torch.onnx), or None.
     """
 
-    model: onnx.ModelProto
     signature: GraphSignature
     weight_digest: str
     passes_applied: tuple[str, ...]
@@ -70,6 +80,43 @@ class ExportedGraph:
     _params: tuple[_ParamRecord, ...] = attrs.field(repr=False, alias="_params")
     _cache: dict[str, Any] = attrs.field(factory=dict, repr=False, alias="_cache")
     node_origins: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    exporter: str = "torch.onnx"
+    fast_path_declined: str | None = None
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The ONNX model: parameters and buffers are initializers, user inputs are graph inputs.
+
+        Built on first use and kept (this copies the weights into the protobuf). For an external-data model the
+        tensors above 1 KiB are references to ``weights.data`` (for inspection; load it through :meth:`save`).
+        """
+        cached = self._cache.get("model")
+        if cached is None:
+            self._require_frozen_weights()
+            cached = _external_proto(self._ir_model) if self.external_data else _ir_to_proto(self._ir_model)
+            self._cache["model"] = cached
+        return cached
+
+    @property
+    def structure(self) -> onnx.ModelProto:
+        """The model without its weight bytes, cheap at any size: initializers above 1 KiB (1-D integer ones
+        above 64 KiB) are external-data references to ``weights.data``, which does not exist. Nodes, inputs,
+        outputs, dtypes, shapes and small constants are those of :attr:`model`: what an op checker needs."""
+        cached = self._cache.get("structure")
+        if cached is None:
+            cached = _external_proto(self._ir_model)
+            self._cache["structure"] = cached
+        return cached
+
+    def _require_frozen_weights(self) -> None:
+        # The model holds the frozen tensors' storage: only an in-place write to that storage changes it.
+        for rec in self._params:
+            t = rec.ref()
+            if t is not None and t.data_ptr() == rec.data_ptr and t._version != rec.version:
+                raise ExportError(
+                    "a frozen parameter or buffer was changed in place or replaced after export, so the model would "
+                    "no longer hold the weights it was exported with (weight_digest); export the graph again."
+                )
 
     def model_bytes(self) -> bytes:
         """Return the serialized model (deterministic: same graph and inputs give the same bytes).
@@ -89,19 +136,33 @@ class ExportedGraph:
             self._cache["bytes"] = cached
         return cached
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, external_data: bool | None = None) -> Path:
         """Write the model to ``path``; external weights go to ``<path name>.data`` beside it.
 
         Args:
             path: Destination ``.onnx`` file; its directory must exist.
+            external_data: True writes every initializer above 1 KiB to ``<path name>.data``, straight from the
+                frozen tensors (no copy of the weights in memory; ONNX Runtime memory-maps the file). False
+                writes one self-contained file (not possible for an external-data model). None (default):
+                external only when :attr:`external_data` is True.
 
         Returns:
             The path written.
+
+        Raises:
+            ExportError: ``external_data=False`` for a model above the protobuf limit, or the weights changed
+                since export.
         """
         import onnx_ir as ir
 
         path = Path(path)
-        if self.external_data:
+        if external_data is False and self.external_data:
+            raise ExportError(
+                "this model's weights exceed ExportOptions.external_data_threshold, so it cannot be written as one "
+                "file; call save(path) or save(path, external_data=True)."
+            )
+        if self.external_data or external_data:
+            self._require_frozen_weights()
             ir.save(self._ir_model, path, external_data=f"{path.name}.data", size_threshold_bytes=1024)
         else:
             path.write_bytes(self.model_bytes())
@@ -366,27 +427,51 @@ def export(
     digest = weight_digest(example_inputs, analysis)
     t1 = time.perf_counter()
 
-    if onnx_nodes:
+    exporter, declined, fast_origins = "none", None, None
+    model: ir.Model | None = None
+    if onnx_nodes and options.exporter != "torch.onnx":
+        from qnnx_export import _fast
+
+        try:
+            model, fast_origins = _fast.translate(
+                gm,
+                example_inputs,
+                param_indices=analysis.param_indices,
+                user_inputs=user_inputs,
+                outputs=onnx_nodes,
+                opset=options.opset,
+            )
+            exporter = "fast"
+        except _fast.Declined as exc:
+            if options.exporter == "fast":
+                raise ExportError(
+                    f"ExportOptions.exporter='fast' but the direct translator cannot take this graph: {exc}. "
+                    "Fix: use exporter='auto' (falls back to torch.onnx) or 'torch.onnx'."
+                ) from exc
+            declined = str(exc)
+            log.debug("direct translation declined (%s); exporting with torch.onnx", declined)
+    if model is None and onnx_nodes:
         try:
             program = _torch_onnx_export(frozen, user_args, options.opset)
         except Exception as exc:
             raise ExportError(_describe_failure(exc, frozen)) from exc
-        model: ir.Model = program.model
-    else:
+        model = program.model
+        exporter = "torch.onnx"
+    elif model is None:
         model = _empty_model(options.opset)
     t2 = time.perf_counter()
 
     # Record the torch dtypes of the outputs before passes may legalize them (int64 -> int32).
     torch_out_dtypes = [_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs]
+    if fast_origins is None:
+        fast_origins = {n.name: o for n in model.graph if n.name and (o := _origin(n.metadata_props.get("namespace")))}
     pass_report = run_passes(model, options.resolved_passes())
-    origins = {n.name: o for n in model.graph if n.name and (o := _origin(n.metadata_props.get("namespace")))}
+    present = {n.name for n in model.graph}
+    origins = {name: o for name, o in fast_origins.items() if name in present}
     _canonicalize(model)
     t3 = time.perf_counter()
 
     external = _initializer_bytes(model) > options.external_data_threshold
-    import onnx_ir as ir
-
-    proto = _external_proto(model) if external else ir.to_proto(model)
     t4 = time.perf_counter()
 
     names = {name: i for name, i in user_inputs}
@@ -429,10 +514,9 @@ def export(
         for i in analysis.param_indices
         if isinstance(example_inputs[i], torch.Tensor)
     )
-    timings = {"prepare": t1 - t0, "torch_export": t2 - t1, "passes": t3 - t2, "serialize": t4 - t3}
+    timings = {"prepare": t1 - t0, "translate": t2 - t1, "passes": t3 - t2, "serialize": t4 - t3}
     log.debug("exported graph: %d nodes, timings %s", len(model.graph), timings)
     return ExportedGraph(
-        model=proto,
         signature=signature,
         weight_digest=digest,
         passes_applied=tuple(r for r, changed in pass_report if changed),
@@ -441,7 +525,9 @@ def export(
         external_data=external,
         opset=options.opset,
         node_origins=origins,
-        _ir_model=model if external else None,  # only save() of external-data models needs it
+        exporter=exporter,
+        fast_path_declined=declined,
+        _ir_model=model,
         _params=params,
     )
 
@@ -515,18 +601,43 @@ def _canonicalize(model: ir.Model) -> None:
         value.doc_string = None
 
 
-def _external_proto(model: ir.Model) -> onnx.ModelProto:
-    """Return the model proto without weight bytes (tensors above 1 KiB are external references).
+_SWAP_LOCK = threading.Lock()
 
-    Used for reporting only; :meth:`ExportedGraph.save` writes the loadable files.
+
+def _ir_to_proto(model: ir.Model) -> onnx.ModelProto:
+    import onnx_ir as ir
+
+    with _SWAP_LOCK:  # not while another thread has swapped tensors out in _external_proto
+        return ir.to_proto(model)
+
+
+def _keeps_data(tensor: Any) -> bool:
+    """Small tensors, and 1-D integer ones up to 64 KiB (shapes, indices), keep their bytes in the structure."""
+    import onnx_ir as ir
+
+    if tensor.nbytes <= 1024:
+        return True
+    integer = tensor.dtype in (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8)
+    return integer and len(tensor.shape) <= 1 and tensor.nbytes <= 64 * 1024
+
+
+def _external_proto(model: ir.Model) -> onnx.ModelProto:
+    """Return the model proto without weight bytes (big tensors are references to ``weights.data``).
+
+    Used for inspection and op checks; :meth:`ExportedGraph.save` writes the loadable files.
     """
     import onnx_ir as ir
 
+    with _SWAP_LOCK:
+        return _external_proto_locked(model, ir)
+
+
+def _external_proto_locked(model: ir.Model, ir: Any) -> onnx.ModelProto:
     saved: dict[str, Any] = {}
     offset = 0
     for name, value in model.graph.initializers.items():
         tensor = value.const_value
-        if tensor is None or tensor.nbytes <= 1024:
+        if tensor is None or _keeps_data(tensor):
             continue
         saved[name] = tensor
         value.const_value = ir.ExternalTensor(

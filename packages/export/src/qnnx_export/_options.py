@@ -7,7 +7,7 @@ import attrs
 from qnnx_export._pass_names import DEFAULT_PASSES
 from qnnx_export.errors import OptionsError
 
-__all__ = ["DEFAULT_OPSET", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
+__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
 
 # Opset 20 is the lowest that writes GELU as a single ``Gelu`` node (QNN rejects a bare Erf), and it
 # stays below opset 21, whose GroupNormalization form fails QNN session creation (onnxruntime-qnn 2.7.0).
@@ -50,6 +50,18 @@ def _check_threshold(_inst: object, _attr: attrs.Attribute, value: int) -> None:
         )
 
 
+EXPORTERS = ("auto", "fast", "torch.onnx")
+
+
+def _check_exporter(_inst: object, _attr: attrs.Attribute, value: str) -> None:
+    if value not in EXPORTERS:
+        raise OptionsError(
+            f"ExportOptions.exporter={value!r} is not accepted; use one of {list(EXPORTERS)}: 'auto' (the default) "
+            "translates the graph directly when every op has a translation and uses torch.onnx otherwise; 'fast' "
+            "refuses graphs the direct translator cannot take; 'torch.onnx' always uses torch.onnx.export."
+        )
+
+
 def _to_passes(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -76,11 +88,15 @@ class ExportOptions:
         external_data_threshold: When the initializers hold more than this many bytes the model
             is kept with external data (see :meth:`ExportedGraph.save`). Default 2 GiB, the
             protobuf limit.
+        exporter: ``"auto"`` (default): the direct ATen->ONNX translator when it covers every op of
+            the graph, else torch.onnx; ``"fast"``: the translator or an error; ``"torch.onnx"``:
+            always ``torch.onnx.export`` (dynamo=True).
     """
 
     opset: int = attrs.field(default=DEFAULT_OPSET, validator=_check_opset)
     passes: tuple[str, ...] | None = attrs.field(default=None, converter=_to_passes, validator=_check_passes)
     external_data_threshold: int = attrs.field(default=_TWO_GIB, validator=_check_threshold)
+    exporter: str = attrs.field(default="auto", validator=_check_exporter)
 
     def resolved_passes(self) -> tuple[str, ...]:
         """Return the pass names that will run (the default pipeline when ``passes`` is None)."""

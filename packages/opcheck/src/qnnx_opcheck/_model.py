@@ -1,7 +1,8 @@
 """Reading a model for checking: load without weights, inline local functions, infer dtypes and shapes.
 
 Nothing here reads external data: weights are never needed to decide op support, and skipping them keeps
-multi-gigabyte models cheap to check.
+multi-gigabyte models cheap to check. The ONNX checker and shape inference serialize the whole model they are
+given, so they run on a weightless view (see :func:`weightless_view`): their cost does not grow with weight bytes.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 import attrs
 import onnx
 import onnx.inliner
-from onnx import TensorProto, numpy_helper
+from google.protobuf.message import Message
+from onnx import TensorProto, helper, numpy_helper
 
 from qnnx_opcheck.errors import ModelLoadError
 
-__all__ = ["GraphFacts", "ModelInput", "load_model", "read_facts"]
+__all__ = ["GraphFacts", "ModelInput", "load_model", "read_facts", "weightless_view"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +50,23 @@ DTYPE_KEYS: dict[int, str] = {
 
 # Small constant tensors whose values the checker may look at (Slice steps, scalar multipliers).
 _MAX_CONST_VALUE_ELEMENTS = 64
+# Initializers up to this size keep their data in the weightless view: shape inference reads the values of
+# shape-like inputs (Reshape shape, Slice starts, Pad pads, Expand shape), and these are never larger.
+_KEEP_INITIALIZER_BYTES = 1024
+# 1-D integer initializers are index or shape material; they keep their data up to this size.
+_KEEP_INT_VECTOR_BYTES = 64 * 1024
+_INTEGER_TYPES = frozenset(
+    {
+        TensorProto.INT8,
+        TensorProto.INT16,
+        TensorProto.INT32,
+        TensorProto.INT64,
+        TensorProto.UINT8,
+        TensorProto.UINT16,
+        TensorProto.UINT32,
+        TensorProto.UINT64,
+    }
+)
 
 
 def load_model(model: ModelInput) -> tuple[onnx.ModelProto, str, tuple[str, ...]]:
@@ -121,10 +140,66 @@ def _validate(proto: onnx.ModelProto, source: str) -> None:
         # what big models with external data get.
         return
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(weightless_view(proto))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(source, f"the model is not valid ONNX ({first})") from exc
+
+
+def weightless_view(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its large initializers turned into typed graph inputs of the same name, dtype and shape.
+
+    ``onnx.checker.check_model`` and ``onnx.shape_inference.infer_shapes`` serialize the model they get, weights
+    included; on the view they cost the same for a 100 MiB model as for an empty one and report the same
+    dtypes, shapes and problems. Small initializers (shape-like values that shape inference reads) keep their
+    data, and so does an initializer that is also a graph input (a caller may override it).
+
+    Args:
+        proto: A model; never modified, and none of its weight bytes are copied.
+
+    Returns:
+        ``proto`` itself when nothing is worth dropping (or for IR version < 4, where every initializer must also
+        be a graph input), else a new model that shares no state with ``proto``.
+    """
+    graph = proto.graph
+    inputs = {vi.name for vi in graph.input}
+    heavy = {t.name for t in graph.initializer if t.name not in inputs and not _keeps_data(t)}
+    if not heavy or proto.ir_version < 4:
+        return proto
+    view = onnx.ModelProto()
+    _copy_fields(proto, view, skip="graph")
+    _copy_fields(graph, view.graph, skip="initializer")
+    view.graph.initializer.extend(t for t in graph.initializer if t.name not in heavy)
+    view.graph.input.extend(
+        helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in graph.initializer if t.name in heavy
+    )
+    return view
+
+
+def _keeps_data(t: TensorProto) -> bool:
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError, ValueError):  # undefined or unusual dtype: leave the tensor as it is
+        return True
+    nbytes = itemsize
+    for d in t.dims:
+        nbytes *= int(d)
+    if nbytes <= _KEEP_INITIALIZER_BYTES:
+        return True
+    return t.data_type in _INTEGER_TYPES and len(t.dims) <= 1 and nbytes <= _KEEP_INT_VECTOR_BYTES
+
+
+def _copy_fields(src: Message, dst: Message, *, skip: str) -> None:
+    """Copy every set field of ``src`` but ``skip`` into the empty message ``dst`` (shallow protobuf walk)."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if isinstance(value, Message):
+            getattr(dst, field.name).CopyFrom(value)
+        elif isinstance(value, str | bytes | int | float):
+            setattr(dst, field.name, value)
+        else:  # a repeated field
+            getattr(dst, field.name).extend(value)
 
 
 def _check_structure(graph: onnx.GraphProto, nodes: tuple[NodeView, ...], source: str) -> None:
@@ -200,7 +275,7 @@ class ValueFacts:
 
 @attrs.frozen(kw_only=True)
 class GraphFacts:
-    """The checked graph and the facts the checker needs about it."""
+    """The checked graph (``model``: its weightless view after shape inference) and the facts the checker needs."""
 
     model: onnx.ModelProto
     nodes: tuple[NodeView, ...]
@@ -285,7 +360,7 @@ def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str 
     Returns:
         The facts the checker needs.
     """
-    model = proto
+    model = weightless_view(proto)
     out_notes = list(notes)
     nodes = tuple(NodeView(n) for n in proto.graph.node)
     _check_structure(proto.graph, nodes, source)
@@ -311,8 +386,9 @@ def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str 
             values[vi.name] = facts
     constants: set[str] = set()
     const_values: dict[str, Any] = {}
-    overridable = {i.name for i in graph.input}  # an initializer that is also a graph input can be fed
-    for t in graph.initializer:
+    # The initializers and inputs of the model itself: the view moved its large initializers to graph inputs.
+    overridable = {i.name for i in proto.graph.input}  # an initializer that is also a graph input can be fed
+    for t in proto.graph.initializer:
         if t.name not in overridable:  # onnxruntime does not fold what a caller may override
             constants.add(t.name)
         values[t.name] = _tensor_facts(t)
@@ -342,7 +418,7 @@ def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str 
             constants.update(o for o in node.output if o)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in inferred.opset_import}
     symbolic: dict[str, tuple[str, ...]] = {}
-    init_names = {t.name for t in graph.initializer}
+    init_names = {t.name for t in proto.graph.initializer}
     for vi in graph.input:
         if vi.name in init_names:
             continue

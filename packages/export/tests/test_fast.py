@@ -1,0 +1,723 @@
+"""The direct ATen->ONNX translator (exporter="fast"): agrees with eager, declines cleanly, never mutates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from capture import Captured, capture, only
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_err, run_exported
+from torch.utils._pytree import tree_flatten
+
+import qnnx_export as qe
+from qnnx_export.errors import ExportError, OptionsError
+
+FAST = qe.ExportOptions(exporter="fast")
+TORCH_ONNX = qe.ExportOptions(exporter="torch.onnx")
+
+
+@pytest.fixture(autouse=True)
+def _no_grad() -> Iterator[None]:
+    """Inference mode, as the backend sees it (grad-enabled graphs are refused by design)."""
+    with torch.no_grad():
+        yield
+
+
+def _export(fn: Callable[..., Any], *inputs: Any, options: qe.ExportOptions | None = None) -> tuple[Captured, Any]:
+    cap = only(capture(fn, *inputs)[0])
+    return cap, qe.export(cap.gm, cap.example_inputs, options=options, analysis=cap.analysis)
+
+
+def _run(cap: Captured, exported: qe.ExportedGraph) -> Any:
+    return run_exported(cpu_session(exported.model_bytes()), exported, cap.example_inputs)
+
+
+def _assert_matches(out: Any, ref: Any, tol: float, *, structure: bool = True) -> None:
+    """Same structure, dtypes and shapes; floats within ``tol`` relative error, the rest exactly."""
+    outs, out_spec = tree_flatten(out)
+    refs, ref_spec = tree_flatten(ref)
+    assert not structure or out_spec == ref_spec
+    for o, r in zip(outs, refs, strict=True):
+        if not isinstance(r, torch.Tensor):
+            assert o == r
+            continue
+        assert o.dtype == r.dtype and o.shape == r.shape, (o.dtype, o.shape, r.dtype, r.shape)
+        assert not torch.isnan(o).any() or torch.isnan(r).any()
+        if r.dtype.is_floating_point:
+            assert rel_err(o, r) <= tol, rel_err(o, r)
+        else:
+            assert torch.equal(o, r)
+
+
+def _check_fast(fn: Callable[..., Any], *inputs: Any, tol: float = 1e-5) -> qe.ExportedGraph:
+    """torch.compile through the fast path on ORT CPU (one graph) and compare with eager."""
+    ref = fn(*inputs)
+    backend = Capture(cpu_session, FAST)
+    out = compile_and_run(fn, inputs, backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast" and exported.fast_path_declined is None
+    _assert_matches(out, ref, tol)
+    return exported
+
+
+def _op_types(exported: qe.ExportedGraph) -> set[str]:
+    return {n.op_type for n in exported.model.graph.node}
+
+
+# --- example modules ---------------------------------------------------------------------------
+
+
+def _seeded(factory: Callable[[], nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return factory().eval()
+
+
+def _bn(c: int, dims: int = 2) -> nn.Module:
+    bn = (nn.BatchNorm1d if dims == 1 else nn.BatchNorm2d)(c)
+    bn.weight.uniform_(0.5, 1.5)
+    bn.bias.uniform_(-0.5, 0.5)
+    bn.running_mean.uniform_(-0.5, 0.5)
+    bn.running_var.uniform_(0.5, 2.0)
+    return bn
+
+
+class _Sdpa(nn.Module):
+    def __init__(self, masked: bool) -> None:
+        super().__init__()
+        self.masked = masked
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if self.masked else None)
+
+
+class _ConstantOutputs(nn.Module):
+    """Returns its input, a parameter-only value, a fresh constant tensor and a Python constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x: torch.Tensor) -> tuple[Any, ...]:
+        return x, x @ self.w, self.w.t() * 2, torch.ones(2, 3), 7
+
+
+class _ConvBnSharedOutput(nn.Module):
+    """The conv output is used by the BN and by another op, so the BN cannot be folded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = _bn(4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        return self.bn(y), y.relu()
+
+
+def _attention_mask() -> torch.Tensor:
+    mask = torch.rand(2, 1, 5, 7) > 0.4
+    mask[:, :, 0, :] = False  # a fully masked query row: PyTorch returns 0 there, not NaN
+    mask[:, :, 1, :] = True
+    return mask
+
+
+class _M:
+    """A module built for :func:`_case` under a fixed seed, in eval mode."""
+
+    def __init__(self, factory: Callable[[], nn.Module]) -> None:
+        self.factory = factory
+
+
+Example = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
+
+
+def _case(fn: Callable[..., Any] | _M, *inputs: tuple[int, ...] | Callable[[], torch.Tensor]) -> Example:
+    """A lazily built (callable, inputs) pair: a tuple input is a randn shape, a callable makes the tensor."""
+
+    def build() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        model = _seeded(fn.factory) if isinstance(fn, _M) else fn
+        torch.manual_seed(0)
+        return model, tuple(torch.randn(*i) if isinstance(i, tuple) else i() for i in inputs)
+
+    return build
+
+
+def _ints(*shape: int, high: int = 10) -> Callable[[], torch.Tensor]:
+    return lambda: torch.randint(0, high, shape)
+
+
+EXAMPLES: dict[str, Example] = {
+    "linear_2d": _case(_M(lambda: nn.Linear(8, 5)), (3, 8)),
+    "linear_3d": _case(_M(lambda: nn.Linear(8, 5)), (2, 4, 8)),
+    "linear_no_bias": _case(_M(lambda: nn.Linear(8, 5, bias=False)), (2, 4, 8)),
+    "conv1d": _case(_M(lambda: nn.Conv1d(4, 6, 3, stride=2, padding=1)), (2, 4, 11)),
+    "conv2d_bias_pad_stride": _case(_M(lambda: nn.Conv2d(3, 8, 3, stride=2, padding=1)), (2, 3, 9, 9)),
+    "conv2d_groups_dilation": _case(
+        _M(lambda: nn.Conv2d(4, 8, 3, padding=2, dilation=2, groups=2, bias=False)), (1, 4, 8, 8)
+    ),
+    "conv2d_depthwise": _case(_M(lambda: nn.Conv2d(6, 6, 3, padding=1, groups=6)), (1, 6, 7, 7)),
+    "conv_transpose2d": _case(
+        _M(lambda: nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)), (1, 4, 5, 5)
+    ),
+    "batchnorm_alone": _case(_M(lambda: _bn(4)), (2, 4, 5, 5)),
+    "batchnorm1d": _case(_M(lambda: _bn(4, dims=1)), (3, 4, 6)),
+    "layernorm_affine": _case(_M(lambda: nn.LayerNorm(8)), (2, 3, 8)),
+    "layernorm_no_affine": _case(_M(lambda: nn.LayerNorm([3, 8], elementwise_affine=False)), (2, 3, 8)),
+    "gelu": _case(_M(lambda: nn.GELU()), (4, 9)),
+    "gelu_tanh": _case(_M(lambda: nn.GELU(approximate="tanh")), (4, 9)),
+    "silu": _case(_M(lambda: nn.SiLU()), (4, 9)),
+    "hardswish": _case(_M(lambda: nn.Hardswish()), lambda: torch.randn(4, 9) * 4),
+    "hardsigmoid": _case(_M(lambda: nn.Hardsigmoid()), lambda: torch.randn(4, 9) * 4),
+    "leaky_relu": _case(_M(lambda: nn.LeakyReLU(0.2)), (4, 9)),
+    "elu": _case(_M(lambda: nn.ELU(0.7)), (4, 9)),
+    "clamp": _case(lambda x: x.clamp(-0.5, 0.75), (4, 9)),
+    "clamp_min": _case(lambda x: x.clamp(min=0.1), (4, 9)),
+    "hardtanh": _case(_M(lambda: nn.Hardtanh(-0.3, 0.6)), (4, 9)),
+    "relu6": _case(_M(lambda: nn.ReLU6()), lambda: torch.randn(4, 9) * 8),
+    "softmax": _case(lambda x: x.softmax(-1), (2, 3, 7)),
+    "softmax_dim1": _case(lambda x: torch.softmax(x, 1), (2, 3, 7)),
+    "log_softmax": _case(lambda x: F.log_softmax(x, dim=-1), (2, 3, 7)),
+    "maxpool2d": _case(_M(lambda: nn.MaxPool2d(3, stride=2, padding=1)), (1, 3, 9, 9)),
+    "avgpool2d_include_pad": _case(_M(lambda: nn.AvgPool2d(3, stride=2, padding=1)), (1, 3, 9, 9)),
+    "avgpool2d_exclude_pad": _case(
+        _M(lambda: nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False)), (1, 3, 9, 9)
+    ),
+    "adaptive_avgpool_1": _case(_M(lambda: nn.AdaptiveAvgPool2d(1)), (2, 3, 6, 5)),
+    "adaptive_avgpool_divisible": _case(_M(lambda: nn.AdaptiveAvgPool2d((2, 3))), (2, 3, 6, 9)),
+    "embedding": _case(_M(lambda: nn.Embedding(10, 4)), _ints(2, 5)),
+    "gather": _case(lambda x, i: torch.gather(x, 1, i), (3, 6), _ints(3, 4, high=6)),
+    "index_select": _case(lambda x, i: x.index_select(1, i), (3, 6), _ints(4, high=6)),
+    "cat": _case(lambda x, y: torch.cat([x, y, x], dim=1), (2, 3), (2, 4)),
+    "split": _case(lambda x: [a * (i + 1) for i, a in enumerate(x.split(2, dim=1))], (2, 7)),
+    "chunk": _case(lambda x: [a.relu() for a in x.chunk(3, dim=-1)], (2, 9)),
+    "slice_step": _case(lambda x: x[:, 1::2] + x[:, :-1:3].sum(-1, keepdim=True), (3, 10)),
+    "select": _case(lambda x: x[:, -1] * x[0, 2], (3, 4)),
+    "permute_transpose": _case(lambda x: x.permute(2, 0, 1).transpose(0, 1).contiguous() * 2, (2, 3, 4)),
+    "expand": _case(lambda x: x.expand(3, 4, 5) + 1, (1, 4, 1)),
+    "masked_fill": _case(lambda x: x.masked_fill(x > 0.5, -2.0), (3, 5)),
+    "where": _case(lambda x, y: torch.where(x > y, x, y * 2), (3, 5), (5,)),
+    "where_scalar": _case(lambda x: torch.where(x > 0, x, 0.0), (3, 5)),
+    "comparisons": _case(lambda x, y: (x < y, x <= 0.1, x > y, x >= 0, x == x, x != y), (3, 5), (3, 5)),
+    "int_plus_float_scalar": _case(lambda i: i + 1.5, _ints(3, 4)),
+    "int_times_float_tensor": _case(lambda i, x: i * x, _ints(3, 4), (3, 4)),
+    "bool_sum_int64": _case(lambda x: (x > 0).sum(dim=1), (4, 6)),
+    "int_arith": _case(lambda i: (i * 3 - 2, i.sum(), i.amax(0)), _ints(3, 4)),
+    "pow": _case(lambda x: (x.abs() + 0.5).pow(1.7) + x.pow(2), (3, 5)),
+    "rsqrt": _case(lambda x: torch.rsqrt(x.abs() + 0.1), (3, 5)),
+    "reductions_keepdim": _case(
+        lambda x: (x.mean(-1, keepdim=True), x.sum((0, 2)), x.amax(1, keepdim=True), x.mean()), (2, 3, 4)
+    ),
+    "constant_pad": _case(lambda x: F.pad(x, (1, 2, 0, 3), value=0.5), (1, 2, 3, 4)),
+    "relu_inplace": _case(_M(lambda: nn.Sequential(nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 2))), (2, 6)),
+    "sdpa": _case(_M(lambda: _Sdpa(masked=False)), (2, 1, 5, 8), (2, 1, 7, 8), (2, 1, 7, 8), _attention_mask),
+    "sdpa_bool_mask_fully_masked_row": _case(
+        _M(lambda: _Sdpa(masked=True)), (2, 1, 5, 8), (2, 1, 7, 8), (2, 1, 7, 8), _attention_mask
+    ),
+    "sdpa_causal": _case(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (2, 2, 5, 4),
+        (2, 2, 5, 4),
+        (2, 2, 5, 4),
+    ),
+    "transformer_encoder_layer": _case(
+        _M(lambda: nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)), (2, 5, 16)
+    ),
+    "index_one_tensor": _case(lambda x, i: x[:, i] * 2, (3, 6), lambda: torch.tensor([5, -1, 0, 2])),
+    "index_constant_grid": _case(
+        lambda x: x[torch.arange(3)[:, None], torch.arange(4)[None, :] - 2] + 1,
+        (3, 6),  # negative indices too
+    ),
+    "index_constant_grid_after_a_slice": _case(
+        lambda x: x[:, torch.arange(2)[:, None], torch.tensor([[0, 3, -1]])], (2, 3, 5)
+    ),
+    "bool_mask_and_or_xor": _case(
+        lambda x, y: ((x > 0) & (y > 0), (x > 0) | (y < 0), (x > 0) ^ (y > 0)), (3, 5), (3, 5)
+    ),
+    "output_is_view_of_input": _case(lambda x: (x.view(6, 2), x.t(), x[1]), (3, 4)),
+    "duplicated_output": _case(lambda x: ((y := x.relu() * 2), y, y + 1), (3, 4)),
+    "input_passthrough_and_constants": _case(_M(lambda: _ConstantOutputs()), (3, 4)),
+    "conv_output_also_used_next_to_bn": _case(_M(lambda: _ConvBnSharedOutput()), (1, 3, 6, 6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_matches_eager_on_cpu(name: str) -> None:
+    """Each handler family exports on the fast path and matches eager in values, dtypes and shapes."""
+    fn, inputs = EXAMPLES[name]()
+    _check_fast(fn, *inputs)
+
+
+# --- batch-norm folding ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_conv_batchnorm_is_folded(dims: int) -> None:
+    """Conv followed by an eval BatchNorm becomes a single Conv (no BatchNormalization) with eager's result."""
+    conv = nn.Conv1d(3, 5, 3, padding=1) if dims == 1 else nn.Conv2d(3, 5, 3, padding=1, bias=False)
+    model = _seeded(lambda: nn.Sequential(conv, _bn(5, dims), nn.ReLU()))
+    x = torch.randn(2, 3, *([7] * dims))
+    exported = _check_fast(model, x)
+    ops = _op_types(exported)
+    assert "BatchNormalization" not in ops
+    assert [n.op_type for n in exported.model.graph.node].count("Conv") == 1
+
+
+# --- declines ----------------------------------------------------------------------------------
+
+
+def _cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x.relu(), dim=1) * 2
+
+
+@pytest.mark.parametrize(
+    ("fn", "op"),
+    [(_cumsum, "cumsum"), (lambda x: torch.topk(x, 2, dim=-1).values + 1, "topk")],
+    ids=["cumsum", "topk"],
+)
+def test_unsupported_op_falls_back_to_torch_onnx(fn: Callable[..., Any], op: str) -> None:
+    """An op without a handler makes "auto" use torch.onnx, names the op, and still gives eager's result."""
+    x = torch.randn(3, 5)
+    backend = Capture(cpu_session)
+    out = compile_and_run(fn, (x,), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "torch.onnx"
+    assert exported.fast_path_declined is not None and op in exported.fast_path_declined
+    _assert_matches(out, fn(x), 1e-5)
+
+
+def test_unsupported_op_with_fast_exporter_raises() -> None:
+    """exporter="fast" refuses a graph it cannot translate with an ExportError saying why and how to fix."""
+    cap = only(capture(_cumsum, torch.randn(3, 5))[0])
+    with pytest.raises(ExportError) as info:
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+    message = str(info.value)
+    assert "cumsum" in message and "exporter='auto'" in message and "torch.onnx" in message
+
+
+def test_maxpool_ceil_mode_declines() -> None:
+    """MaxPool2d(ceil_mode=True) is not translated (ONNX/PyTorch window rules differ) and falls back correctly."""
+    model = nn.MaxPool2d(3, stride=2, ceil_mode=True)
+    x = torch.randn(1, 2, 8, 8)
+    backend = Capture(cpu_session)
+    out = compile_and_run(model, (x,), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "torch.onnx" and "ceil_mode" in exported.fast_path_declined
+    _assert_matches(out, model(x), 1e-6)
+
+
+_INDEX_DECLINES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], str]] = {
+    "runtime_index_pair": (
+        lambda x, i, j: x[i, j],
+        (torch.randn(4, 5), torch.tensor([0, 3]), torch.tensor([1, 4])),
+        "not constants",
+    ),
+    "non_adjacent_indices": (
+        lambda x: x[torch.tensor([0, 1]), :, torch.tensor([2, 0])],
+        (torch.randn(2, 3, 4),),
+        "non-adjacent",
+    ),
+    "int_bitwise_and": (lambda i, j: i & j, (torch.tensor([6, 3]), torch.tensor([3, 5])), "non-bool"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INDEX_DECLINES))
+def test_index_and_bitwise_forms_outside_the_translator_decline(name: str) -> None:
+    """Advanced indexing the translator cannot make exact, and integer bit operations, go to torch.onnx (or to
+    ExportError with exporter="fast"), never to a wrong model."""
+    fn, inputs, reason = _INDEX_DECLINES[name]
+    with pytest.raises(Exception, match="direct translator cannot take this graph") as info:
+        compile_and_run(fn, inputs, Capture(cpu_session, FAST))  # Dynamo wraps the backend's ExportError
+    assert reason in str(info.value)
+    ref = fn(*inputs)
+    backend = Capture(cpu_session)
+    _assert_matches(compile_and_run(fn, inputs, backend), ref, 1e-6)
+    assert backend.exported[0].exporter == "torch.onnx"
+
+
+def test_bogus_exporter_option_names_accepted_values() -> None:
+    """An unknown exporter name is an OptionsError listing "auto", "fast" and "torch.onnx"."""
+    with pytest.raises(OptionsError, match="bogus") as info:
+        qe.ExportOptions(exporter="bogus")
+    assert all(name in str(info.value) for name in ("'auto'", "'fast'", "'torch.onnx'"))
+
+
+def test_torch_onnx_option_skips_fast_path() -> None:
+    """exporter="torch.onnx" never uses the translator, even for a graph it supports."""
+    model, x = _seeded(lambda: nn.Linear(4, 3)), torch.randn(2, 4)
+    _, exported = _export(model, x, options=TORCH_ONNX)
+    assert exported.exporter == "torch.onnx" and exported.fast_path_declined is None
+
+
+_RANDOM = {
+    "randint": lambda x: x + torch.randint(10, (3,)),
+    "normal": lambda x: x + torch.normal(0.0, 1.0, (3,)),
+    "multinomial": lambda x: x + torch.multinomial(torch.ones(3), 3, replacement=True),
+    "poisson": lambda x: x + torch.poisson(torch.ones(3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RANDOM))
+def test_random_ops_are_not_folded(name: str) -> None:
+    """A random op with constant inputs is declined, not folded into one frozen draw (the RNG is untouched)."""
+    cap = only(capture(_RANDOM[name], torch.zeros(3))[0])
+    rng = torch.get_rng_state()
+    with pytest.raises(ExportError, match=f"no translation for aten.{name}"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+# --- folding never touches the user's tensors --------------------------------------------------
+
+
+class _WeightViews(nn.Module):
+    """A forward that transposes, slices, reshapes and does arithmetic on its parameters (all folded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.w = nn.Parameter(torch.randn(8, 6))
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.bn = _bn(4)
+        self.register_buffer("pos", torch.arange(8).float())
+
+    def forward(self, x: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = x @ self.qkv.weight[:8].t() + self.qkv.bias[:8]
+        k = x @ self.qkv.weight[8:16:2].transpose(0, 1).repeat(1, 2)
+        w = self.w.clone()
+        w.mul_(2).add_(self.pos[:, None])
+        y = q + k + x @ w[:, ::2].reshape(8, 3).sum(-1, keepdim=True)
+        return y, self.bn(self.conv(img))
+
+
+def test_folding_never_mutates_parameters() -> None:
+    """After export (with folding of weight views and BN), every parameter and buffer is bit-identical."""
+    model = _seeded(_WeightViews)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    inputs = (torch.randn(3, 8), torch.randn(1, 2, 5, 5))
+    exported = _check_fast(model, *inputs)
+    assert "BatchNormalization" not in _op_types(exported)
+    for name, tensor in model.state_dict().items():
+        assert tensor.dtype == before[name].dtype
+        assert torch.equal(tensor.reshape(-1).view(torch.uint8), before[name].reshape(-1).view(torch.uint8)), name
+
+
+class _ScaledWeights(nn.Module):
+    """Each step uses a folded, non-contiguous tensor of the same layout (``w.t() * s``, ``w.t() + s``)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.ws = nn.ParameterList([nn.Parameter(torch.randn(width, width) / width**0.5) for _ in range(6)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for i, w in enumerate(self.ws):
+            y = y + x @ (w.t() * (i + 1)) if i % 2 else y @ (w.t() + 0.1 * i)
+        return y
+
+
+@pytest.mark.parametrize("width", [16, 32, 64, 128])
+def test_folded_weights_of_same_layout_keep_their_values(width: int) -> None:
+    """Folded temporaries of one layout each keep their own values (a freed one's address may be reused)."""
+    _check_fast(_seeded(lambda: _ScaledWeights(width)), torch.randn(2, width))
+
+
+# --- determinism and agreement with torch.onnx -------------------------------------------------
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3), _bn(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+AGREEMENT = {
+    "cnn": lambda: (_seeded(_cnn), (torch.randn(1, 3, 10, 10),)),
+    "encoder_layer": EXAMPLES["transformer_encoder_layer"],
+    # Not the masked SDPA with a fully masked row: torch.onnx (torch 2.13) gives the mean of V there.
+    "sdpa_causal": EXAMPLES["sdpa_causal"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(AGREEMENT))
+def test_fast_export_is_deterministic_and_agrees_with_torch_onnx(name: str) -> None:
+    """The same graph gives identical bytes twice, and the fast and torch.onnx models agree on ORT CPU."""
+    model, inputs = AGREEMENT[name]()
+    cap = only(capture(model, *inputs)[0])
+    first = qe.export(cap.gm, cap.example_inputs, options=FAST)
+    second = qe.export(cap.gm, cap.example_inputs, options=FAST)
+    assert first.model_bytes() == second.model_bytes()
+    reference = qe.export(cap.gm, cap.example_inputs, options=TORCH_ONNX)
+    assert reference.exporter == "torch.onnx"
+    fast_out, onnx_out = _run(cap, first), _run(cap, reference)
+    _assert_matches(fast_out, onnx_out, 1e-5)
+    _assert_matches(fast_out, model(*inputs), 1e-5, structure=False)
+
+
+# --- dtypes ONNX Runtime has no kernel for -----------------------------------------------------
+
+_BOOL_OPS = {
+    "bool_mul": lambda x: (x > 0) * (x < 1),
+    "bool_maximum": lambda x: torch.maximum(x > 0, x < 0.5),
+    "bool_less": lambda x: (x > 0) < (x > 0.5),
+}
+_NO_KERNEL = {
+    **_BOOL_OPS,
+    "bool_add": lambda x: (x > 0) + (x < 1),
+    "bool_where": lambda x: torch.where(x > 0, x > 1, x < -1),
+    "int64_relu": lambda x: (x * 4).long().relu(),
+    "int64_floor": lambda x: torch.floor((x * 4).long()),
+    "int8_matmul": lambda x: (x * 4).to(torch.int8) @ (x * 4).to(torch.int8).t(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NO_KERNEL))
+def test_dtype_without_onnx_kernel_declines(name: str) -> None:
+    """An op on a dtype ONNX/ORT cannot run (bool Mul, int64 Relu, ...) is declined, not written as a broken model."""
+    cap = only(capture(_NO_KERNEL[name], torch.randn(3, 4))[0])
+    with pytest.raises(ExportError, match="direct translator cannot take this graph"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+
+
+@pytest.mark.parametrize("name", sorted(_BOOL_OPS))
+def test_bool_arithmetic_falls_back_and_matches(name: str) -> None:
+    """Bool arithmetic/comparisons go to torch.onnx under "auto" and give eager's exact result."""
+    fn, x = _BOOL_OPS[name], torch.randn(3, 4)
+    backend = Capture(cpu_session)
+    out = compile_and_run(fn, (x,), backend)
+    assert backend.exported[0].exporter == "torch.onnx"
+    assert "bool" in backend.exported[0].fast_path_declined
+    _assert_matches(out, fn(x), 0.0)
+
+
+# --- properties --------------------------------------------------------------------------------
+
+_FLOAT_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    "elu": F.elu,
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "exp_tanh": lambda x: torch.exp(torch.tanh(x)),
+    "sqrt_abs": lambda x: torch.sqrt(x.abs() + 0.1),
+    "rsqrt_abs": lambda x: torch.rsqrt(x.abs() + 0.1),
+    "sin": torch.sin,
+    "erf": torch.erf,
+    "clamp": lambda x: x.clamp(-0.5, 0.8),
+    "softmax_last": lambda x: x.softmax(-1),
+    "square": lambda x: x.pow(2),
+}
+_INT_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "clamp": lambda x: x.clamp(-2, 3),
+    "to_float": lambda x: x.float(),
+    "is_positive": lambda x: x > 0,
+    "plus_float": lambda x: x + 0.5,
+}
+_BOOL_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "not": torch.logical_not,
+    "to_float": lambda x: x.float(),
+    "to_long": lambda x: x.long(),
+}
+_SCALAR_BINARY = {
+    "add": lambda x, s: x + s,
+    "sub": lambda x, s: x - s,
+    "rsub": lambda x, s: s - x,
+    "mul": lambda x, s: x * s,
+}
+_TENSOR_BINARY = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+}
+
+
+def _leaf(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    if dtype == torch.int64:
+        return torch.randint(-6, 7, shape, generator=gen)
+    return torch.randn(shape, generator=gen)
+
+
+Step = Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]
+
+
+def _draw_step(draw: st.DrawFn, cur: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[Step, str] | None:
+    """One op valid for ``cur`` (its dtype and shape); extra operands are appended to ``inputs``."""
+    rank, dt = cur.dim(), cur.dtype
+    kinds = ["unary", "reshape", "permute"]
+    kinds += ["transpose"] if rank >= 2 else []
+    kinds += ["slice", "cat"] if rank >= 1 else []
+    kinds += ["logical", "count"] if dt == torch.bool else ["scalar", "tensor"]
+    kinds += ["reduce"] if rank >= 1 and dt != torch.bool else []
+    kinds += ["matmul"] if rank >= 2 and dt != torch.bool else []  # 1-D @ 2-D leaves a squeeze_: declined
+    kinds += ["compare", "where"] if dt != torch.bool else []
+    kind = draw(st.sampled_from(kinds))
+    seed = draw(st.integers(0, 2**16))
+    k = len(inputs) - 1  # index in ``others`` of an operand appended now
+    if kind == "unary":
+        table = _FLOAT_UNARY if dt.is_floating_point else _INT_UNARY if dt == torch.int64 else _BOOL_UNARY
+        name = draw(st.sampled_from(sorted(table)))
+        if name == "softmax_last" and rank == 0:
+            return None
+        return (lambda x, o, f=table[name]: f(x)), name
+    if kind == "scalar":
+        name = draw(st.sampled_from(sorted(_SCALAR_BINARY)))
+        s = draw(st.sampled_from([2, -1, 3] if dt == torch.int64 else [0.5, -1.5, 2.0, 3.0]))
+        return (lambda x, o, f=_SCALAR_BINARY[name]: f(x, s)), f"{name}({s})"
+    if kind == "tensor":
+        name = draw(st.sampled_from(sorted(_TENSOR_BINARY)))
+        # A broadcast operand: some dims are 1 and leading dims may be missing.
+        shape = tuple(d if draw(st.booleans()) else 1 for d in cur.shape)
+        shape = shape[draw(st.integers(0, len(shape))) :]
+        inputs.append(_leaf(dt, shape, seed))
+        return (lambda x, o, f=_TENSOR_BINARY[name]: f(x, o[k])), f"{name}{list(shape)}"
+    if kind == "reshape":
+        if rank >= 2 and draw(st.booleans()):
+            d = draw(st.integers(0, rank - 2))
+            return (lambda x, o: x.flatten(d, d + 1)), f"flatten({d})"
+        d = draw(st.integers(0, rank))
+        return (lambda x, o: x.unsqueeze(d)), f"unsqueeze({d})"
+    if kind == "permute":
+        perm = tuple(draw(st.permutations(range(rank))))
+        return (lambda x, o: x.permute(perm)), f"permute{perm}"
+    if kind == "transpose":
+        a, b = draw(st.integers(0, rank - 1)), draw(st.integers(-rank, -1))
+        return (lambda x, o: x.transpose(a, b)), f"transpose({a},{b})"
+    if kind == "slice":
+        d = draw(st.integers(0, rank - 1))
+        start = draw(st.integers(0, cur.shape[d] - 1))
+        stop = draw(st.integers(start + 1, cur.shape[d]))
+        step = draw(st.integers(1, 3))
+        index = (slice(None),) * d + (slice(start, stop, step),)
+        return (lambda x, o: x[index]), f"slice(dim={d}, {start}:{stop}:{step})"
+    if kind == "cat":
+        d = draw(st.integers(-rank, rank - 1))
+        shape = list(cur.shape)
+        shape[d] = draw(st.integers(1, 3))
+        inputs.append(_leaf(dt, tuple(shape), seed))
+        return (lambda x, o: torch.cat([x, o[k], x], d)), f"cat({d}, {shape})"
+    if kind == "reduce":
+        name = draw(st.sampled_from(["sum", "amax"] + (["mean"] if dt.is_floating_point else [])))
+        d, keep = draw(st.integers(-rank, rank - 1)), draw(st.booleans())
+        return (lambda x, o: getattr(x, name)(d, keepdim=keep)), f"{name}({d}, keepdim={keep})"
+    if kind == "matmul":
+        inputs.append(_leaf(dt, (cur.shape[-1], draw(st.integers(1, 4))), seed))
+        return (lambda x, o: x @ o[k]), f"matmul{list(inputs[-1].shape)}"
+    if kind == "compare":
+        fn = draw(st.sampled_from([torch.gt, torch.lt, torch.ge, torch.le, torch.eq, torch.ne]))
+        s = draw(st.sampled_from([0, 1] if dt == torch.int64 else [0.0, 0.3, -0.5]))
+        return (lambda x, o: fn(x, s)), f"{fn.__name__}({s})"
+    if kind == "where":
+        inputs.append(_leaf(dt, tuple(cur.shape), seed))
+        return (lambda x, o: torch.where(x > 0, x, o[k])), "where"
+    if kind == "logical":
+        inputs.append(_leaf(torch.bool, tuple(cur.shape), seed))
+        fn = draw(st.sampled_from([torch.logical_and, torch.logical_or, torch.eq, torch.ne]))
+        return (lambda x, o: fn(x, o[k])), fn.__name__
+    # count: a bool sum is int64
+    if rank == 0:
+        return (lambda x, o: x.sum()), "count()"
+    d = draw(st.integers(-rank, rank - 1))
+    return (lambda x, o: x.sum(d)), f"count({d})"
+
+
+@st.composite
+def _op_chains(draw: st.DrawFn) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor], list[str]]:
+    """A chain of 2-6 supported ops with its inputs; each step is checked on real tensors while drawing."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float32, torch.float32, torch.int64, torch.bool]))
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=4)))
+    inputs = [_leaf(dtype, shape, draw(st.integers(0, 2**16)))]
+    steps: list[Step] = []
+    labels: list[str] = []
+    cur = inputs[0]
+    target = draw(st.integers(2, 6))
+    while len(steps) < target:
+        drawn = _draw_step(draw, cur, inputs)
+        if drawn is None:
+            continue
+        step, label = drawn
+        cur = step(cur, tuple(inputs[1:]))
+        steps.append(step)
+        labels.append(label)
+
+    def chain(x: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            x = step(x, others)
+        return x
+
+    return chain, inputs, labels
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=_op_chains())
+def test_generated_op_chains_match_eager(
+    case: tuple[Callable[..., torch.Tensor], list[torch.Tensor], list[str]],
+) -> None:
+    """Random chains of supported ops on float32/int64/bool tensors take the fast path and match eager."""
+    chain, inputs, labels = case
+    ref = chain(*inputs)
+    backend = Capture(cpu_session, FAST)
+    out = compile_and_run(chain, inputs, backend)
+    assert len(backend.exported) <= 1, labels  # 0 when the chain is views of the input only
+    assert all(e.exporter == "fast" for e in backend.exported)
+    _assert_matches(out, ref, 1e-5)
+
+
+@st.composite
+def _conv_bn(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    cin, cout = groups * draw(st.integers(1, 3)), groups * draw(st.integers(1, 3))
+    k = draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
+    stride, padding, dilation = draw(st.integers(1, 2)), draw(st.integers(0, 2)), draw(st.integers(1, 2))
+    conv = nn.Conv2d(cin, cout, k, stride, padding, dilation, groups, bias=draw(st.booleans()))
+    bn = nn.BatchNorm2d(cout, eps=draw(st.sampled_from([1e-5, 1e-3])), affine=draw(st.booleans()))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    for p in (*conv.parameters(), *bn.parameters()):
+        p.copy_(torch.randn(p.shape, generator=gen))
+    bn.running_mean.copy_(torch.randn(cout, generator=gen))
+    bn.running_var.copy_(torch.rand(cout, generator=gen) * 2 + 0.05)
+    layers = [conv, bn] + ([nn.ReLU()] if draw(st.booleans()) else [])
+    reach = [dilation * (kk - 1) + 1 - 2 * padding for kk in k]  # smallest input giving one output
+    size = [draw(st.integers(max(1, r), max(1, r) + 6)) for r in reach]
+    x = torch.randn(draw(st.integers(1, 2)), cin, *size, generator=gen)
+    return nn.Sequential(*layers).eval(), x
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=_conv_bn())
+def test_generated_conv_batchnorm_folds_and_matches(case: tuple[nn.Module, torch.Tensor]) -> None:
+    """Random Conv2d configurations followed by an eval BatchNorm2d fold into one Conv that matches eager."""
+    model, x = case
+    exported = _check_fast(model, x)
+    assert "BatchNormalization" not in _op_types(exported)
+
+
+# --- QNN HTP simulator -------------------------------------------------------------------------
+
+
+def test_fast_path_on_qnn_htp() -> None:
+    """A Conv+BN+ReLU+Linear model exported by the fast path runs on the HTP simulator within fp16 error."""
+    model, x = _seeded(_cnn), torch.randn(1, 3, 10, 10)
+    ref = model(x)
+    backend = Capture(qnn_session)
+    out = compile_and_run(model, (x,), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast"
+    assert "BatchNormalization" not in _op_types(exported)
+    assert rel_err(out, ref) <= 5e-3
