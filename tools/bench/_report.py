@@ -17,6 +17,8 @@ TARGETS = {
     "warm_cold_host": 0.15,
     "warm_cold_qnnx_part": 0.15,
     "qnnx_ov_cold": 1.0,
+    "qnnx_ov_cold_host": 1.0,
+    "ortqnn_ov_cold": 1.0,
     "compiled_raw": 1.05,
     "mem_weights": 2.5,
 }
@@ -304,6 +306,8 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
             "warm_cold_qnnx_part": cells.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _qnnx_part),
             "openvino_cold_s": cells.value("openvino", "cold", model, batch, _first),
             "qnnx_ov_cold": cells.ratio(("qnnx", "cold"), ("openvino", "cold"), model, batch, _first),
+            "qnnx_ov_cold_host": cells.ratio(("qnnx", "cold"), ("openvino", "cold"), model, batch, _host, _first),
+            "ortqnn_ov_cold": cells.ratio(("ortqnn", "cold"), ("openvino", "cold"), model, batch, _first),
             "qnnx_ovcache_cold": cells.ratio(("qnnx", "cold"), ("openvino-cache", "cold"), model, batch, _first),
             "qnnx_ov_cold_with_imports": cells.ratio(
                 ("qnnx", "cold"), ("openvino", "cold"), model, batch, _with_imports
@@ -428,6 +432,34 @@ def _reading_lines(cells: Cells) -> list[str]:
             "that no context cache removes (Dynamo keeps nothing across processes), so it bounds warm/cold from below"
             + (f"; the first simulator run is another {run_warm[0]:.0%}-{run_warm[1]:.0%}." if run_warm else ".")
         )
+    conflict = []
+    for m, b in cells.configs:
+        ov = cells.value("openvino", "cold", m, b, _first)
+        dyn = cells.value("qnnx", "warm", m, b, lambda r: stages(r)["dynamo_before"])
+        if ov is not None and dyn is not None:
+            conflict.append((m, b, 0.15 * ov, dyn))
+    if conflict:
+        below = [c for c in conflict if c[2] < c[3]]
+        lines.append(
+            "- The first two targets cannot hold together: cold <= OpenVINO cold and warm <= 0.15 x cold need a warm "
+            f"first call of at most 0.15 x OpenVINO's cold one, {min(c[2] for c in conflict):.2f}-"
+            f"{max(c[2] for c in conflict):.2f} s here, while Dynamo's trace alone takes "
+            f"{min(c[3] for c in conflict):.2f}-{max(c[3] for c in conflict):.2f} s of every warm first call "
+            f"(more than that bound on {len(below)} of {len(conflict)} model x batch)."
+        )
+    floor = [
+        (m, b, v)
+        for m, b in cells.configs
+        if (v := cells.ratio(("ortqnn", "cold"), ("openvino", "cold"), m, b, _first))
+    ]
+    over = [f"{m} b{b} {v:.2f}x" for m, b, v in floor if v > 1.0]
+    if floor:
+        lines.append(
+            "- ONNX Runtime + QNN alone (creating the session on the exported model, writing its context, one run) "
+            f"takes longer than OpenVINO's whole cold first call on {len(over)} of {len(floor)} model x batch"
+            + (f" ({', '.join(over)})" if over else "")
+            + ": there no backend built on ONNX Runtime and QNN can meet the cold target on this machine."
+        )
     stub = [
         v for m, b in cells.configs if (v := cells.value("qnnx", "warm", m, b, _overhead("run_stubbed"))) is not None
     ]
@@ -447,6 +479,8 @@ def _targets_section(summary: dict[str, Any]) -> list[str]:
         "warm_cold_host": "the same without the first `run()` (host-side work only; not the issue's target)",
         "warm_cold_qnnx_part": "the same for qnnx's compile step only, without Dynamo (not the issue's target)",
         "qnnx_ov_cold": "qnnx cold first call / OpenVINO cold first call (no cache)",
+        "qnnx_ov_cold_host": "the same without qnnx's first simulator `run()` (host-side work; not the issue's target)",
+        "ortqnn_ov_cold": "ONNX Runtime + QNN alone (session + first run) / OpenVINO cold first call (the floor)",
         "compiled_raw": "qnnx steady-state call / raw `InferenceSession.run` on the same context",
         "mem_weights": "qnnx peak compile memory above baseline / weight bytes",
     }
@@ -484,6 +518,7 @@ def _first_call_section(cells: Cells) -> list[str]:
                 _verdict(c.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _first), TARGETS["warm_cold"]),
                 _f(c.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _host)),
                 _f(c.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _qnnx_part)),
+                _cell(c, "ortqnn", "cold", model, batch, _first),
                 _cell(c, "openvino", "cold", model, batch, _first),
                 _verdict(c.ratio(("qnnx", "cold"), ("openvino", "cold"), model, batch, _first), 1.0),
                 _f(c.ratio(("qnnx", "cold"), ("openvino", "cold"), model, batch, _with_imports)),
@@ -508,6 +543,9 @@ def _first_call_section(cells: Cells) -> list[str]:
         "*host w/c*: warm/cold without the first `run()` of each, i.e. the host-side work only: on the simulator",
         "one run of a batch-16 graph can take longer than loading its context, which a Snapdragon would not do.",
         "*qnnx part w/c*: the same for qnnx's own compile step only (`QnnGraph._compile`: no Dynamo, no run).",
+        "*ORT+QNN alone*: ONNX Runtime creating the QNN session on the ONNX model qnnx exports (graph finalization and",
+        "writing the compiled context, as a cold qnnx call does) plus its first run, QNN's libraries loaded in the",
+        "call; no Dynamo, no export: the part of a cold call that no backend built on ONNX Runtime and QNN avoids.",
         "",
         *_table(
             [
@@ -518,6 +556,7 @@ def _first_call_section(cells: Cells) -> list[str]:
                 "warm/cold (<= 0.15)",
                 "host w/c",
                 "qnnx part w/c",
+                "ORT+QNN alone",
                 "OpenVINO cold",
                 "qnnx/OV cold (<= 1.0)",
                 "incl. imports",
@@ -630,6 +669,8 @@ def _memory_section(cells: Cells) -> list[str]:
                 _cell(c, "qnnx", "cold", model, batch, _mem, digits=1, scale=1 / 2**20),
                 _verdict(c.value("qnnx", "cold", model, batch, _mem_ratio), TARGETS["mem_weights"]),
                 _cell(c, "qnnx", "warm", model, batch, _mem, digits=1, scale=1 / 2**20),
+                _cell(c, "ortqnn", "cold", model, batch, _mem, digits=1, scale=1 / 2**20),
+                _f(c.value("ortqnn", "cold", model, batch, _mem_ratio)),
                 _cell(c, "openvino", "cold", model, batch, _mem, digits=1, scale=1 / 2**20),
                 _f(c.value("openvino", "cold", model, batch, _mem_ratio)),
                 _cell(c, "inductor", "cold", model, batch, _mem, digits=1, scale=1 / 2**20),
@@ -644,6 +685,9 @@ def _memory_section(cells: Cells) -> list[str]:
         "just before the call, so the peak is the compile's own and not that of `import torch`; the peak is the",
         "kernel's VmHWM (what `getrusage(RUSAGE_SELF).ru_maxrss` reports), read and reset at each stage boundary",
         "of the qnnx call (below). The model's own weights are in the baseline, not in the figure.",
+        "*ORT+QNN alone*: the peak of ONNX Runtime creating the QNN session (and writing its context) on the same",
+        "ONNX model, weights memory-mapped from `model.onnx.data` as qnnx writes them, and running it once; what",
+        "any backend built on ONNX Runtime and QNN needs, whatever it does before.",
         "",
         *_slope_lines(cells),
         *_table(
@@ -654,6 +698,8 @@ def _memory_section(cells: Cells) -> list[str]:
                 "qnnx cold",
                 "qnnx cold / weights (<= 2.5)",
                 "qnnx warm",
+                "ORT+QNN alone",
+                "ORT+QNN / weights",
                 "OpenVINO cold",
                 "OV / weights",
                 "Inductor cold",
@@ -689,9 +735,24 @@ def _slope_lines(cells: Cells) -> list[str]:
         f"From {small[2]} (batch {small[3]}, {_mb(small[0])} MiB of weights) to {large[2]} (batch {large[3]}, "
         f"{_mb(large[0])} MiB) the qnnx cold peak grows by {_mb(large[1] - small[1])} MiB: about {slope:.1f} bytes "
         f"per weight byte on top of a fixed {_mb(small[1] - slope * small[0])} MiB (QNN libraries and the simulator,",
-        "the exporter's imports and registry). The 2.5x target can only hold for weight-dominated models, and only",
-        "if the per-byte cost itself is below 2.5.",
+        "the imports of the compile). The 2.5x target can only hold for weight-dominated models, and only if the",
+        "per-byte cost itself is below 2.5.",
+        *_floor_lines(cells, small, large),
         "",
+    ]
+
+
+def _floor_lines(cells: Cells, small: tuple[Any, ...], large: tuple[Any, ...]) -> list[str]:
+    """The same slope for ONNX Runtime + QNN alone on the same ONNX models: what no ORT-based backend avoids."""
+    lo = cells.value("ortqnn", "cold", small[2], small[3], _mem)
+    hi = cells.value("ortqnn", "cold", large[2], large[3], _mem)
+    if lo is None or hi is None:
+        return []
+    slope = (hi - lo) / (large[0] - small[0])
+    return [
+        f"ONNX Runtime + QNN alone, on the same ONNX models, peak at {_mb(lo)} and {_mb(hi)} MiB: {slope:.1f} bytes",
+        f"per weight byte on top of {_mb(lo - slope * small[0])} MiB, i.e. {hi / large[0]:.2f}x the weights of "
+        f"{large[2]} before any Dynamo or export work.",
     ]
 
 

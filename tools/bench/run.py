@@ -244,6 +244,7 @@ def _plan(args: argparse.Namespace, run: int) -> list[dict[str, Any]]:
         if "qnnx" in args.backends:
             add("qnnx", "cold", "qnnx")
             add("qnnx", "warm", "qnnx", steady=True, **steady)
+            add("ortqnn", "cold", "ortqnn")  # ONNX Runtime + QNN alone on the same ONNX model: the floor
         if "openvino" in args.backends:
             add("openvino", "cold", None)
             if extras:

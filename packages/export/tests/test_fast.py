@@ -195,6 +195,8 @@ EXAMPLES: dict[str, Example] = {
     "index_select": _case(lambda x, i: x.index_select(1, i), (3, 6), _ints(4, high=6)),
     "cat": _case(lambda x, y: torch.cat([x, y, x], dim=1), (2, 3), (2, 4)),
     "split": _case(lambda x: [a * (i + 1) for i, a in enumerate(x.split(2, dim=1))], (2, 7)),
+    "unbind": _case(lambda x: [a * (i + 1) for i, a in enumerate(x.unbind(1))], (2, 3, 4)),
+    "unsafe_split": _case(lambda x: [a.relu() + i for i, a in enumerate(x.unsafe_split(2, dim=-1))], (2, 5)),
     "chunk": _case(lambda x: [a.relu() for a in x.chunk(3, dim=-1)], (2, 9)),
     "slice_step": _case(lambda x: x[:, 1::2] + x[:, :-1:3].sum(-1, keepdim=True), (3, 10)),
     "select": _case(lambda x: x[:, -1] * x[0, 2], (3, 4)),

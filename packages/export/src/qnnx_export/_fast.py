@@ -636,6 +636,21 @@ def _split(t: _Translator, node: Any, x: Any, sizes: Any, dim: int = 0) -> Any:
     return t.emit("Split", [t.value(x), t.ints(lengths, "split")], {"axis": d}, outputs=outs)
 
 
+def _unbind(t: _Translator, node: Any, x: Any, dim: int = 0) -> Any:
+    """Split into slices of size 1 along ``dim``, each reshaped without that axis."""
+    shape = tuple(_val(x).shape)
+    d = _dim(dim, len(shape))
+    kept = (*shape[:d], 1, *shape[d + 1 :])
+    dtype = _val(x).dtype
+    pieces = t.emit(
+        "Split", [t.value(x), t.ints([1] * shape[d], "split")], {"axis": d}, outputs=[(dtype, kept)] * shape[d]
+    )
+    return tuple(
+        t.emit1("Reshape", [p, t.ints(tuple(v.shape))], dtype=v.dtype, shape=tuple(v.shape))
+        for p, v in zip(pieces, node.meta["val"], strict=True)
+    )
+
+
 def _reduce(op: str) -> Callable[..., Any]:
     def handler(t: _Translator, node: Any, x: Any, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
         if kwargs.get("dtype") not in (None, _val(x).dtype):
@@ -1188,6 +1203,9 @@ def _register() -> None:
         aten.cat.default: _cat,
         aten.split.Tensor: _split,
         aten.split_with_sizes.default: _split,
+        aten.unbind.int: _unbind,
+        aten.unsafe_split.Tensor: _split,
+        aten.unsafe_split_with_sizes.default: _split,
         aten.mean.dim: _reduce("ReduceMean"),
         aten.mean.default: _reduce_all("ReduceMean"),
         aten.sum.dim_IntList: _reduce("ReduceSum"),
