@@ -230,6 +230,7 @@ EXAMPLES: dict[str, Example] = {
     "transformer_encoder_layer": _case(
         _M(lambda: nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)), (2, 5, 16)
     ),
+    "index_constant_negative": _case(lambda x: x[:, torch.tensor([-1, 0, -3])] * 3, (3, 6)),
     "index_one_tensor": _case(lambda x, i: x[:, i] * 2, (3, 6), lambda: torch.tensor([5, -1, 0, 2])),
     "index_constant_grid": _case(
         lambda x: x[torch.arange(3)[:, None], torch.arange(4)[None, :] - 2] + 1,
@@ -723,3 +724,14 @@ def test_fast_path_on_qnn_htp() -> None:
     assert exported.exporter == "fast"
     assert "BatchNormalization" not in _op_types(exported)
     assert rel_err(out, ref) <= 5e-3
+
+
+def test_constant_gather_indices_are_made_non_negative() -> None:
+    """QNN's Gather is not known to take negative indices: constant ones are normalized at export time."""
+    import onnx
+
+    exported = _check_fast(lambda x: x[:, torch.tensor([-1, 0, -3])] * 3, torch.randn(3, 6))
+    model = exported.model
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    (gather,) = [n for n in model.graph.node if n.op_type == "Gather"]
+    assert consts[gather.input[1]].tolist() == [5, 0, 3]

@@ -912,7 +912,21 @@ def _gather(t: _Translator, node: Any, x: Any, dim: int, index: Any, sparse_grad
 
 
 def _index_select(t: _Translator, node: Any, x: Any, dim: int, index: Any) -> Any:
-    return t.out("Gather", [t.value(x), t.value(index)], {"axis": _dim(dim, _val(x).dim())})
+    axis = _dim(dim, _val(x).dim())
+    return t.out("Gather", [t.value(x), _gather_index(t, index, _val(x).shape[axis])], {"axis": axis})
+
+
+def _gather_index(t: _Translator, index: Any, size: int) -> Any:
+    """A Gather index: constant indices are checked (PyTorch raises out of range) and made non-negative, since
+    not every backend takes ONNX's negative Gather indices; runtime indices go as they are."""
+    import torch
+
+    const = t.env.get(index)
+    if not isinstance(const, torch.Tensor):
+        return t.value(index)
+    if bool(((const < -size) | (const >= size)).any()):
+        raise Declined(f"constant index out of range for a dimension of size {size}")
+    return t._initializer(torch.remainder(const, size).to(const.dtype), "index")
 
 
 def _index(t: _Translator, node: Any, x: Any, indices: Sequence[Any]) -> Any:
@@ -933,7 +947,7 @@ def _index(t: _Translator, node: Any, x: Any, indices: Sequence[Any]) -> Any:
     if any(_val(v).dtype not in (torch.int64, torch.int32) for v in idx_nodes):
         raise Declined("index with a bool or non-integer index tensor")
     if k == 1:
-        return t.out("Gather", [t.value(x), t.value(idx_nodes[0])], {"axis": p})
+        return t.out("Gather", [t.value(x), _gather_index(t, idx_nodes[0], shape[p])], {"axis": p})
     consts = [t.env.get(v) for v in idx_nodes]
     if not all(isinstance(c, torch.Tensor) for c in consts):
         raise Declined("index with several index tensors that are not constants")
@@ -1049,6 +1063,8 @@ def _like_constant(t: _Translator, node: Any, *args: Any, **kwargs: Any) -> Any:
     import torch
 
     val = node.meta["val"]
+    if val.numel() * val.element_size() > _MAX_FOLD_BYTES:
+        raise Declined(f"{node.target} would become a constant of {val.numel() * val.element_size()} bytes")
     fill = {"zeros_like": 0, "ones_like": 1}.get(
         node.target.__name__.split(".")[0], args[1] if len(args) > 1 else kwargs.get("fill_value")
     )
