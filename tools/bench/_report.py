@@ -911,7 +911,8 @@ def _method_section(data: dict[str, Any], args: dict[str, Any]) -> list[str]:
         + f". Batches {', '.join(map(str, args['batches']))} (mlp_large: 1). float32, `.eval()`, under "
         "`torch.no_grad()`.",
         "- One child process per measurement (`tools/bench/_child.py`), one after the other. Per run and model x",
-        "  batch, in this order: qnnx cold, qnnx warm (+ steady state), OpenVINO cold without a cache; and in the",
+        "  batch, in this order: qnnx cold, qnnx warm (+ steady state), ORT+QNN alone (the exported model's QNN",
+        "  session and first run, `_child._ort_qnn_alone`), OpenVINO cold without a cache; and in the",
         f"  first {comparison} of the {runs} run(s) also OpenVINO cold with `model_caching`, OpenVINO warm (+ steady",
         "  state), Inductor cold, Inductor warm (+ steady state): they are context, not targets, and Inductor's cold",
         "  compile alone takes 20-60 s per model on 2 cores. Each run starts from empty caches (a new qnnx",
