@@ -347,3 +347,26 @@ def test_soc_model_by_chip_name_is_used_and_reported():
         assert_close_fp16(got, model(x))
     report = _only_report()
     assert report.soc_model == 57 and report.soc_name == "SM8650"
+
+
+@pytest.mark.parametrize("exporter", ["auto", "fast", "torch.onnx"])
+def test_each_exporter_runs_on_qnn_and_matches_eager(exporter):
+    """The direct translator and the torch.onnx escape hatch both give a graph that runs wholly on QNN, correctly."""
+    model = randomize_batchnorm(SmallCNN()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        expected = model(x)
+        got = torch.compile(model, backend="qnn", options={**NPU_STRICT, "exporter": exporter})(x)
+    assert _only_report().on_qnn
+    assert_close_fp16(got, expected)
+
+
+def test_fast_exporter_refuses_a_graph_it_cannot_translate_naming_why():
+    """exporter='fast' with an op outside the translator: strict mode raises with the translator's reason."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.topk(x.relu(), 2, dim=-1).values * 2
+
+    compiled = torch.compile(fn, backend="qnn", options={**NPU_STRICT, "exporter": "fast"})
+    with pytest.raises((QnnDeviceError, UnsupportedGraphError), match="direct translator cannot take"), torch.no_grad():
+        compiled(torch.randn(3, 5))

@@ -115,3 +115,19 @@ def test_valid_mappings_round_trip(raw):
     opts = BackendOptions.from_mapping(raw)
     for key, value in raw.items():
         assert getattr(opts, key) == value
+
+
+@pytest.mark.parametrize("value", ["onnx", "", None, "FAST"])
+def test_bad_exporter_lists_accepted_values(value):
+    """exporter takes exactly 'auto', 'fast' or 'torch.onnx'; anything else names them."""
+    with pytest.raises(InvalidOptionsError, match=r"'auto', 'fast', 'torch\.onnx'"):
+        BackendOptions.from_mapping({"exporter": value})
+
+
+@given(st.sampled_from(["auto", "fast", "torch.onnx"]), st.sampled_from(["auto", "fast", "torch.onnx"]))
+def test_exporter_is_part_of_the_cache_key_material(a, b):
+    """Property: two exporters give the same cache material only when they are the same exporter, so a context
+    compiled from one exporter's ONNX is never loaded for the other."""
+    ma = BackendOptions.from_mapping({"exporter": a}).cache_material()
+    mb = BackendOptions.from_mapping({"exporter": b}).cache_material()
+    assert (ma == mb) == (a == b)

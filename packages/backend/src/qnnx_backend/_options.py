@@ -163,14 +163,13 @@ def _disable_passes(value: object) -> tuple[str, ...]:
     return tuple(p for p in known if p in value)
 
 
-EXPORTERS = ("auto", "fast", "torch.onnx")
-
-
 def _exporter(value: object) -> str:
-    if value not in EXPORTERS:
+    import qnnx_export  # the backend runs inside torch.compile: torch is already imported
+
+    if value not in qnnx_export.EXPORTERS:
         raise InvalidOptionsError(
-            f"exporter={value!r} is not valid; accepted: {', '.join(map(repr, EXPORTERS))} ('auto' translates the "
-            "graph directly when qnnx-export covers all its ops and uses torch.onnx otherwise)."
+            f"exporter={value!r} is not valid; accepted: {', '.join(map(repr, qnnx_export.EXPORTERS))} ('auto' "
+            "translates the graph directly when qnnx-export covers all its ops and uses torch.onnx otherwise)."
         )
     return str(value)
 

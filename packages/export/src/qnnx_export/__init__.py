@@ -5,11 +5,12 @@ from qnnx_export._analysis import GraphAnalysis, Problem, analyze
 from qnnx_export._export import ExportedGraph, export
 from qnnx_export._fast import supported_ops as fast_path_ops
 from qnnx_export._fingerprint import fingerprint
-from qnnx_export._options import ExportOptions
+from qnnx_export._options import EXPORTERS, ExportOptions
 from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot
 from qnnx_export._version import __version__
 
 __all__ = [
+    "EXPORTERS",
     "ExportOptions",
     "ExportedGraph",
     "GraphAnalysis",

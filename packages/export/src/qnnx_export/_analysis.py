@@ -206,9 +206,6 @@ def _is_view_like(node: Any) -> bool:
     return False
 
 
-_PURE_OPERATORS = frozenset({operator.and_, operator.or_, operator.not_, operator.is_, operator.is_not})
-
-
 def _mutated_arg(node: Any) -> Any:
     """Return the FX node written in place by ``node``, or None."""
     import torch.fx
@@ -235,8 +232,10 @@ def _mutated_arg(node: Any) -> Any:
         return out
     if node.op == "call_method" and name in _INPLACE_DUNDERS:
         return first if isinstance(first, torch.fx.Node) else None
-    if node.op == "call_function" and node.target in _PURE_OPERATORS:
-        return None  # operator.and_ / or_ / not_ (what Dynamo records for &, |, not) write nothing
+    if node.op == "call_function" and getattr(node.target, "__module__", None) == "_operator":
+        # Python's operator module: only its i* functions (handled above) write in place; and_, or_, not_
+        # (what Dynamo records for &, |, not) end with "_" but write nothing.
+        return None
     if name.endswith("_") and not name.endswith("__") and name not in ("requires_grad_",):
         return first if isinstance(first, torch.fx.Node) else None
     return None

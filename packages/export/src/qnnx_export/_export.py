@@ -10,7 +10,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,9 +204,12 @@ def _attr_name(placeholder_name: str, used: set[str]) -> str:
 
 def _build_frozen_module(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis
-) -> tuple[torch.fx.GraphModule, list[tuple[str, int]], list[OutputSlot], list[Any], str]:
-    """Copy ``gm`` into a new module whose params are attributes (get_attr) and whose fused fast-path
-    calls are decomposed. ``gm`` is not modified (Dynamo's calling convention depends on it)."""
+) -> tuple[Callable[[], torch.fx.GraphModule], list[tuple[str, int]], list[OutputSlot], list[Any], str]:
+    """Copy ``gm`` into a new graph whose params are attributes (get_attr) and whose fused fast-path
+    calls are decomposed. ``gm`` is not modified (Dynamo's calling convention depends on it).
+
+    The first item makes the ``GraphModule`` (its code generation costs ~50 ms for a 950-node graph); only
+    torch.onnx needs it, so the direct translator's path never builds it."""
     import torch
     import torch.fx
 
@@ -282,9 +285,13 @@ def _build_frozen_module(
             "of tensors, None or Python scalars (what Dynamo produces)."
         )
     graph.output(tuple(env[n] for n in onnx_nodes))
-    frozen = torch.fx.GraphModule(root, graph, class_name="QnnxFrozenGraph")
-    frozen.eval()
-    return frozen, user_inputs, slots, onnx_nodes, container
+
+    def make_module() -> torch.fx.GraphModule:
+        frozen = torch.fx.GraphModule(root, graph, class_name="QnnxFrozenGraph")
+        frozen.eval()
+        return frozen
+
+    return make_module, user_inputs, slots, onnx_nodes, container
 
 
 @contextlib.contextmanager
@@ -422,18 +429,18 @@ def export(
             f"the graph cannot be exported faithfully ({len(analysis.problems)} problem(s)):\n{lines}",
             problems=analysis.problems,
         )
-    frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(gm, example_inputs, analysis)
+    make_frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(gm, example_inputs, analysis)
     user_args = tuple(example_inputs[i].detach() for _, i in user_inputs)
     digest = weight_digest(example_inputs, analysis)
     t1 = time.perf_counter()
 
-    exporter, declined, fast_origins = "none", None, None
+    exporter, declined, origins_before = "none", None, None
     model: ir.Model | None = None
     if onnx_nodes and options.exporter != "torch.onnx":
         from qnnx_export import _fast
 
         try:
-            model, fast_origins = _fast.translate(
+            model, origins_before = _fast.translate(
                 gm,
                 example_inputs,
                 param_indices=analysis.param_indices,
@@ -451,6 +458,7 @@ def export(
             declined = str(exc)
             log.debug("direct translation declined (%s); exporting with torch.onnx", declined)
     if model is None and onnx_nodes:
+        frozen = make_frozen()
         try:
             program = _torch_onnx_export(frozen, user_args, options.opset)
         except Exception as exc:
@@ -463,11 +471,13 @@ def export(
 
     # Record the torch dtypes of the outputs before passes may legalize them (int64 -> int32).
     torch_out_dtypes = [_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs]
-    if fast_origins is None:
-        fast_origins = {n.name: o for n in model.graph if n.name and (o := _origin(n.metadata_props.get("namespace")))}
+    if origins_before is None:  # torch.onnx wrote them as node metadata, which _canonicalize clears
+        origins_before = {
+            n.name: o for n in model.graph if n.name and (o := _origin(n.metadata_props.get("namespace")))
+        }
     pass_report = run_passes(model, options.resolved_passes())
     present = {n.name for n in model.graph}
-    origins = {name: o for name, o in fast_origins.items() if name in present}
+    origins = {name: o for name, o in origins_before.items() if name in present}
     _canonicalize(model)
     t3 = time.perf_counter()
 

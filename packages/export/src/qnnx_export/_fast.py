@@ -109,24 +109,12 @@ def trace_aten(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], outputs:
 
 
 def _ir_dtype(dtype: torch.dtype) -> ir.DataType:
-    import onnx_ir as ir
-    import torch
+    from onnx_ir.tensor_adapters import from_torch_dtype
 
-    table = {
-        torch.float32: ir.DataType.FLOAT,
-        torch.float16: ir.DataType.FLOAT16,
-        torch.bfloat16: ir.DataType.BFLOAT16,
-        torch.float64: ir.DataType.DOUBLE,
-        torch.int64: ir.DataType.INT64,
-        torch.int32: ir.DataType.INT32,
-        torch.int16: ir.DataType.INT16,
-        torch.int8: ir.DataType.INT8,
-        torch.uint8: ir.DataType.UINT8,
-        torch.bool: ir.DataType.BOOL,
-    }
-    if dtype not in table:
-        raise Declined(f"dtype {dtype} has no ONNX translation here")
-    return table[dtype]
+    try:
+        return from_torch_dtype(dtype)
+    except TypeError as exc:
+        raise Declined(f"dtype {dtype} has no ONNX translation here") from exc
 
 
 def _val(x: Any) -> Any:
@@ -924,9 +912,16 @@ def _gather_index(t: _Translator, index: Any, size: int) -> Any:
     const = t.env.get(index)
     if not isinstance(const, torch.Tensor):
         return t.value(index)
-    if bool(((const < -size) | (const >= size)).any()):
+    return t._initializer(_in_range(const, size).to(const.dtype), "index")
+
+
+def _in_range(index: torch.Tensor, size: int) -> torch.Tensor:
+    """Constant indices made non-negative; PyTorch raises for any outside [-size, size), so the translator declines."""
+    import torch
+
+    if bool(((index < -size) | (index >= size)).any()):
         raise Declined(f"constant index out of range for a dimension of size {size}")
-    return t._initializer(torch.remainder(const, size).to(const.dtype), "index")
+    return torch.remainder(index, size)
 
 
 def _index(t: _Translator, node: Any, x: Any, indices: Sequence[Any]) -> Any:
@@ -955,9 +950,7 @@ def _index(t: _Translator, node: Any, x: Any, indices: Sequence[Any]) -> Any:
     parts = torch.broadcast_tensors(*[c.to(torch.int64) for c in consts])
     flat = torch.zeros(parts[0].shape, dtype=torch.int64)
     for idx, size in zip(parts, sizes, strict=True):
-        if bool(((idx < -size) | (idx >= size)).any()):
-            raise Declined(f"index out of range for a dimension of size {size}")
-        flat = flat * size + torch.remainder(idx, size)
+        flat = flat * size + _in_range(idx, size)
     merged = (*shape[:p], math.prod(sizes), *shape[p + k :])
     dtype = _val(x).dtype
     data = t.emit1("Reshape", [t.value(x), t.ints(merged)], dtype=dtype, shape=merged)
