@@ -24,7 +24,8 @@ PACKAGES = (*LEAVES, "backend")
 # pick 2.14.1, a 5.5 GB CUDA build; the matrix session tests 2.14 on purpose.
 TORCH = "torch==2.13.0"
 ORT_QNN = "onnxruntime-qnn==2.7.0"
-TEST_EXTRAS = ("transformers>=4.45",)
+# expecttest: torch.testing._internal (the OpInfo database of the conformance tests) imports it.
+TEST_EXTRAS = ("transformers>=4.45", "expecttest")
 MATRIX_TORCH = ("2.13.0", "2.14.1")
 MATRIX_ORT_QNN = ("2.4.0", "2.5.0", "2.6.0", "2.7.0")
 
@@ -105,3 +106,11 @@ def bench(session: nox.Session) -> None:
     session.install("openvino", "matplotlib")
     _versions(session)
     session.run("python", "tools/bench/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def conformance(session: nox.Session) -> None:
+    """Opt-in: every float32 OpInfo op through backend="qnn" against eager PyTorch; writes docs/conformance.md."""
+    _install(session)
+    _versions(session)
+    session.run("python", "tools/conformance/run.py", *session.posargs)

@@ -90,6 +90,60 @@ def _patterns(table: Any) -> list[str]:
     return lines
 
 
+def _guards() -> list[str]:
+    """What keeps a wrong result off the NPU, layer by layer (the passes are read from qnnx-export)."""
+    sys.path.insert(0, str(ROOT / "packages" / "export" / "src"))
+    from qnnx_export._passes import pass_table
+
+    lines = [
+        "## Guards against wrong results",
+        "",
+        "A wrong number is worse than a fallback, so a graph reaches QNN only past these checks, in this order:",
+        "",
+        "1. **The graph** (qnnx-export's analysis): a tensor with zero elements anywhere (QNN HTP stops the process "
+        "on them), a complex value, an in-place update of an input or buffer, a training-mode op or a symbolic "
+        "shape keeps the graph in PyTorch, with the reason in the compile report.",
+        "2. **The export**: a model written by torch.onnx (the fallback exporter) is run once on ONNX Runtime's "
+        "CPU EP with the real inputs and compared with eager PyTorch (1e-3 of each output's scale); a model that "
+        "disagrees is never compiled. torch 2.13 drops `avg_pool*d`'s `divisor_override`, for one.",
+        "3. **Rewrites** that put a faithful form in place of one QNN computes wrongly or refuses:",
+        "",
+    ]
+    lines += [f"   - `{row['name']}`: {row['doc']}" for row in pass_table()]
+    lines += [
+        "",
+        "4. **The tables** below: an op is vouched for only in the dtypes and conditions measured right on the live "
+        "EP. Rules that follow from HTP computing in fp16 (discontinuous ops such as floor, ceil, round, casts to "
+        "integers and the order of top-k/arg-max; comparisons with infinities, which HTP does not have), and "
+        "attribute conditions measured by `tools/opcheck_conformance.py` (Resize modes and ratios, AveragePool "
+        "padding and ceil_mode) refuse the node with the evidence.",
+        "5. **Optionally at run time**: `verify=True` compares each graph's first call with eager PyTorch.",
+        "",
+        "What remains inherent to fp16 is documented rather than guarded: values beyond +-65504 saturate (an "
+        "`exp(20)` or a product of two 400s), and HTP's transcendental functions carry an absolute error of about "
+        "3e-4 (a sigmoid of -8.5 reads 5e-4 instead of 2e-4). `docs/conformance.md` measures every float32 op of "
+        "PyTorch's OpInfo database against eager.",
+        "",
+    ]
+    return lines
+
+
+def _measured(table: Any) -> list[str]:
+    p = table.patterns.get("measured_conditions")
+    if not p:
+        return []
+    lines = [
+        f"Measured condition classes (onnxruntime-qnn {table.onnxruntime_qnn}; every table uses the newest "
+        "measurement). A node whose class is not listed as `right` is refused:",
+        "",
+        "| op | condition class | outcome |",
+        "|---|---|---|",
+    ]
+    for op, classes in p["ops"].items():
+        lines += [f"| {op} | `{key}` | {outcome} |" for key, outcome in classes.items()]
+    return lines
+
+
 def render() -> str:
     sys.path.insert(0, str(ROOT / "packages" / "opcheck" / "src"))
     from qnnx_opcheck import available_tables
@@ -112,6 +166,7 @@ def render() -> str:
         "`qdq_uint8`/`qdq_uint16`: the op between DequantizeLinear and QuantizeLinear with that activation type.",
         "A row with a condition applies to the nodes that match it; the plain row covers the rest.",
         "",
+        *_guards(),
         "## Tables",
         "",
         "| backend | onnxruntime-qnn | QAIRT | soc_model | source | ops | provenance |",
@@ -129,6 +184,9 @@ def render() -> str:
         return (0 if t.backend == "htp" else 1, 0 if t.source == "probed" else 1, tuple(-x for x in t.version_tuple))
 
     newest_gpu = max((t for t in tables if t.backend == "gpu"), key=lambda t: t.version_tuple, default=None)
+    newest_probed = max(
+        (t for t in tables if t.backend == "htp" and t.source == "probed"), key=lambda t: t.version_tuple, default=None
+    )
     for t in sorted(tables, key=order):
         title = f"{t.backend.upper()} - onnxruntime-qnn {t.onnxruntime_qnn}" + (
             f", soc_model {t.soc_model}" if t.soc_model else ""
@@ -164,6 +222,8 @@ def render() -> str:
         out += _grid(t)
         out += ["", "Failures beyond a plain rejection (these do not fall back to the CPU):", "", *_failures(t)]
         out += ["", "Multi-node hazards and caveats:", "", *_patterns(t)]
+        if t.backend == "htp" and t is newest_probed:
+            out += ["", *_measured(t)]
         if t.notes:
             out += ["", *(f"- {n}" for n in t.notes)]
     return "\n".join(out) + "\n"

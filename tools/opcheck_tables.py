@@ -33,7 +33,7 @@ OUT = HERE.parent / "packages" / "opcheck" / "src" / "qnnx_opcheck" / "tables"
 DATA = HERE / "opcheck_data"
 SCHEMA = 1
 # Probe results with a larger error (max abs error / max |reference|) than this are numerically wrong,
-# not fp16 rounding: HTP float math is fp16 (~1e-3 relative, reference/qnn-ep-facts.md §3.5).
+# not fp16 rounding: HTP float math is fp16 (~1e-3 relative).
 WRONG_RESULT_ERR = 0.05
 # Ops whose dtype key is not input 0.
 TYPE_FROM = {"Where": "input:1", "QuantizeLinear": "output:0", "ConstantOfShape": "output:0"}
@@ -60,7 +60,7 @@ DESCRIPTIONS = {
     **{f"Cast_to_{t}": f"to {t}" for t in ("float32", "float16", "int32", "int64", "bool", "uint8")},
     "GroupNormalization_dynscale": "runtime scale",
 }
-# Release notes of onnxruntime-qnn (reference/qnn-ep-facts.md §3.1): ops first supported in a release.
+# Release notes of onnxruntime-qnn: ops first supported in a release.
 ADDED_IN = {
     "2.5.0": ["Shape", "ReduceLogSumExp", "QLinearMatMul", "NonMaxSuppression", "If"],
     "2.6.0": ["Attention", "Bernoulli", "Range", "CastLike"],
@@ -240,7 +240,7 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
             "batch rows >= 1 (silent wrong output).",
             "fix": "tile the [1,...] constant to the batch size before building the session",
             "evidence": f"{tag}, patterns add_const1_layernorm / mul_const1_layernorm (x[4,16,64] + const[1,16,64] -> "
-            f"LayerNormalization): {'; '.join(ev)}; first found in reference/lab-findings.md §2 (BERT embeddings), "
+            f"LayerNormalization): {'; '.join(ev)}; first seen in BERT embeddings at batch 2, "
             "also seen in onnxruntime-qnn 2.4.0 and 2.6.0",
         }
     orders = []
@@ -281,14 +281,152 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
             "evidence": f"{tag}, rank-6 cases of {names}: all rejected (float32 and float16), while the same ops "
             "at rank <= 5 are taken",
         }
+    # fp16 semantics and attribute-dependent defects. These were measured against ORT's CPU EP with
+    # onnxruntime-qnn 2.7.0 (soc 60) on 2026-12-01 (tools/conformance and single-op models); the fp16 rules follow
+    # from HTP computing every float op in fp16, so they hold for every release.
+    p["fp16_discontinuous"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Floor", "Ceil", "Round", "Mod", "TopK", "ArgMax", "ArgMin", "Cast"],
+        "reason": "HTP computes float ops in fp16: rounding the input to fp16 moves values across an integer or makes "
+        "near-equal values equal, so this discontinuous op (floor/ceil/round/mod, a cast to an integer, the order "
+        "of top-k/arg-max) returns a result that differs by a whole step, not by fp16 noise.",
+        "fix": "keep the op on the CPU (partition='mixed') or compute it on integers",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-01: torch.ceil / trunc / frac on 400 values in [-9, 9] ran on QNN "
+        "and were off by 1.0 (0.11 of the output's max) where fp16 rounding crossed an integer; sort/argsort of "
+        "8000 values returned other indices for values equal in fp16",
+    }
+    p["fp16_imprecise"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Tan"],
+        "reason": "QNN HTP's Tan is off by about 1.6e-2 of the output's scale away from its poles, and without bound "
+        "near them once the input is rounded to fp16.",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-01: Tan on 20 values in [-9, 9] (no pole): max error 1.6e-2 "
+        "relative to the output's max; torch.tan on 400 values in [-9, 9]: 0.78",
+    }
+    p["pow_fractional_exponent"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Pow"],
+        "reason": "QNN HTP's Pow returns a number where ONNX and PyTorch return NaN (negative base with a fractional "
+        "exponent); only a constant exponent made of whole numbers is safe.",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-01: Pow(x in [-9, 9], 0.5) gave 0 NaN where the CPU EP gave 10; "
+        "Pow with a runtime exponent: 0 NaN where the CPU EP gave 9; Pow(x, 2) and Pow(x, 3): max error 4.5e-4",
+    }
+    measured = _measured_conditions()
+    if measured is not None:
+        p["measured_conditions"] = measured
+    p["averagepool_defects"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["AveragePool"],
+        "reason": "QNN HTP averages wrongly when ceil_mode adds a last window hanging over the end of an axis, with "
+        "count_include_pad and padding (or at rank 5), and with a pad of half the kernel or more.",
+        "fix": "pool without ceil_mode, or with count_include_pad=False",
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py, 96 AveragePool cases over "
+        "rank 3-5, kernel 2-3, stride 1-2, pads 0-1, ceil_mode, count_include_pad): each of these conditions gave "
+        "errors of 0.87-1.2 of the output's max or a wrong shape; the other cases were within 1.3e-3. avg_pool3d "
+        "of x[2, 3, 3, 4, 4] with count_include_pad and no padding: 0.45",
+    }
+    p["nonfinite_constant"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": [
+            "Equal",
+            "Less",
+            "LessOrEqual",
+            "Greater",
+            "GreaterOrEqual",
+            "Max",
+            "Min",
+            "Clip",
+            "Where",
+            "Add",
+            "Mul",
+            "Sub",
+            "Div",
+            "Concat",
+            "Expand",
+            "Identity",
+        ],
+        "reason": "HTP has no infinities: an inf or NaN constant saturates near +-65504, so a comparison with it is "
+        "never true and an output that should hold inf holds a finite number.",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-01: Equal(x, -inf) was false for x = -inf; Where(x < 0, -inf, x) "
+        "returned -65536 and -131008 where the CPU EP returned -inf; ReduceMax of a row of -inf returned -65504; "
+        "aten._safe_softmax (which tests for -inf) gave 1/3 where PyTorch gives 0",
+    }
+    p["runtime_indices"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["GatherElements", "ScatterElements"],
+        "reason": "QNN HTP reads negative element indices wrongly; indices computed at run time may be negative.",
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py): GatherElements and "
+        "ScatterElements with runtime indices in [-4, -1]: off by 1.0 and 1.04 of the output's max; the same "
+        "indices as constants, and non-negative runtime indices: right (2.2e-4)",
+    }
+    p["runtime_parameters"] = {
+        "status": "unsupported",
+        "kind": "rejected",
+        "ops": ["Slice", "Tile", "Expand"],
+        "inputs": {"Slice": [1, 2, 3, 4], "Tile": [1], "Expand": [1]},
+        "reason": "QNN HTP takes this op only when its shape-like inputs (starts/ends/axes/steps, repeats, shape) "
+        "are constants; with runtime values the EP refuses the node.",
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py): Slice, Tile and Expand "
+        "with runtime parameters refused at session creation; with constants right (3.7e-4)",
+    }
+    p["convtranspose_dilation"] = {
+        "status": "unsupported",
+        "kind": "rejected",
+        "ops": ["ConvTranspose"],
+        "reason": "QNN HTP refuses ConvTranspose with a dilation above 1.",
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py): dilations [2, 2] refused "
+        "at session creation; pads, strides, output_padding and output_shape right (7.1e-4)",
+    }
     p["int64_saturation"] = {
         "status": "hazard",
         "kind": "caveat",
         "ops": ["*"],
         "reason": "HTP has no int64: the QNN EP carries int64 data as int32, so values beyond +-2147483647 saturate",
-        "evidence": "reference/qnn-ep-facts.md §3.2 (verified: Add of two 2.0e9 int64 tensors returned 2147483647); ORT#24351",
+        "evidence": "measured: Add of two 2.0e9 int64 tensors returned 2147483647 (onnxruntime-qnn 2.7.0); ORT#24351",
     }
     return p
+
+
+def _measured_conditions() -> dict[str, Any] | None:
+    """The condition classes tools/opcheck_conformance.py measured (newest onnxruntime-qnn on record): op ->
+    {class -> worst outcome}. The checker vouches for a class only when every case of it was right."""
+    files = sorted(
+        DATA.glob("conformance-htp-*-soc*.json"),
+        key=lambda f: tuple(int(x) for x in f.name.split("-")[2].split(".")),
+    )
+    if not files:
+        return None
+    data = json.loads(files[-1].read_text())
+    meta = data["provenance"]
+    rank = {"right": 0, "refused": 1, "wrong": 2, "crash": 3}
+    ops: dict[str, dict[str, str]] = {}
+    for case in data["cases"]:
+        outcome = case["outcome"]
+        if outcome not in rank:
+            continue
+        op = case["case"].split("/")[0]
+        for key in case.get("keys", []):
+            cur = ops.setdefault(op, {}).get(key)
+            if cur is None or rank[outcome] > rank[cur]:
+                ops[op][key] = outcome
+    counts = {op: {o: sum(1 for v in c.values() if v == o) for o in rank} for op, c in ops.items()}
+    summary = "; ".join(f"{op}: " + ", ".join(f"{n} {o}" for o, n in c.items() if n) for op, c in counts.items())
+    return {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": {op: dict(sorted(c.items())) for op, c in sorted(ops.items())},
+        "reason": "the op's behaviour on QNN HTP depends on its attributes and shapes; only condition classes "
+        "measured right are vouched for",
+        "evidence": f"conformance htp {meta['onnxruntime_qnn']} soc{meta['soc_model']} {meta['date']} "
+        f"(tools/opcheck_conformance.py, one child process per case, compared with the CPU EP within "
+        f"{meta['tolerance']:g} of the output's max): {summary}",
+    }
 
 
 def _is_function_op(op: str) -> bool:
@@ -344,7 +482,7 @@ def derive(table: dict[str, Any], version: str) -> dict[str, Any]:
         "derived_from": f"htp-{table['onnxruntime_qnn']}-soc{table['soc_model']}.json",
     }
     if version < "2.7.0" and "add_const_broadcast_layernorm" in t["patterns"]:
-        # Lab: with Mul in place of Add the bug appears in 2.7.0 and not in 2.4.0 (reference/lab-findings.md §2).
+        # Lab: with Mul in place of Add the bug appears in 2.7.0 and not in 2.4.0.
         pat = t["patterns"]["add_const_broadcast_layernorm"]
         if version == "2.4.0":
             pat["ops"] = [o for o in pat["ops"] if o != "Mul"]
@@ -401,8 +539,8 @@ def build_gpu(htp: dict[str, Any], version: str) -> dict[str, Any]:
     """GPU table from documented support; the op registry is shared with HTP (op_builder_factory.cc)."""
     ops: dict[str, Any] = {}
     doc = (
-        "documented: QNN EP GPU backend takes fp32/fp16 activations and weights (QNN-EP doc; "
-        "reference/qnn-ep-facts.md §3.2); op in the EP's builder registry (shared by all backends, "
+        "documented: QNN EP GPU backend takes fp32/fp16 activations and weights (the QNN EP "
+        "documentation); op in the EP's builder registry (shared by all backends, "
         "op_builder_factory.cc). Not probed: libQnnGpu.so cannot initialize without an Adreno GPU."
     )
     cell_doc = "documented (QNN-EP doc: GPU takes fp32/fp16); not probed, no Adreno GPU here"
@@ -426,7 +564,7 @@ def build_gpu(htp: dict[str, Any], version: str) -> dict[str, Any]:
                 }
         if entry["op_type"] in ("QuantizeLinear", "DequantizeLinear"):
             # GPU takes uint8-quantized weights with float activations; quantized activations are not
-            # its documented mode (reference/qnn-ep-facts.md §3.2).
+            # its documented mode.
             cells = {
                 dt: {
                     "status": "unverified",
@@ -454,7 +592,7 @@ def build_gpu(htp: dict[str, Any], version: str) -> dict[str, Any]:
     for op, since in (("MatMulNBits", "2.0.0"), ("GroupQueryAttention", "2.4.0"), ("GatherBlockQuantized", "2.4.0")):
         if tuple(map(int, since.split("."))) > tuple(map(int, version.split("."))):
             continue
-        ev = f"documented: GPU-specific com.microsoft op (reference/qnn-ep-facts.md §3.2; since {since})"
+        ev = f"documented: GPU-specific com.microsoft op (the QNN EP documentation; since {since})"
         ops[f"com.microsoft::{op}"] = {
             "domain": "com.microsoft",
             "op_type": op,

@@ -192,3 +192,31 @@ def test_problem_positional_construction() -> None:
     """Problem(kind, detail, node) can be built positionally, as the backend contract spells it."""
     p = qe.Problem("training_op", "node dropout runs dropout(p=0.5, training=True)", "dropout")
     assert (p.kind, p.node) == ("training_op", "dropout")
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [
+        (lambda x, y: (x * y).sum(-1), (torch.randn(0), torch.randn(0))),
+        (lambda a, b: a @ b, (torch.randn(3, 0), torch.randn(0, 4))),
+        (lambda x: x[:, 5:].relu(), (torch.randn(2, 4),)),  # an empty intermediate from an ordinary input
+    ],
+    ids=["empty-inputs", "empty-inner-dim", "empty-slice"],
+)
+def test_zero_element_values_detected(fn: object, args: tuple[torch.Tensor, ...]) -> None:
+    """A zero-element input or intermediate is an empty_tensor problem: such a graph never reaches QNN."""
+    cap = only(capture(fn, *args)[0])
+    assert "empty_tensor" in {p.kind for p in cap.analysis.problems}
+    assert not cap.analysis.exportable
+
+
+def test_complex_intermediate_detected() -> None:
+    """A complex intermediate (view_as_complex) from real inputs is an unsupported_value problem."""
+    cap = only(capture(lambda x: torch.view_as_real(torch.view_as_complex(x) * 2), torch.randn(3, 2))[0])
+    assert [p.kind for p in cap.analysis.problems] == ["unsupported_value"]
+
+
+def test_ordinary_graph_has_no_value_problem() -> None:
+    """Non-empty real tensors throughout give no empty_tensor/unsupported_value problem."""
+    cap = only(capture(lambda x: (x[:, 1:] * 2).sum(-1), torch.randn(2, 4))[0])
+    assert cap.analysis.exportable

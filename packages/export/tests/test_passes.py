@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
-from onnx_builders import add_layernorm, erf_gelu, gathernd, rmsnorm, to_bytes, to_ir, unsqueeze_int64
+from onnx_builders import add_layernorm, erf_gelu, gathernd, make_model, rmsnorm, to_bytes, to_ir, unsqueeze_int64
 from qnn_helpers import cpu_session
 
 from qnnx_export._passes import DEFAULT_PASSES, PASS_REGISTRY, pass_table, run_passes
@@ -214,6 +214,149 @@ def test_int64_inputs_to_int32() -> None:
 
 def test_default_pipeline_is_noop_on_clean_graph() -> None:
     """On a graph with none of the patterns, no pass reports a change."""
-    model, _ = rmsnorm(1, 2, 4, weight_first=False)
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", "w"], ["m"]),
+        onnx.helper.make_node("Sigmoid", ["m"], ["s"]),
+        onnx.helper.make_node("Mul", ["m", "s"], ["y"]),
+    ]
+    w = np.ones((4, 4), np.float32)
+    model = make_model(nodes, [("x", TensorProto.FLOAT, (2, 4))], [("y", TensorProto.FLOAT, (2, 4))], {"w": w})
     m = to_ir(model)
     assert not any(changed for _, changed in run_passes(m, DEFAULT_PASSES))
+
+
+@given(
+    batch=st.integers(1, 3),
+    seq=st.integers(1, 5),
+    hidden=st.sampled_from([4, 16]),
+    weight_first=st.booleans(),
+    magnitude=st.sampled_from([1.0, 400.0, 3000.0]),
+    seed=st.integers(0, 999),
+)
+def test_fuse_rmsnorm_keeps_results(
+    batch: int, seq: int, hidden: int, weight_first: bool, magnitude: float, seed: int
+) -> None:
+    """The decomposed RMSNorm becomes one RMSNormalization (opset 23) computing the same values on the CPU EP."""
+    model, feeds = rmsnorm(batch, seq, hidden, weight_first=weight_first, seed=seed)
+    feeds = {"x": feeds["x"] * np.float32(magnitude)}
+    after, changed, m = _apply(model, "fuse_rmsnorm")
+    assert changed and _ops(after) == ["RMSNormalization"]
+    assert m.opset_imports[""] == 23
+    for a, b in zip(_run(model.SerializeToString(), feeds), _run(after, feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_fuse_rmsnorm_over_several_axes_reshapes() -> None:
+    """RMSNorm over the last two axes is fused through a Reshape (QNN HTP normalizes the last axis only)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32) * 500
+    nodes = [
+        onnx.helper.make_node("Mul", ["x", "x"], ["p"]),
+        onnx.helper.make_node("ReduceMean", ["p", "axes"], ["m"], keepdims=1),
+        onnx.helper.make_node("Add", ["m", "eps"], ["a"]),
+        onnx.helper.make_node("Sqrt", ["a"], ["s"]),
+        onnx.helper.make_node("Div", ["x", "s"], ["y"]),
+    ]
+    inits = {"axes": np.array([-2, -1], np.int64), "eps": np.array(0.5, np.float32)}
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits)
+    after, changed, _ = _apply(model, "fuse_rmsnorm")
+    assert changed and _ops(after) == ["Reshape", "RMSNormalization", "Reshape"]
+    np.testing.assert_allclose(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0], rtol=1e-4)
+
+
+def test_fuse_rmsnorm_skips_graph_with_group_norm() -> None:
+    """A graph holding GroupNormalization (whose meaning changed at opset 21) is not moved to opset 23."""
+    model, _ = rmsnorm(1, 2, 4, weight_first=False)
+    gn = onnx.helper.make_node("GroupNormalization", ["x", "gs", "gb"], ["g"], num_groups=1)
+    model.graph.node.append(gn)
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.ones(2, np.float32), n) for n in ("gs", "gb")])
+    model.graph.output.append(onnx.helper.make_tensor_value_info("g", TensorProto.FLOAT, None))
+    assert not _apply(model, "fuse_rmsnorm")[1]
+
+
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), scale=st.sampled_from([1.0, 9.0, 30.0]))
+def test_logsigmoid_to_softplus_keeps_results(shape: list[int], scale: float) -> None:
+    """Log(Sigmoid(x)) becomes Neg(Softplus(Neg(x))) with the same values (and no -inf for large -x)."""
+    x = (np.random.default_rng(len(shape)).standard_normal(shape) * scale).astype(np.float32)
+    nodes = [onnx.helper.make_node("Sigmoid", ["x"], ["s"]), onnx.helper.make_node("Log", ["s"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {})
+    after, changed, _ = _apply(model, "logsigmoid_to_softplus")
+    assert changed and _ops(after) == ["Neg", "Softplus", "Neg"]
+    ref = -np.logaddexp(0, -x)
+    np.testing.assert_allclose(_run(after, {"x": x})[0], ref, rtol=1e-5, atol=1e-5)
+
+
+@given(
+    dims=st.lists(st.integers(1, 3), min_size=6, max_size=7),
+    perm=st.data(),
+)
+def test_fold_high_rank_transpose_is_exact(dims: list[int], perm: st.DataObject) -> None:
+    """Reshape -> rank-6+ Transpose -> Reshape is rewritten at rank <= 5 when the permutation allows, exactly."""
+    order = perm.draw(st.permutations(range(len(dims))))
+    total = int(np.prod(dims))
+    x = np.arange(total, dtype=np.float32).reshape(total // dims[-1], dims[-1])
+    nodes = [
+        onnx.helper.make_node("Reshape", ["x", "s6"], ["r"]),
+        onnx.helper.make_node("Transpose", ["r"], ["t"], perm=list(order)),
+        onnx.helper.make_node("Reshape", ["t", "s2"], ["y"]),
+    ]
+    inits = {"s6": np.array(dims, np.int64), "s2": np.array(x.shape, np.int64)}
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits)
+    model = onnx.shape_inference.infer_shapes(model)
+    after, changed, m = _apply(model, "fold_high_rank_transpose")
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])
+    if changed:
+        ranks = [len(v.shape) for n in m.graph for v in n.outputs if v.shape is not None]
+        assert max(ranks) <= 5
+
+
+def test_fold_high_rank_transpose_swin_partition() -> None:
+    """Swin's window partition (B, H/w, w, W/w, w, C) with perm (0,1,3,2,4,5) folds to rank 4."""
+    b, h, w, c, ws = 2, 4, 6, 3, 2
+    x = np.random.default_rng(0).standard_normal((b, h, w, c)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Reshape", ["x", "s6"], ["r"]),
+        onnx.helper.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+        onnx.helper.make_node("Reshape", ["t", "s4"], ["y"]),
+    ]
+    inits = {
+        "s6": np.array([b, h // ws, ws, w // ws, ws, c], np.int64),
+        "s4": np.array([-1, ws, ws, c], np.int64),
+    }
+    out_shape = (b * (h // ws) * (w // ws), ws, ws, c)
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, out_shape)], inits)
+    model = onnx.shape_inference.infer_shapes(model)
+    after, changed, _ = _apply(model, "fold_high_rank_transpose")
+    assert changed
+    inferred = onnx.shape_inference.infer_shapes(onnx.load_from_string(after))
+    assert all(len(v.type.tensor_type.shape.dim) <= 5 for v in inferred.graph.value_info)
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])
+
+
+@given(
+    rank=st.sampled_from([3, 4, 5]),
+    kernel=st.integers(1, 3),
+    size=st.integers(3, 6),
+    ceil=st.booleans(),
+    pad=st.booleans(),
+)
+def test_avgpool_count_include_pad_cleared_only_when_inert(
+    rank: int, kernel: int, size: int, ceil: bool, pad: bool
+) -> None:
+    """count_include_pad is cleared only without pads and ceil_mode, and the CPU EP gives the same values."""
+    spatial = rank - 2
+    pads = [1 if pad and kernel > 1 else 0] * (2 * spatial)
+    node = onnx.helper.make_node(
+        "AveragePool",
+        ["x"],
+        ["y"],
+        kernel_shape=[kernel] * spatial,
+        pads=pads,
+        ceil_mode=int(ceil),
+        count_include_pad=1,
+    )
+    x = np.random.default_rng(size).standard_normal((1, 2) + (size,) * spatial).astype(np.float32)
+    model = make_model([node], [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, None)], {})
+    after, changed, _ = _apply(model, "avgpool_count_include_pad")
+    assert changed is (not any(pads) and not ceil)
+    np.testing.assert_allclose(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0], rtol=1e-6)

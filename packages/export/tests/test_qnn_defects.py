@@ -81,7 +81,7 @@ def test_erf_gelu_defect() -> None:
 def test_unsqueeze_int64_rewritten_runs_exactly() -> None:
     """After the rewrite no int64 Unsqueeze reaches QNN and the graph runs exactly on the simulator.
 
-    The probe grid (reference/qnn-ep-facts.md) records a segfault for Unsqueeze on int64 data; the
+    An early probe grid recorded a segfault for Unsqueeze on int64 data; the
     minimal forms tried here (graph input, constant, scalar, 1-2 axes) did not crash with 2.7.0, so
     this test checks the rewritten graph only and never hands QNN the risky form.
     """

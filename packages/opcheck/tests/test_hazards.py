@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from graphs import const, inp, model, node, unary
-from onnx import TensorProto, numpy_helper
+from graphs import const as const_init
+from onnx import TensorProto, helper, numpy_helper
 
 import qnnx_opcheck as oc
 
@@ -122,7 +123,7 @@ def test_unsqueeze_int64_on_constants_is_folded() -> None:
 def test_group_normalization_opset21_matches_probe() -> None:
     """GroupNormalization (opset 21) is reported as the 2.7.0 probe found it: it runs with soc_model 60.
 
-    An earlier lab probe (reference/data/htp_x86_soc60.json) saw a session-creation failure; this probe's
+    An earlier probe (onnxruntime-qnn 2.7.0) saw a session-creation failure; this probe's
     shapes and the live re-check in test_live_tables.py do not reproduce it.
     """
     m = model(
@@ -354,3 +355,184 @@ def test_numpy_helper_roundtrip_unused() -> None:
     assert not m.graph.initializer
     t = const("c", [1.0, 2.0])
     assert numpy_helper.to_array(t).tolist() == [1.0, 2.0]
+
+
+# fp16 semantics and attribute-dependent defects (measured 2026-12-01 against ORT's CPU EP) ------------------------
+
+
+@pytest.mark.parametrize("op", ["Floor", "Ceil", "Round"])
+def test_discontinuous_float_ops_are_refused(op: str) -> None:
+    """Floor/Ceil/Round on a float input are refused: fp16 rounding of the input flips whole steps."""
+    v = _check(unary(op)).verdicts[0]
+    assert (v.status, v.kind) == ("unsupported", "wrong_result")
+    assert "fp16" in (v.reason or "")
+
+
+def test_discontinuous_ops_on_integers_stay_supported() -> None:
+    """ArgMax on int32 and a Cast int32 -> float are exact on HTP: no fp16 rule applies."""
+    assert _check(unary("ArgMax", dtype=I32)).supported
+    cast = model([node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], [inp("x", [2, 3], I32)], ["y"])
+    assert _check(cast).supported
+
+
+@pytest.mark.parametrize(("to", "refused"), [(TensorProto.INT32, True), (TensorProto.FLOAT16, False)])
+def test_cast_from_float_refused_only_to_integers(to: int, refused: bool) -> None:
+    """Cast float -> int32 truncates an fp16-rounded value (refused); float -> float16 is fine."""
+    m = model([node("Cast", ["x"], ["y"], to=to)], [inp("x", [2, 3])], ["y"])
+    assert _check(m).supported is not refused
+
+
+@pytest.mark.parametrize("op", ["TopK", "ArgMax"])
+def test_ordering_on_float_is_refused(op: str) -> None:
+    """TopK/ArgMax on float: values equal in fp16 reorder the indices."""
+    if op == "TopK":
+        m = model([node("TopK", ["x", "k"], ["v", "i"])], [inp("x", [2, 8])], ["v", "i"], [const("k", [3], np.int64)])
+    else:
+        m = unary("ArgMax")
+    v = _by_name(_check(m))[op.lower()]
+    assert (v.status, v.kind) == ("unsupported", "wrong_result")
+
+
+@pytest.mark.parametrize(("exponent", "refused"), [(2.0, False), ([2.0, 3.0, 1.0], False), (0.5, True), (None, True)])
+def test_pow_exponent_must_be_whole_constant(exponent: object, refused: bool) -> None:
+    """Pow with a runtime or fractional exponent is refused (HTP returns numbers where PyTorch gives NaN)."""
+    inputs = [inp("x", [2, 3])]
+    inits = []
+    if exponent is None:
+        inputs.append(inp("e", [2, 3]))
+    else:
+        inits.append(const("e", exponent))
+    m = model([node("Pow", ["x", "e"], ["y"])], inputs, ["y"], inits)
+    v = _by_name(_check(m))["pow"]
+    assert (v.status == "unsupported") is refused
+    if refused:
+        assert v.kind == "wrong_result"
+
+
+def _resize(shape: list[int], scales: list[float] | None, sizes: list[int] | None = None, **attrs: object) -> object:
+    ins = ["x", "", "scales" if scales else "", "sizes" if sizes else ""]
+    inits = [const("scales", scales)] if scales else []
+    if sizes:
+        inits.append(const("sizes", sizes, np.int64))
+    return model([node("Resize", ins, ["y"], **attrs)], [inp("x", shape)], ["y"], inits)
+
+
+@pytest.mark.parametrize(
+    ("shape", "scales", "sizes", "attrs", "refused"),
+    [
+        ([1, 2, 4, 4], [1, 1, 2, 2], None, {"mode": "nearest"}, False),
+        ([1, 2, 4, 4], [1, 1, 1.7, 1.7], None, {"mode": "nearest"}, True),
+        ([1, 2, 4, 4], [1, 1, 1.7, 1.7], None, {"mode": "linear"}, True),
+        (
+            [1, 2, 4, 4],
+            [1, 1, 1.7, 1.7],
+            None,
+            {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+            False,
+        ),
+        ([1, 2, 4, 4], None, [1, 2, 6, 6], {"mode": "linear"}, False),
+        ([1, 2, 4, 4, 4], [1, 1, 2, 2, 2], None, {"mode": "linear"}, True),
+    ],
+    ids=["x2-nearest", "x1.7-nearest", "x1.7-linear", "x1.7-align-corners", "sizes", "trilinear"],
+)
+def test_resize_scale_conditions(
+    shape: list[int], scales: list[float] | None, sizes: list[int] | None, attrs: dict[str, object], refused: bool
+) -> None:
+    """Resize is vouched for only where HTP's output/input scale equals ONNX's (and never trilinear)."""
+    v = _check(_resize(shape, scales, sizes, **attrs)).verdicts[0]
+    assert (v.status == "unsupported") is refused, v.reason
+    if refused:
+        assert v.kind == "wrong_result"
+
+
+@pytest.mark.parametrize(
+    ("shape", "attrs", "refused"),
+    [
+        ([1, 2, 7, 7], {"kernel_shape": [3, 3], "strides": [2, 2]}, False),
+        ([1, 2, 7, 7], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1, "pads": [1, 1, 1, 1]}, False),
+        ([1, 2, 7, 7], {"kernel_shape": [3, 3], "ceil_mode": 1, "count_include_pad": 1, "pads": [1, 1, 1, 1]}, True),
+        ([1, 2, 7, 7], {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, True),
+        ([1, 2, 7, 7], {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1]}, True),
+        ([1, 2, 4, 4, 4], {"kernel_shape": [2, 2, 2]}, False),
+        ([1, 2, 3, 4, 4], {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2], "count_include_pad": 1}, True),
+    ],
+    ids=[
+        "plain",
+        "ceil-whole-windows",
+        "ceil-and-count-pad",
+        "ceil-partial-window",
+        "pad-half-kernel",
+        "3d",
+        "3d-count-pad",
+    ],
+)
+def test_averagepool_conditions(shape: list[int], attrs: dict[str, object], refused: bool) -> None:
+    """AveragePool is refused under the measured defects: a ceil_mode window hanging over the end, padding with
+    count_include_pad (or count_include_pad at rank 5), a pad of half the kernel."""
+    v = _check(model([node("AveragePool", ["x"], ["y"], **attrs)], [inp("x", shape)], ["y"])).verdicts[0]
+    assert (v.status == "unsupported") is refused, v.reason
+
+
+def test_tan_is_refused() -> None:
+    """Tan on HTP is off by 1.6e-2 of the scale even away from its poles: refused."""
+    v = _check(unary("Tan")).verdicts[0]
+    assert (v.status, v.kind) == ("unsupported", "wrong_result")
+
+
+@pytest.mark.parametrize(
+    ("const", "negative", "refused"), [(True, False, False), (True, True, True), (False, False, True)]
+)
+def test_gather_elements_indices(const: bool, negative: bool, refused: bool) -> None:
+    """GatherElements is vouched for only with constant, non-negative indices (runtime negatives are wrong)."""
+    idx = np.array([[0, 2], [1, 0]], np.int64) - (3 if negative else 0)
+    inputs = [inp("x", [2, 3])]
+    inits = [const_init("i", idx)] if const else []
+    if not const:
+        inputs.append(inp("i", [2, 2], I64))
+    m = model([node("GatherElements", ["x", "i"], ["y"], axis=1)], inputs, ["y"], inits)
+    assert (_check(m).verdicts[0].status == "unsupported") is refused
+
+
+@pytest.mark.parametrize("runtime", [False, True])
+def test_slice_parameters_must_be_constant(runtime: bool) -> None:
+    """Slice with runtime starts is refused (QNN declines it); with constants it is supported."""
+    inputs = [inp("x", [4, 6])]
+    inits = [const_init(n, np.array([v], np.int64)) for n, v in (("e", 3), ("a", 1))]
+    if runtime:
+        inputs.append(inp("s", [1], I64))
+    else:
+        inits.append(const_init("s", np.array([1], np.int64)))
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])
+    m = model([node("Slice", ["x", "s", "e", "a"], ["y"])], inputs, [out], inits)
+    assert (_check(m).verdicts[0].status == "unsupported") is runtime
+
+
+@pytest.mark.parametrize(("value", "refused"), [(-np.inf, True), (-1e4, False)])
+def test_comparison_with_infinity_is_refused(value: float, refused: bool) -> None:
+    """Equal(x, -inf) is refused (HTP saturates -inf); a finite constant is fine."""
+    m = model([node("Equal", ["x", "c"], ["y"])], [inp("x", [2, 3])], ["y"], [const_init("c", value)])
+    assert (_check(m).verdicts[0].status == "unsupported") is refused
+
+
+def test_infinity_mask_before_softmax_is_supported() -> None:
+    """A -inf mask added before Softmax (attention) is not refused: the saturated value still masks."""
+    m = model(
+        [node("Where", ["c", "ninf", "x"], ["w"]), node("Softmax", ["w"], ["y"])],
+        [inp("x", [2, 3]), inp("c", [2, 3], BOOL)],
+        ["y"],
+        [const_init("ninf", -np.inf)],
+    )
+    assert _check(m).supported
+
+
+@pytest.mark.parametrize(("dilations", "refused"), [([1, 1], False), ([2, 2], True)])
+def test_convtranspose_dilation(dilations: list[int], refused: bool) -> None:
+    """ConvTranspose with a dilation above 1 is refused (QNN declines it); pads and strides are fine."""
+    w = const_init("w", np.ones((2, 3, 3, 3), np.float32))
+    m = model(
+        [node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], dilations=dilations)],
+        [inp("x", [1, 2, 5, 5])],
+        ["y"],
+        [w],
+    )
+    assert (_check(m).verdicts[0].status == "unsupported") is refused

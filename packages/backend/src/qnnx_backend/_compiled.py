@@ -116,6 +116,34 @@ def _gc_paused() -> Any:
                 gc.enable()
 
 
+_OWN_COMPILE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _compiling() -> Any:
+    """Run a qnnx compile step (specialize, analyze, export, session build) the way Dynamo runs a backend's compile.
+
+    Our steps trace with process-global side effects: torch.fx's tracer (under ``make_fx``, torch.export, torch.onnx)
+    patches ``torch.nn.Module.__call__``/``__getattr__`` for the whole process, keeps its patcher in a module global
+    and sets a global "FX tracing" flag. We compile on a graph's first call, outside Dynamo, so without this another
+    thread's Dynamo could trace a model through the patched ``Module.__call__`` and build its guards after the patch
+    is undone (``InternalTorchDynamoError: TypeError: 'NoneType' object is not subscriptable``, torch 2.13), two of
+    our compiles could undo each other's patches (``CURRENT_PATCHER is None in finally block``), and another thread
+    calling a compiled function would be refused ("Detected that you are using FX to symbolically trace a
+    dynamo-optimized function"). So we hold Dynamo's ``torch._dynamo.convert_frame.compile_lock`` (an RLock Dynamo
+    holds while tracing a frame; our own RLock if a torch version has none) and mark a compile session as Dynamo
+    does around its backends (``torch.compiler.is_compiling()`` is then true, which that check honours). Calls of
+    compiled graphs never take the lock.
+    """
+    try:
+        from torch._dynamo.convert_frame import compile_lock as lock
+    except ImportError:
+        lock = _OWN_COMPILE_LOCK
+    session = getattr(torch.compiler, "_compile_session_context", contextlib.nullcontext)
+    with lock, session():
+        yield
+
+
 class QnnGraph:
     """The compiled function of one Dynamo graph.
 
@@ -151,7 +179,7 @@ class QnnGraph:
             key = tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
         variant = self._variants.get(key)
         if variant is None:
-            with self._lock, _gc_paused():
+            with self._lock, _compiling(), _gc_paused():
                 variant = self._variants.get(key)
                 if variant is None:
                     if self._sym_positions:
@@ -339,7 +367,7 @@ class _QnnVariant:
         if self._fallback is not None:
             return self._fallback(args)
         if self._frozen.changed(args):
-            with self._lock:
+            with self._lock, _compiling():
                 if self._frozen.changed(args):
                     logger.info(
                         "qnn backend: weights of graph %d changed since compile; recompiling", self.report.graph_id
@@ -419,7 +447,8 @@ class _QnnVariant:
             QnnFallbackWarning,
             stacklevel=4,
         )
-        self._fallback = self._owner._compile(self._gm, list(args), self._exclude | {self.report.device})
+        with _compiling():
+            self._fallback = self._owner._compile(self._gm, list(args), self._exclude | {self.report.device})
 
 
 _FELL_BACK = object()

@@ -187,8 +187,11 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             reason = "; ".join(p.detail for p in analysis.problems)
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=reason, **base))
             continue
+        from qnnx_backend._compiled import _compiling
+
         try:
-            exported = qnnx_export.export(gm, inputs, analysis=analysis)
+            with _compiling():  # export traces with process-global side effects: serialize with Dynamo
+                exported = qnnx_export.export(gm, inputs, analysis=analysis)
         except Exception as exc:
             explained.append(
                 GraphExplanation(

@@ -296,6 +296,7 @@ _store_lock = threading.Lock()
 def _versions() -> dict[str, str]:
     import qnnx_detection
     import qnnx_export
+    import qnnx_opcheck
     from qnnx_backend._version import __version__
 
     v = qnnx_detection.probe(initialize=False).versions
@@ -305,6 +306,8 @@ def _versions() -> dict[str, str]:
         "qairt": str(v.qairt),
         "torch": torch.__version__,
         "qnnx-export": qnnx_export.__version__,
+        # A cached context skips opcheck: a table that now refuses a node must not be bypassed by an old entry.
+        "qnnx-opcheck": qnnx_opcheck.__version__,
         "qnnx-backend": __version__,
     }
 
@@ -337,13 +340,25 @@ def _exported(
                 default = qnnx_export.ExportOptions().resolved_passes()
                 passes = tuple(p for p in default if p not in opts.disable_passes)
             export_options = qnnx_export.ExportOptions(passes=passes, exporter=opts.exporter)
-            shared["exported"] = qnnx_export.export(
-                gm, _export_args(args, opts.fp16), options=export_options, analysis=analysis
-            )
+            export_args = _export_args(args, opts.fp16)
+            shared["exported"] = qnnx_export.export(gm, export_args, options=export_options, analysis=analysis)
         except Exception as exc:
             shared["exported"] = DeviceRejected(f"ONNX export failed: {_first_line(exc)}")
             shared["exported"].__cause__ = exc
         timings["export"] = time.perf_counter() - t
+        exported = shared["exported"]
+        if not isinstance(exported, DeviceRejected) and exported.exporter == "torch.onnx":
+            # torch.onnx lowers some ops unfaithfully without an error: verify its model on the CPU EP first.
+            from qnnx_backend._faithful import check_on_cpu
+
+            t = time.perf_counter()
+            problem = check_on_cpu(exported, gm, args, export_args)
+            timings["verify_export"] = time.perf_counter() - t
+            if problem is not None:
+                shared["exported"] = DeviceRejected(
+                    "torch.onnx's ONNX model of this graph did not pass the check against PyTorch on ONNX "
+                    f"Runtime's CPU EP, before any QNN ({problem}); it is not compiled"
+                )
     result = shared["exported"]
     if isinstance(result, DeviceRejected):
         raise result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import attrs
 
@@ -17,11 +17,16 @@ __all__ = ["GraphAnalysis", "Problem", "ProblemKind", "analyze", "is_param_place
 log = logging.getLogger(__name__)
 
 ProblemKind = Literal[
-    "input_mutation", "buffer_mutation", "training_op", "requires_grad", "dynamic_shape", "unsupported_input"
+    "input_mutation",
+    "buffer_mutation",
+    "training_op",
+    "requires_grad",
+    "dynamic_shape",
+    "unsupported_input",
+    "empty_tensor",
+    "unsupported_value",
 ]
-PROBLEM_KINDS: frozenset[str] = frozenset(
-    {"input_mutation", "buffer_mutation", "training_op", "requires_grad", "dynamic_shape", "unsupported_input"}
-)
+PROBLEM_KINDS: frozenset[str] = frozenset(get_args(ProblemKind))
 
 
 @attrs.frozen
@@ -30,7 +35,9 @@ class Problem:
 
     Attributes:
         kind: One of ``input_mutation``, ``buffer_mutation``, ``training_op``, ``requires_grad``,
-            ``dynamic_shape``, ``unsupported_input``.
+            ``dynamic_shape``, ``unsupported_input``, ``empty_tensor`` (a tensor with zero elements: QNN HTP
+            kills the process on them) or ``unsupported_value`` (an intermediate value ONNX or QNN cannot hold
+            faithfully, such as a complex tensor).
         detail: A sentence naming the node/op and what goes wrong.
         node: Name of the FX node concerned (``""`` when the problem is graph-wide).
     """
@@ -330,6 +337,64 @@ def _input_problem(index: int, name: str, value: Any) -> Problem | None:
     return None
 
 
+def _tensor_leaves(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensor_leaves(v)]
+    return []
+
+
+def _value_problems(graph: Any, example_inputs: Sequence[Any]) -> list[Problem]:
+    """Values QNN must never see: tensors with zero elements anywhere in the graph, and complex values.
+
+    QNN HTP dies with SIGFPE on a zero-element tensor (onnxruntime-qnn 2.4-2.7: ``(x * y).sum(-1)`` on two
+    empty vectors, and mm, var, repeat, reflect padding... with an empty input), taking the user's process with
+    it; a graph with such a value is never sent to QNN. Complex values have no ONNX type that the exporters
+    handle faithfully (they come back with the wrong shape or dtype), so they stay in PyTorch too.
+    """
+    empty: list[str] = []
+    complex_nodes: list[str] = []
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    real = dict(zip(placeholders, example_inputs, strict=False))
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        value = real.get(node, node.meta.get("example_value", node.meta.get("val")))
+        for leaf in _tensor_leaves(value):
+            # A complex placeholder is already an unsupported_input problem.
+            if leaf.is_complex() and node.op != "placeholder" and node.name not in complex_nodes:
+                complex_nodes.append(node.name)
+            try:
+                numel = int(leaf.numel())
+            except Exception:  # a symbolic size: the dynamic_shape problem covers it
+                continue
+            if numel == 0 and node.name not in empty:
+                empty.append(node.name)
+    problems = []
+    if empty:
+        problems.append(
+            Problem(
+                kind="empty_tensor",
+                detail=f"{len(empty)} value(s) of the graph have zero elements (first: {empty[0]}); QNN cannot "
+                "compute on empty tensors (it stops the process), so this graph runs in PyTorch.",
+                node=empty[0],
+            )
+        )
+    if complex_nodes:
+        problems.append(
+            Problem(
+                kind="unsupported_value",
+                detail=f"{len(complex_nodes)} value(s) of the graph are complex (first: {complex_nodes[0]}); "
+                "ONNX and QNN have no faithful complex type, so this graph runs in PyTorch.",
+                node=complex_nodes[0],
+            )
+        )
+    return problems
+
+
 def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAnalysis:
     """Classify the placeholders of a Dynamo graph and find what prevents a faithful frozen export.
 
@@ -443,6 +508,7 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
                     node=node.name,
                 )
             )
+    problems.extend(_value_problems(gm.graph, example_inputs))
     if problems:
         log.debug("analyze found %d problem(s): %s", len(problems), [p.kind for p in problems])
     return GraphAnalysis(

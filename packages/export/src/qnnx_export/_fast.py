@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -439,6 +440,10 @@ class _Translator:
 _SUPPORTED_DTYPES: frozenset[Any] = frozenset()
 _NONDETERMINISTIC: frozenset[Any] = frozenset()
 _HANDLERS: dict[Any, Callable[..., Any]] = {}
+# The tables above are filled once, on first use, by _ensure_registered: under a lock, and published by _REGISTERED
+# only when complete, so that no thread sees an empty or half-filled table (it would send its graph to torch.onnx).
+_REGISTER_LOCK = threading.Lock()
+_REGISTERED = False
 
 
 def _static_int(v: Any) -> int:
@@ -1247,14 +1252,23 @@ def _register() -> None:
     _HANDLERS.update(h)
 
 
+def _ensure_registered() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    with _REGISTER_LOCK:
+        if not _REGISTERED:
+            _register()
+            _REGISTERED = True
+
+
 def _declined(reason: str) -> Any:
     raise Declined(reason)
 
 
 def supported_ops() -> list[str]:
     """The ATen overloads the fast path translates (anything else goes to torch.onnx)."""
-    if not _HANDLERS:
-        _register()
+    _ensure_registered()
     return sorted(str(op) for op in _HANDLERS)
 
 
@@ -1284,8 +1298,7 @@ def translate(
     import onnx_ir as ir
     import torch
 
-    if not _HANDLERS:
-        _register()
+    _ensure_registered()
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
             raise Declined(f"argument {i} is a {type(x).__name__}")

@@ -306,6 +306,155 @@ class RMSNormWeightLast(QnnPass):
         return bool(nodes)
 
 
+# ------------------------------------------------------------------- decomposed RMSNorm -> RMSNormalization
+
+# Opset versions whose semantics differ from opset 20 for an op that exists in both (everything else between 20
+# and 23 only added types): a graph holding one of these cannot be moved to opset 23 unchanged.
+_CHANGED_BEFORE_23 = frozenset({"GroupNormalization"})
+_RMS_OPSET = 23
+
+
+class FuseRMSNorm(QnnPass):
+    """Fuse the decomposed RMSNorm, ``x * 1/sqrt(mean(x^2) + eps) [* w]``, into one ``RMSNormalization`` (opset 23).
+
+    The decomposed form squares ``x`` in fp16 on HTP, which overflows once ``|x|`` passes 256 (65504 is the largest
+    fp16): a row of magnitude 400 came back 0.64-0.85 of its scale off (onnxruntime-qnn 2.7.0, soc 60), and LLM
+    hidden states carry outliers of that size. HTP's RMSNormalization keeps the statistic in higher precision: the
+    same rows are within 7.5e-4 for magnitudes up to 2000. The model's default opset moves to 23, which only
+    adds types to the ops of opset 20, unless the graph holds an op whose meaning changed since
+    (GroupNormalization), in which case nothing is fused.
+    """
+
+    name = "fuse_rmsnorm"
+    defect = "the decomposed RMSNorm overflows fp16 on QNN HTP for |x| > 256 (silent wrong output)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        graph = model.graph
+        if any(n.op_type in _CHANGED_BEFORE_23 and n.domain in ("", "ai.onnx") for n in graph):
+            return PassResult(model, modified=False)
+        if not self._matches(graph):
+            return PassResult(model, modified=False)
+        if graph.opset_imports.get("", 0) < _RMS_OPSET:
+            graph.opset_imports[""] = _RMS_OPSET
+            model.opset_imports[""] = _RMS_OPSET
+        return super().call(model)
+
+    @staticmethod
+    def _single_use(value: ir.Value) -> ir.Node | None:
+        uses = list(value.uses())
+        if len(uses) != 1 or value.is_graph_output():
+            return None
+        return uses[0].node
+
+    def _match(self, mean: ir.Node) -> tuple[ir.Value, list[int], float, ir.Node, ir.Value | None, ir.Node] | None:
+        """For a ReduceMean in the pattern: (x, axes, eps, normalizing node, weight or None, last node)."""
+        if mean.op_type != "ReduceMean" or mean.domain not in ("", "ai.onnx"):
+            return None
+        if mean.attributes.get_int("keepdims", 1) != 1 or len(mean.inputs) < 2:
+            return None
+        axes_arr = _const(mean.inputs[1])
+        sq = mean.inputs[0].producer() if mean.inputs[0] is not None else None
+        if axes_arr is None or sq is None:
+            return None
+        if (
+            sq.op_type == "Pow"
+            and _const(sq.inputs[1]) is not None
+            and float(_const(sq.inputs[1]).reshape(-1)[0]) == 2.0
+        ) or (sq.op_type == "Mul" and sq.inputs[0] is sq.inputs[1]):
+            x = sq.inputs[0]
+        else:
+            return None
+        shape = _shape(x)
+        if shape is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return None
+        rank = len(shape)
+        axes = sorted(int(a) % rank for a in axes_arr.reshape(-1))
+        if not axes or axes != list(range(rank - len(axes), rank)):
+            return None  # RMSNormalization normalizes the trailing axes from `axis` on
+        add = self._single_use(mean.outputs[0])
+        if add is None or add.op_type != "Add":
+            return None
+        eps_value = add.inputs[1] if add.inputs[0] is mean.outputs[0] else add.inputs[0]
+        eps_arr = _const(eps_value)
+        if eps_arr is None or eps_arr.size != 1:
+            return None
+        eps = float(eps_arr.reshape(-1)[0])
+        root = self._single_use(add.outputs[0])
+        if root is None or root.op_type != "Sqrt":
+            return None
+        nxt = self._single_use(root.outputs[0])
+        if nxt is None:
+            return None
+        if nxt.op_type == "Div" and nxt.inputs[1] is root.outputs[0] and nxt.inputs[0] is x:
+            norm = nxt
+        elif nxt.op_type == "Reciprocal":
+            norm = self._single_use(nxt.outputs[0])
+            if norm is None or norm.op_type != "Mul" or x not in norm.inputs or nxt.outputs[0] not in norm.inputs:
+                return None
+        else:
+            return None
+        last, weight = norm, None
+        user = self._single_use(norm.outputs[0])
+        if user is not None and user.op_type == "Mul":
+            other = user.inputs[1] if user.inputs[0] is norm.outputs[0] else user.inputs[0]
+            w = _const(other)
+            if (
+                w is not None
+                and w.dtype == np.dtype(x.dtype.numpy())
+                and tuple(w.shape) == tuple(shape[rank - len(axes) :])
+            ):
+                last, weight = user, other
+        return x, axes, eps, norm, weight, last
+
+    def _matches(self, graph: ir.Graph) -> list[tuple[ir.Value, list[int], float, ir.Node, ir.Value | None, ir.Node]]:
+        return [m for m in (self._match(n) for n in graph) if m is not None]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        if any(n.op_type in _CHANGED_BEFORE_23 and n.domain in ("", "ai.onnx") for n in graph):
+            return []  # such a graph cannot move to opset 23: nothing this pass could fuse
+        return [m[3].name or "RMSNorm" for m in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_rmsnorm")
+        changed = False
+        for x, axes, eps, _norm, weight, last in self._matches(graph):
+            shape = _shape(x)
+            assert shape is not None
+            lead, trail = shape[: len(shape) - len(axes)], shape[len(shape) - len(axes) :]
+            width = math.prod(trail)
+            scale = np.ones(width, dtype=x.dtype.numpy()) if weight is None else _const(weight).reshape(width)
+            weight = _add_initializer(graph, names("scale"), scale)
+            out = last.outputs[0]
+            new_nodes: list[ir.Node] = []
+            src = x
+            if len(axes) > 1:
+                # QNN HTP takes RMSNormalization over the last axis only (axis 0 of a rank-3 input is refused):
+                # normalize the flattened trailing axes, then restore the shape.
+                flat_shape = (*lead, width) if lead else (1, width)
+                src = _new_value(names("flat"), x.dtype, flat_shape)
+                target = _add_initializer(graph, names("flat_shape"), np.array(flat_shape, dtype=np.int64))
+                new_nodes.append(ir.Node("", "Reshape", [x, target], outputs=[src]))
+            normed = _new_value(names("out"), out.dtype, _shape(src) if len(axes) > 1 else _shape(out))
+            new_nodes.append(
+                ir.Node(
+                    "",
+                    "RMSNormalization",
+                    [src, weight],
+                    attributes=[ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", eps)],
+                    outputs=[normed],
+                )
+            )
+            if len(axes) > 1:
+                back = _add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
+                restored = _new_value(names("restored"), out.dtype, shape)
+                new_nodes.append(ir.Node("", "Reshape", [normed, back], outputs=[restored]))
+                normed = restored
+            graph.insert_after(last, new_nodes)
+            _replace_value(graph, out, normed)
+            changed = True
+        return changed
+
+
 # --------------------------------------------------------------------------------------- 3. Erf GELU
 
 
@@ -393,6 +542,175 @@ class FuseErfGelu(QnnPass):
             new = _new_value(names("out"), out.dtype, _shape(out))
             gelu = ir.Node("", "Gelu", [x], attributes=[ir.AttrString("approximate", "none")], outputs=[new])
             graph.insert_after(out.producer(), gelu)
+            _replace_value(graph, out, new)
+            changed = True
+        return changed
+
+
+# ------------------------------------------------------------- rank > 5 Reshape/Transpose/Reshape -> rank <= 5
+
+_MAX_HTP_RANK = 5
+
+
+def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[int]]:
+    """Merge input axes that stay next to each other, in order, after the transpose.
+
+    Returns the merged input shape and the permutation of the merged axes; transposing the merged tensor moves
+    the same elements to the same places as the original transpose.
+    """
+    groups: list[list[int]] = []
+    for axis in perm:
+        if groups and groups[-1][-1] + 1 == axis:
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # merged axes in input order
+    merged_shape = [math.prod(shape[a] for a in groups[g]) for g in order]
+    position = {g: i for i, g in enumerate(order)}
+    return merged_shape, [position[g] for g in range(len(groups))]
+
+
+class FoldHighRankTranspose(QnnPass):
+    """Rewrite ``Reshape -> Transpose -> Reshape`` through a rank-6+ tensor with the same chain at rank <= 5.
+
+    QNN HTP takes tensors of rank <= 5 only. Swin's window partition and reverse (``view(B, H/w, w, W/w, w, C)
+    .permute(0, 1, 3, 2, 4, 5)``) go through rank 6, but the axes that the permutation keeps together can be
+    merged first: the merged transpose moves the same elements to the same places, so the rewrite is exact.
+    """
+
+    name = "fold_high_rank_transpose"
+    defect = "rank-6 tensors are refused by QNN HTP (Swin window partition)"
+
+    def _match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            return None
+        src = node.inputs[0]
+        first = src.producer() if src is not None else None
+        shape = _shape(src)
+        if first is None or first.op_type != "Reshape" or shape is None or len(shape) <= _MAX_HTP_RANK:
+            return None
+        uses = list(node.outputs[0].uses())
+        if (
+            node.outputs[0].is_graph_output()
+            or not uses
+            or any(u.node.op_type != "Reshape" or u.idx != 0 for u in uses)
+        ):
+            return None
+        perm_attr = node.attributes.get("perm")
+        perm = list(perm_attr.as_ints()) if perm_attr is not None else list(reversed(range(len(shape))))
+        merged_shape, merged_perm = _coalesce(shape, perm)
+        if len(merged_shape) > _MAX_HTP_RANK:
+            return None
+        return first, merged_shape, merged_perm
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Transpose" for n in graph if self._match(n) is not None]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_rank")
+        changed = False
+        for node in [n for n in graph if self._match(n) is not None]:
+            match = self._match(node)
+            assert match is not None
+            first, merged_shape, merged_perm = match
+            x = first.inputs[0]
+            target = _add_initializer(graph, names("shape"), np.array(merged_shape, dtype=np.int64))
+            flat = _new_value(names("merged"), x.dtype, merged_shape)
+            moved_shape = [merged_shape[a] for a in merged_perm]
+            moved = _new_value(names("moved"), x.dtype, moved_shape)
+            new_nodes = [
+                ir.Node("", "Reshape", [x, target], outputs=[flat]),
+                ir.Node("", "Transpose", [flat], attributes=[ir.AttrInt64s("perm", merged_perm)], outputs=[moved]),
+            ]
+            graph.insert_after(node, new_nodes)
+            for use in list(node.outputs[0].uses()):
+                use.node.replace_input_with(0, moved)
+            changed = True
+        return changed
+
+
+# ----------------------------------------------------------------- AveragePool count_include_pad without pads
+
+
+class AvgPoolDropUnusedCountIncludePad(QnnPass):
+    """Clear ``count_include_pad`` on an AveragePool that has no padding and no ceil_mode (it changes nothing there).
+
+    PyTorch's ``avg_pool*d`` defaults to ``count_include_pad=True``, and both exporters write the flag even without
+    padding. QNN HTP then averages wrongly at rank 5 when a window is left over at the end of an axis
+    (``avg_pool3d(x[2, 3, 3, 4, 4], 2)``: 0.45 of the output's scale off; onnxruntime-qnn 2.7.0), while the same
+    pool without the flag is right. With zero pads no window ever holds a padded element, so the rewrite is exact.
+    """
+
+    name = "avgpool_count_include_pad"
+    defect = "AveragePool with count_include_pad=1 is wrong on QNN HTP at rank 5 even without padding"
+
+    @staticmethod
+    def _matches(graph: ir.Graph) -> list[ir.Node]:
+        found = []
+        for n in graph:
+            if n.op_type != "AveragePool" or n.domain not in ("", "ai.onnx"):
+                continue
+            if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):
+                continue
+            if n.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+                continue
+            pads = n.attributes.get_ints("pads", None)
+            if pads is None or not any(pads):
+                found.append(n)
+        return found
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "AveragePool" for n in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        nodes = self._matches(graph)
+        for node in nodes:
+            node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 0)
+        return bool(nodes)
+
+
+# ------------------------------------------------------------------- Log(Sigmoid(x)) -> -Softplus(-x)
+
+
+class LogSigmoidToSoftplus(QnnPass):
+    """Rewrite ``Log(Sigmoid(x))`` (torch.onnx's ``logsigmoid``) as ``Neg(Softplus(Neg(x)))``, the same function.
+
+    QNN HTP's Sigmoid has an absolute error of about 3e-4 (onnxruntime-qnn 2.7.0, soc 60), which the Log turns
+    into a large error wherever the sigmoid is small: ``logsigmoid`` on [-9, 9] came back 0.15 of the output's
+    scale off. Softplus on HTP is within 1.3e-3 of the scale on the same inputs.
+    """
+
+    name = "logsigmoid_to_softplus"
+    defect = "Log(Sigmoid(x)) on QNN HTP loses the small sigmoid values (silent wrong output)"
+
+    @staticmethod
+    def _match(log_node: ir.Node) -> ir.Node | None:
+        if log_node.op_type != "Log" or log_node.domain not in ("", "ai.onnx"):
+            return None
+        sig = log_node.inputs[0].producer() if log_node.inputs[0] is not None else None
+        if sig is None or sig.op_type != "Sigmoid" or sig.domain not in ("", "ai.onnx"):
+            return None
+        return sig
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Log" for n in graph if self._match(n) is not None]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_logsigmoid")
+        changed = False
+        for log_node in [n for n in graph if self._match(n) is not None]:
+            sig = self._match(log_node)
+            assert sig is not None
+            x, out = sig.inputs[0], log_node.outputs[0]
+            neg_x = _new_value(names("neg"), x.dtype, _shape(x))
+            soft = _new_value(names("softplus"), x.dtype, _shape(x))
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            nodes = [
+                ir.Node("", "Neg", [x], outputs=[neg_x]),
+                ir.Node("", "Softplus", [neg_x], outputs=[soft]),
+                ir.Node("", "Neg", [soft], outputs=[new]),
+            ]
+            graph.insert_after(log_node, nodes)
             _replace_value(graph, out, new)
             changed = True
         return changed
@@ -624,6 +942,10 @@ PASS_REGISTRY: dict[str, type[QnnPass]] = {
         GatherNDToGather,
         UnsqueezeInt64ToReshape,
         FuseErfGelu,
+        FoldHighRankTranspose,
+        AvgPoolDropUnusedCountIncludePad,
+        LogSigmoidToSoftplus,
+        FuseRMSNorm,
         RMSNormWeightLast,
         TileLayerNormBroadcast,
         Int64InputsToInt32,

@@ -144,6 +144,24 @@ def vit() -> tuple[nn.Module, tuple[Any, ...]]:
     return _LastHidden(ViTModel(cfg, add_pooling_layer=False)).eval(), (torch.randn(2, 3, 32, 32),)
 
 
+def swin() -> tuple[nn.Module, tuple[Any, ...]]:
+    """Swin's window partition and reverse go through rank-6 views (HTP takes rank <= 5)."""
+    from transformers import SwinConfig, SwinModel
+
+    _seed()
+    cfg = SwinConfig(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        attn_implementation="eager",
+    )
+    return _LastHidden(SwinModel(cfg, add_pooling_layer=False)).eval(), (torch.randn(1, 3, 32, 32),)
+
+
 def convnext() -> tuple[nn.Module, tuple[Any, ...]]:
     from transformers import ConvNextConfig, ConvNextModel
 
@@ -213,6 +231,7 @@ CORPUS: dict[str, Callable[[], tuple[nn.Module, tuple[Any, ...]]]] = {
     "qwen2": qwen2,
     "t5_encoder": t5_encoder,
     "vit": vit,
+    "swin": swin,
     "convnext": convnext,
     "mobilenet_v2": mobilenet_v2,
     "resnet": resnet,

@@ -50,6 +50,9 @@ _KIND_TEXT = {
     "unverified": "support is documented for float only; this dtype is unverified on this backend",
 }
 _FLOATS = ("float32", "float16", "bfloat16")
+# onnx.TensorProto element types of floats (FLOAT, DOUBLE, FLOAT16, BFLOAT16): a Cast to another type truncates.
+_FLOAT_ELEM_TYPES = (1, 11, 10, 16)
+_COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "Clip"})
 
 
 def installed_onnxruntime_qnn() -> str | None:
@@ -280,9 +283,20 @@ class _Checker:
             big = self._over_rank(node, int(p["max_rank"]))
             if big is not None:
                 return p["kind"], f"{p['reason']} ('{big[0]}' has rank {big[1]})", p.get("evidence"), dtype
+        measured = self._measured(node)
+        if measured is not None:
+            return measured[0], measured[1], measured[2], dtype
         for pid, matcher in (
             ("add_const_broadcast_layernorm", self._is_add_const_ln),
             ("rmsnorm_mul_weight", self._is_rmsnorm_mul),
+            ("fp16_discontinuous", self._is_fp16_discontinuous),
+            ("fp16_imprecise", self._is_float_op),
+            ("pow_fractional_exponent", self._is_pow_fractional),
+            ("averagepool_defects", self._is_avgpool_defect),
+            ("nonfinite_constant", self._uses_nonfinite_constant),
+            ("runtime_indices", self._has_runtime_indices),
+            ("runtime_parameters", self._has_runtime_parameters),
+            ("convtranspose_dilation", self._is_dilated),
         ):
             p = self._pattern(pid)
             if p is not None and node.op_type in p.get("ops", ()) and matcher(index, node):
@@ -492,3 +506,185 @@ class _Checker:
                 if root is not None and root.op_type == "Sqrt":
                     return True
         return False
+
+    # fp16 semantics and attribute-dependent defects ---------------------------------------------------------------
+    def _is_float_op(self, index: int, node: NodeView) -> bool:
+        """A float input (HTP computes every float op in fp16)."""
+        return bool(node.input) and self._dtype(node.input[0]) in _FLOATS
+
+    def _is_fp16_discontinuous(self, index: int, node: NodeView) -> bool:
+        """Floor/Ceil/Round/Mod/TopK/ArgMax/ArgMin on float, and Cast float -> integer or bool: rounding the input
+        to fp16 moves it across an integer or reorders near-equal values, so the result changes by a whole step."""
+        if not self._is_float_op(index, node):
+            return False
+        if node.op_type == "Cast":
+            to = self._attr(node, "to")
+            return to is not None and to not in _FLOAT_ELEM_TYPES
+        return True
+
+    def _is_pow_fractional(self, index: int, node: NodeView) -> bool:
+        """Pow on float whose exponent is a runtime value or a constant with a non-integer element."""
+        if not self._is_float_op(index, node) or len(node.input) < 2:
+            return False
+        exponent = self._const_value(node.input[1])
+        if exponent is None:
+            return True
+        try:
+            import numpy as np
+
+            values = np.asarray(exponent, dtype=np.float64)
+            return bool((values != np.round(values)).any())
+        except (TypeError, ValueError):
+            return True
+
+    def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
+        """GatherElements/ScatterElements whose indices are computed at run time (they may be negative, which
+        QNN HTP gets wrong; constant indices are made non-negative at export or checked here)."""
+        if len(node.input) < 2 or not node.input[1]:
+            return False
+        if not self._is_const(node.input[1]):
+            return True
+        value = self._const_value(node.input[1])
+        return value is not None and bool((value < 0).any())
+
+    def _has_runtime_parameters(self, index: int, node: NodeView) -> bool:
+        """A shape-like parameter input (Slice starts/ends/axes/steps, Tile repeats, Expand shape) that is not a
+        constant: QNN HTP refuses the node at session creation."""
+        p = self._pattern("runtime_parameters") or {}
+        positions = p.get("inputs", {}).get(node.op_type, [])
+        return any(i < len(node.input) and node.input[i] and not self._is_const(node.input[i]) for i in positions)
+
+    def _is_dilated(self, index: int, node: NodeView) -> bool:
+        """ConvTranspose with a dilation above 1 (QNN HTP refuses it)."""
+        return any(d != 1 for d in (self._attr(node, "dilations") or []))
+
+    def _uses_nonfinite_constant(self, index: int, node: NodeView) -> bool:
+        """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
+        HTP has no infinities (-inf saturates near -65504), so the comparison is never true and the output is
+        finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
+        import numpy as np
+
+        values = [self._const_value(name) for name in node.input if name and self._is_const(name)]
+        floats = [v for v in values if v is not None and getattr(v, "dtype", None) is not None and v.dtype.kind == "f"]
+        if all(bool(np.isfinite(v).all()) for v in floats):
+            return False
+        if node.op_type in _COMPARISONS:
+            return True
+        return any(o in self.f.graph_outputs for o in node.output if o)
+
+    def _is_avgpool_defect(self, index: int, node: NodeView) -> bool:
+        """AveragePool conditions QNN HTP computes wrongly (measured by tools/opcheck_conformance.py): a partial
+        last window under ceil_mode, count_include_pad with padding (or at rank 5), a pad of half the kernel or
+        more; an unknown input shape counts as a defect, since the conditions cannot be ruled out."""
+        shape = self._shape(node.input[0]) if node.input else None
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return True
+        spatial = len(shape) - 2
+        kernel = list(self._attr(node, "kernel_shape") or [])
+        if len(kernel) != spatial or (self._attr(node, "auto_pad") or "NOTSET") != "NOTSET":
+            return True
+        strides = list(self._attr(node, "strides") or [1] * spatial)
+        pads = list(self._attr(node, "pads") or [0] * (2 * spatial))
+        dilations = list(self._attr(node, "dilations") or [1] * spatial)
+        if any(d != 1 for d in dilations):
+            return True
+        ceil = bool(self._attr(node, "ceil_mode"))
+        count_pad = bool(self._attr(node, "count_include_pad"))
+        if count_pad and (any(pads) or spatial >= 3):
+            return True
+        for axis in range(spatial):
+            before, after = pads[axis], pads[axis + spatial]
+            if (before or after) and 2 * max(before, after) >= kernel[axis]:
+                return True
+            span = shape[axis + 2] + before + after - kernel[axis]
+            if ceil and span % strides[axis]:
+                return True  # ceil_mode adds a last window that hangs over the end
+        return False
+
+    def _condition_key(self, node: NodeView) -> str | None:
+        """The measured-condition class of a node (see :func:`condition_key`), or None for ops without one."""
+        if node.op_type == "Resize" and node.domain in ("", "ai.onnx"):
+            return self._resize_key(node)
+        return None
+
+    def _resize_key(self, node: NodeView) -> str:
+        shape = self._shape(node.input[0]) if node.input else None
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return "unknown_shape"
+        mode = self._attr(node, "mode") or "nearest"
+        parts = [f"r{len(shape)}", str(mode)]
+        if mode == "nearest":
+            parts.append(str(self._attr(node, "nearest_mode") or "round_prefer_floor"))
+        parts.append(str(self._attr(node, "coordinate_transformation_mode") or "half_pixel"))
+        scales_name = node.input[2] if len(node.input) > 2 else ""
+        sizes_name = node.input[3] if len(node.input) > 3 else ""
+        kinds: set[str] = set()
+        if (sizes_name and not self._is_const(sizes_name)) or (
+            not sizes_name and scales_name and not self._is_const(scales_name)
+        ):
+            kinds.add("runtime")
+        elif sizes_name or scales_name:
+            given = self._const_value(sizes_name or scales_name)
+            values = [float(v) for v in given.reshape(-1)] if given is not None else []
+            if len(values) != len(shape):
+                kinds.add("unknown")
+            for dim, value in zip(shape, values, strict=False):
+                out = int(value) if sizes_name else math.floor(dim * value + 1e-9)
+                if out == dim:
+                    continue
+                if not sizes_name and abs(dim * value - out) > 1e-6:
+                    kinds.add("inexact")
+                elif out % dim == 0:
+                    kinds.add("up")
+                elif dim % out == 0:
+                    kinds.add("down")
+                else:
+                    kinds.add("frac")
+        parts.append("+".join(sorted(kinds)) or "same")
+        for attr, default in (("antialias", 0), ("exclude_outside", 0), ("keep_aspect_ratio_policy", "stretch")):
+            value = self._attr(node, attr)
+            if value is not None and value != default:
+                parts.append(f"{attr}={value}")
+        if self._attr(node, "axes"):
+            parts.append("axes")
+        if mode == "cubic" and self._attr(node, "cubic_coeff_a") not in (None, -0.75):
+            parts.append("cubic_coeff_a")
+        return "/".join(parts)
+
+    def _measured(self, node: NodeView) -> tuple[str, str, str | None] | None:
+        """The kind, reason and evidence of a node whose condition class was measured as not right, or whose
+        class was never measured; None when it was measured right (or the op has no measured classes)."""
+        p = self._pattern("measured_conditions")
+        classes = (p or {}).get("ops", {}).get(node.op_type)
+        if not classes:
+            return None
+        key = self._condition_key(node)
+        if key is None:
+            return None
+        outcome = classes.get(key)
+        evidence = p.get("evidence") if p else None
+        if outcome == "right":
+            return None
+        if outcome is None:
+            return (
+                "unknown_op",
+                f"{node.op_type} with this configuration ({key}) was not measured on QNN HTP, so opcheck cannot "
+                "vouch for it",
+                evidence,
+            )
+        kind = {"wrong": "wrong_result", "refused": "rejected", "crash": "crash"}.get(outcome, "wrong_result")
+        return kind, f"{node.op_type} configuration {key}: {_KIND_TEXT.get(kind, kind)}", evidence
+
+
+def condition_keys(model: ModelInput) -> dict[str, str]:
+    """Node name -> measured-condition class (e.g. ``r4/nearest/floor/asymmetric/up`` for a Resize), for the
+    nodes of ops whose behaviour on QNN HTP depends on attributes and shapes (used by the conformance tool)."""
+    table, _ = load_table("htp", None, None)
+    proto, source, load_notes = load_model(model)
+    checker = _Checker(table, read_facts(proto, load_notes, source))
+    keys = {}
+    for i, node in enumerate(checker.f.nodes):
+        key = checker._condition_key(node)
+        if key is not None:
+            keys[node.name or f"n{i}"] = key
+    return keys

@@ -1,0 +1,143 @@
+"""Operator conformance on the QNN HTP simulator: OpInfo samples through torch.compile(backend="qnn") against eager.
+
+A curated subset of tools/conformance (ops once silently wrong on QNN, common ops, zero-element tensors) runs in
+CI; the first sample of every float32 op is the opt-in slow test (about half an hour). Cases run in the harness's
+worker subprocess, so an op that kills the process fails the test as a ``crash`` instead of killing pytest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "tools" / "conformance" / "harness.py"
+
+# Ops that once returned silently wrong results on QNN (each must now be right, on QNN or by falling back).
+ONCE_WRONG = (
+    "nn.functional.avg_pool2d#0",
+    "nn.functional.avg_pool2d#1",  # ceil_mode / count_include_pad / divisor_override vary across the samples
+    "nn.functional.avg_pool2d#2",
+    "nn.functional.avg_pool1d#0",
+    "nn.functional.avg_pool3d#0",
+    "nn.functional.rms_norm#0",
+    "nn.functional.rms_norm#1",
+    "nn.functional.interpolate.trilinear#0",
+    "nn.functional.interpolate.nearest#0",
+    "nn.functional.interpolate.nearest-exact#0",
+    "nn.functional.logsigmoid#0",
+    "tan#0",
+    "sort#0",
+    "argsort#0",
+    "ceil#0",
+    "trunc#0",
+    "frac#0",
+    "floor#0",
+    "round#0",
+    "sigmoid#0",
+    "nn.functional.silu#0",
+    "complex#0",
+    "polar#0",
+    "view_as_complex#0",
+    "special.entr#0",
+    "__rpow__#0",
+    "nn.functional.binary_cross_entropy_with_logits#0",
+    "nn.functional.soft_margin_loss#0",
+    "scatter_reduce.mean#0",
+    "as_strided#0",
+    "torch.ops.aten._safe_softmax.default#0",  # not in every torch: skipped when absent
+)
+# Common ops: these must run on QNN, not merely be right (layer_norm's samples 0 and 1 use eps=-0.5 and a
+# one-element input: edge cases that may fall back; sample 2 is ordinary).
+COMMON = (
+    "add#0",
+    "matmul#0",
+    "nn.functional.relu#0",
+    "softmax#0",
+    "nn.functional.layer_norm#2",
+    "nn.functional.conv2d#0",
+)
+EDGE = ("nn.functional.layer_norm#0",)
+# Zero-element tensors: QNN HTP stops the process on them, so they must never reach it.
+ZERO_SIZE = ("zero_size.mul_sum#0", "zero_size.add_rows#0", "zero_size.mean_cols#0")
+CI_CASES = ONCE_WRONG + COMMON + EDGE + ZERO_SIZE
+
+
+def _load_harness() -> Any:
+    name = "qnnx_conformance_harness"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HARNESS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def _line(rec: dict[str, Any]) -> str:
+    where = ",".join(rec.get("devices") or []) or "-"
+    exporters = ",".join(sorted({g["exporter"] for g in rec.get("graphs") or [] if g.get("exporter")})) or "-"
+    why = rec.get("detail") or ""
+    if rec["status"] == "fallback":
+        why = f"[{rec.get('category')}] " + "; ".join(rec.get("reasons") or [])
+    return f"{rec['id']}: {rec['status']} on {where} (exporter {exporters}): {why}"
+
+
+def _failures(records: dict[str, dict[str, Any]]) -> list[str]:
+    return [_line(r) for r in records.values() if r["status"] in ("wrong", "crash")]
+
+
+@pytest.fixture(scope="module")
+def ci_records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    harness = _load_harness()
+    result = harness.run_cases(tmp_path_factory.mktemp("conformance") / "cases.jsonl", ids=CI_CASES)
+    for rec in result.records.values():
+        print(_line(rec))
+    return result.records
+
+
+def test_every_ci_case_ran(ci_records):
+    missing = [c for c in CI_CASES if c not in ci_records]
+    absent = [c for c, r in ci_records.items() if r.get("detail") == "no such case in this torch"]
+    assert not missing, f"no record for {missing}"
+    assert set(absent) <= {"torch.ops.aten._safe_softmax.default#0"}, f"cases missing from op_db: {absent}"
+    invalid = [_line(r) for r in ci_records.values() if r["status"] == "invalid" and r["id"] not in absent]
+    assert not invalid, "eager PyTorch rejects a curated sample:\n" + "\n".join(invalid)
+
+
+def test_no_op_is_silently_wrong_or_crashes(ci_records):
+    """Each case matches eager PyTorch (on QNN or by falling back) and the process survives it."""
+    failures = _failures(ci_records)
+    assert not failures, f"{len(failures)} of {len(ci_records)} cases wrong or crashed:\n" + "\n".join(failures)
+
+
+def test_common_ops_run_on_qnn(ci_records):
+    off = [_line(ci_records[c]) for c in COMMON if ci_records[c]["status"] != "qnn"]
+    assert not off, "common ops not on QNN:\n" + "\n".join(off)
+
+
+def test_zero_size_tensors_never_reach_qnn(ci_records):
+    for cid in ZERO_SIZE:
+        rec = ci_records[cid]
+        assert rec["status"] == "fallback", _line(rec)
+        assert all(g["device"] == "eager" for g in rec["graphs"]), _line(rec)
+
+
+@pytest.mark.slow
+def test_first_sample_of_every_op(tmp_path, request):
+    """Opt-in (about half an hour on 2 cores): the first sample of every float32 OpInfo op, none wrong or crashing.
+
+    Runs when selected with ``-m`` naming ``slow`` (``nox -s slow``), or with QNNX_CONFORMANCE_FULL=1.
+    """
+    if "slow" not in (request.config.option.markexpr or "") and os.environ.get("QNNX_CONFORMANCE_FULL") != "1":
+        pytest.skip("opt-in: run with -m slow or QNNX_CONFORMANCE_FULL=1 (about half an hour)")
+    harness = _load_harness()
+    result = harness.run_cases(tmp_path / "cases.jsonl", samples=1)
+    failures = _failures(result.records)
+    assert not failures, f"{len(failures)} of {len(result.records)} cases wrong or crashed:\n" + "\n".join(failures)

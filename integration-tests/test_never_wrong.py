@@ -1,0 +1,128 @@
+"""Inputs and ops that used to give silently wrong values, or kill the process, now give PyTorch's answer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close_fp16
+from hypothesis import given
+from hypothesis import strategies as st
+
+import qnnx_backend
+
+NPU = {"device": "auto", "soc_model": 60}
+
+
+def _run(fn: object, *args: torch.Tensor) -> tuple[object, list[qnnx_backend.CompileReport]]:
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.compile(fn, backend="qnn", options=NPU)(*args)
+    return out, list(qnnx_backend.compile_reports())
+
+
+def test_zero_element_inputs_do_not_reach_qnn() -> None:
+    """(x * y).sum(-1) on empty vectors returns eager's 0 instead of SIGFPE inside QNN (checked in a child)."""
+    code = textwrap.dedent(
+        """
+        import warnings, torch, qnnx_backend
+        warnings.simplefilter("ignore")
+        f = torch.compile(lambda x, y: (x * y).sum(-1), backend="qnn", options={"soc_model": 60})
+        out = f(torch.randn(0), torch.randn(0))
+        (rep,) = qnnx_backend.compile_reports()
+        print(float(out), rep.device, "zero elements" in rep.reason)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"process died with {proc.returncode}: {proc.stderr[-800:]}"
+    assert proc.stdout.split()[-3:] == ["0.0", "eager", "True"]
+
+
+def test_empty_intermediate_graph_runs_in_pytorch_with_reason() -> None:
+    """A graph whose slice is empty runs in PyTorch, and the report says why."""
+    x = torch.randn(2, 4)
+    out, reports = _run(lambda t: t[:, 5:].relu().sum(-1) + t.sum(-1), x)
+    torch.testing.assert_close(out, x[:, 5:].relu().sum(-1) + x.sum(-1))
+    assert [r.device for r in reports] == ["eager"]
+    assert "zero elements" in (reports[0].reason or "")
+
+
+def test_complex_values_stay_in_pytorch() -> None:
+    """view_as_complex arithmetic is not exported (no faithful ONNX type): the graph runs eagerly and is right."""
+    x = torch.randn(3, 2)
+    out, reports = _run(lambda t: torch.view_as_real(torch.view_as_complex(t) * (1 + 2j)), x)
+    torch.testing.assert_close(out, torch.view_as_real(torch.view_as_complex(x) * (1 + 2j)))
+    assert reports[0].device == "eager" and "complex" in (reports[0].reason or "")
+
+
+def test_unfaithful_torch_onnx_lowering_is_caught() -> None:
+    """avg_pool2d with divisor_override (torch.onnx drops it) is verified on the CPU EP and never compiled."""
+    x = torch.randn(1, 3, 9, 9)
+    fn = lambda t: F.avg_pool2d(t, 3, 1, 1, True, False, 2)  # noqa: E731
+    out, reports = _run(fn, x)
+    torch.testing.assert_close(out, fn(x))
+    assert reports[0].device == "eager"
+    assert "did not pass the check against PyTorch" in (reports[0].reason or "")
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.ceil, torch.trunc, torch.frac, lambda t: torch.sort(t.flatten()).indices],
+    ids=["ceil", "trunc", "frac", "argsort"],
+)
+def test_fp16_discontinuous_ops_are_exact(fn: object) -> None:
+    """ceil/trunc/frac/sort on values that fp16 would round across an integer give eager's exact answer."""
+    x = torch.linspace(-9, 9, 401) + 1e-3  # many values sit just above an integer: fp16 rounds them onto it
+    out, _ = _run(fn, x)
+    torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
+
+
+def test_logsigmoid_is_right_on_qnn() -> None:
+    """logsigmoid runs on QNN (as -softplus(-x)) within fp16 tolerance, where Log(Sigmoid) was 0.15 off."""
+    x = torch.linspace(-9, 9, 64)
+    out, reports = _run(F.logsigmoid, x)
+    assert reports[0].on_qnn, reports[0].summary()
+    assert_close_fp16(out, F.logsigmoid(x))
+
+
+@given(magnitude=st.sampled_from([1.0, 300.0, 3000.0]), eps=st.sampled_from([1e-6, 0.5]))
+def test_rms_norm_of_large_rows_is_right_on_qnn(magnitude: float, eps: float) -> None:
+    """rms_norm of rows whose squares overflow fp16 (|x| > 256) runs on QNN as RMSNormalization, right."""
+    x = torch.randn(2, 3, 16) * magnitude
+    w = torch.randn(16)
+    fn = lambda t, weight: F.rms_norm(t, (16,), weight, eps=eps)  # noqa: E731
+    out, reports = _run(fn, x, w)
+    assert all(r.on_qnn for r in reports), [r.summary() for r in reports]
+    assert_close_fp16(out, fn(x, w))
+
+
+def test_swin_window_partition_runs_wholly_on_qnn() -> None:
+    """A 6-D window partition/reverse (Swin) compiles under strict NPU placement and matches eager."""
+
+    class Windows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, h, w, c = x.shape
+            win = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, 2, 2, c)
+            win = self.proj(win)
+            back = win.view(b, h // 2, w // 2, 2, 2, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+            return back + x
+
+    model = Windows().eval()
+    x = torch.randn(2, 4, 6, 8)
+    with torch.no_grad():
+        out = torch.compile(model, backend="qnn", options={"device": "npu", "strict": True, "soc_model": 60})(x)
+        ref = model(x)
+    assert_close_fp16(out, ref)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.on_qnn and "fold_high_rank_transpose" in report.passes_applied

@@ -1,0 +1,103 @@
+"""Check that an exported ONNX model computes what the PyTorch graph computes, before QNN ever sees it (private).
+
+torch.onnx, the fallback exporter, lowers some ops unfaithfully without any error (torch 2.13: ``avg_pool2d`` with
+``divisor_override``, ``rms_norm`` with a non-default ``eps``, ...). A wrong lowering on QNN would look like a QNN
+precision problem, or pass unnoticed. So every model torch.onnx produced is run once on ONNX Runtime's CPU EP, in
+float32, with the graph's real example inputs and compared with eager PyTorch: a model that disagrees is never
+compiled for QNN and the graph runs in PyTorch, with the figure in the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# float32 CPU EP vs eager PyTorch: reassociation and other kernels give ~1e-6 relative; 1e-3 leaves room for
+# long reductions while any wrong lowering seen so far is off by 1e-1 or more. fp16 models get fp16 room.
+RTOL_FP32 = 1e-3
+RTOL_FP16 = 2e-2
+
+
+def compare_outputs(got: Any, ref: Any, rtol: float) -> str | None:
+    """None when ``got`` matches ``ref`` (float leaves within ``rtol`` of the leaf's scale, identical NaN/inf
+    positions, other leaves exactly equal, same shapes and dtypes); else one sentence saying what differs."""
+    got_leaves = torch.utils._pytree.tree_leaves(got)
+    ref_leaves = torch.utils._pytree.tree_leaves(ref)
+    if len(got_leaves) != len(ref_leaves):
+        return f"{len(got_leaves)} outputs instead of {len(ref_leaves)}"
+    for k, (g, r) in enumerate(zip(got_leaves, ref_leaves, strict=True)):
+        if not isinstance(r, torch.Tensor):
+            continue
+        if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(r.shape):
+            shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
+            return f"output {k} has shape {shape} instead of {tuple(r.shape)}"
+        if g.dtype != r.dtype:
+            return f"output {k} has dtype {g.dtype} instead of {r.dtype}"
+        if not r.is_floating_point():
+            if not torch.equal(g, r):
+                return f"output {k} ({r.dtype}) differs in {int((g != r).sum())} of {r.numel()} elements"
+            continue
+        g64, r64 = g.double(), r.double()
+        if not torch.equal(torch.isnan(g64), torch.isnan(r64)):
+            return f"output {k} has NaN where PyTorch has none, or the reverse"
+        inf_g, inf_r = torch.isinf(g64), torch.isinf(r64)
+        if not torch.equal(inf_g, inf_r) or not torch.equal(g64[inf_r], r64[inf_r]):
+            return f"output {k} has infinities where PyTorch has none, or the reverse"
+        finite = torch.isfinite(r64)
+        if not finite.any():
+            continue
+        scale = r64[finite].abs().max().item()
+        err = (g64[finite] - r64[finite]).abs().max().item()
+        if not err <= rtol * scale + 1e-6:
+            rel = err / scale if scale > 0 else math.inf
+            return f"output {k} is off by {err:.3g} ({rel:.3g} of its largest value; limit {rtol:g})"
+    return None
+
+
+def check_on_cpu(
+    exported: Any, gm: torch.fx.GraphModule, args: Sequence[object], export_args: Sequence[object]
+) -> str | None:
+    """Run ``exported`` on ONNX Runtime's CPU EP and compare with ``gm(*args)``.
+
+    Returns:
+        None when they agree, else the reason the model is not faithful (a sentence for the report). A model the
+        CPU EP cannot load or run counts as not verified, with ORT's message.
+    """
+    import onnxruntime
+
+    fp16 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in export_args) and not any(
+        isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in args
+    )
+    with torch.no_grad():
+        ref = gm(*args)
+    try:
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3
+        session = onnxruntime.InferenceSession(
+            exported.model_bytes(), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        signature = exported.signature
+        feeds = {
+            name: t.numpy() for name, t in zip(signature.input_names, signature.onnx_inputs(export_args), strict=True)
+        }
+        outs = session.run(list(signature.onnx_output_names), feeds)
+    except Exception as exc:  # any failure means "not verified"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"ONNX Runtime's CPU EP could not run it to verify it ({first[:300]})"
+    got = signature.assemble([torch.from_numpy(o) for o in outs], export_args)
+    ref_leaves = torch.utils._pytree.tree_leaves(ref)
+    got_leaves = torch.utils._pytree.tree_leaves(got)
+    # fp16 export: outputs come back as the model's fp16; compare in the caller's dtype.
+    got_leaves = [
+        g.to(r.dtype)
+        if isinstance(g, torch.Tensor) and isinstance(r, torch.Tensor) and g.dtype != r.dtype and fp16
+        else g
+        for g, r in zip(got_leaves, ref_leaves, strict=False)
+    ]
+    return compare_outputs(got_leaves, ref_leaves, RTOL_FP16 if fp16 else RTOL_FP32)
