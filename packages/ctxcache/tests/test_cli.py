@@ -139,6 +139,8 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """Unknown commands and bad sizes exit with code 2."""
     assert main(["frobnicate"]) == 2
     assert main(["prune", "--max-size", "lots"]) == 2
+    assert main(["prune", "--min-age", "-1"]) == 2  # was a traceback
+    assert "seconds >= 0" in capsys.readouterr().err
     assert parse_size("10GiB") == 10 * 2**30
     assert parse_size("500MB") == 500 * 10**6
     assert parse_size("0") == 0
@@ -158,3 +160,9 @@ def test_console_script_is_installed(filled: Path) -> None:
     done = subprocess.run([exe, "--root", str(filled), "stats", "--json"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["entries"] == 2
+
+
+def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the package version and exits 0."""
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"qnnx-ctxcache {cc.__version__}"

@@ -360,3 +360,23 @@ def test_avgpool_count_include_pad_cleared_only_when_inert(
     after, changed, _ = _apply(model, "avgpool_count_include_pad")
     assert changed is (not any(pads) and not ceil)
     np.testing.assert_allclose(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0], rtol=1e-6)
+
+
+@given(scale=st.sampled_from([1.0, 9.0, 40.0]), one_first=st.booleans())
+def test_fuse_softplus_keeps_results(scale: float, one_first: bool) -> None:
+    """Log(Exp(z) + 1) becomes Softplus(z), with the same values (and no overflow for large z)."""
+    z = (np.random.default_rng(1).standard_normal((3, 5)) * scale).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Exp", ["z"], ["e"]),
+        onnx.helper.make_node("Add", ["one", "e"] if one_first else ["e", "one"], ["a"]),
+        onnx.helper.make_node("Log", ["a"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [("z", TensorProto.FLOAT, z.shape)],
+        [("y", TensorProto.FLOAT, z.shape)],
+        {"one": np.array(1.0, np.float32)},
+    )
+    after, changed, _ = _apply(model, "fuse_softplus")
+    assert changed and _ops(after) == ["Softplus"]
+    np.testing.assert_allclose(_run(after, {"z": z})[0], np.logaddexp(0, z), rtol=1e-5, atol=1e-5)

@@ -12,6 +12,8 @@ import onnx
 import pytest
 from graphs import const, inp, model, node, unary
 
+import qnnx_opcheck as oc
+
 
 def _run(*args: str, block_heavy: bool = False) -> subprocess.CompletedProcess[str]:
     if block_heavy:
@@ -178,3 +180,9 @@ def test_runs_without_torch_and_onnxruntime(tmp_path: Path) -> None:
     r = _run(str(p), "--json", block_heavy=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["supported"] is True
+
+
+def test_version_flag() -> None:
+    """--version prints the package version and exits 0."""
+    proc = _run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"qnnx-opcheck {oc.__version__}"

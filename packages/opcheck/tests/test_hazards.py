@@ -530,9 +530,27 @@ def test_convtranspose_dilation(dilations: list[int], refused: bool) -> None:
     """ConvTranspose with a dilation above 1 is refused (QNN declines it); pads and strides are fine."""
     w = const_init("w", np.ones((2, 3, 3, 3), np.float32))
     m = model(
-        [node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], dilations=dilations)],
+        [
+            node(
+                "ConvTranspose",
+                ["x", "w"],
+                ["y"],
+                kernel_shape=[3, 3],
+                strides=[2, 2],
+                pads=[1, 1, 1, 1],
+                dilations=dilations,
+            )
+        ],
         [inp("x", [1, 2, 5, 5])],
         ["y"],
         [w],
     )
     assert (_check(m).verdicts[0].status == "unsupported") is refused
+
+
+def test_outputs_typed_without_shape_are_accepted() -> None:
+    """A graph output with a dtype but no shape (ONNX Runtime runs such models) is checked, not refused."""
+    m = unary("Relu")
+    m.graph.output[0].type.tensor_type.ClearField("shape")
+    rep = _check(m)
+    assert rep.supported

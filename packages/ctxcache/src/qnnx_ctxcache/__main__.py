@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -19,6 +20,7 @@ import attrs
 
 from qnnx_ctxcache._key import diff_key_material
 from qnnx_ctxcache._store import ROOT_MARKER, ContextStore, StoreOptions, default_root
+from qnnx_ctxcache._version import __version__
 from qnnx_ctxcache.errors import NotACacheRootError
 
 __all__ = ["main"]
@@ -89,6 +91,17 @@ def _ago(ts: float) -> str:
     return f"{delta:.0f}s ago"
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds >= 0, for argparse (a bad value exits 2 with the accepted form)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0 (e.g. 600 or 0.5)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qnnx-ctxcache",
@@ -97,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--root", type=Path, default=None, help="cache root (default: $QNNX_CTXCACHE_DIR or per-user)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -113,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", action="store_true", help="move bad entries to quarantine")
     p = sub.add_parser("prune", parents=[common], help="evict least recently used entries over a size")
     p.add_argument("--max-size", type=parse_size, default=None, help="target size, e.g. 2GiB (default: 10GiB)")
-    p.add_argument("--min-age", type=float, default=None, help="grace period in seconds (default 600)")
+    p.add_argument("--min-age", type=_seconds, default=None, help="grace period in seconds (default 600)")
     p.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     p = sub.add_parser("rm", parents=[common], help="delete one entry")
     p.add_argument("key", help="full key or a unique prefix (>= 4 hex chars)")

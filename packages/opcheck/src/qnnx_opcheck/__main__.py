@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from qnnx_opcheck._check import check_model
 from qnnx_opcheck._report import OpCheckReport
+from qnnx_opcheck._version import __version__
 from qnnx_opcheck.errors import InvalidVersionError, ModelLoadError, OpcheckError, UnknownBackendError
 
 __all__ = ["main"]
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("model", help="path of the .onnx file (external data is not needed)")
     p.add_argument("--backend", default="htp", help="htp (alias npu) or gpu; default htp")
     p.add_argument("--onnxruntime-qnn", dest="version", metavar="VERSION", help="release to check against")

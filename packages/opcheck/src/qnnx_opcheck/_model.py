@@ -122,6 +122,9 @@ def _parse(data: bytes, source: str) -> onnx.ModelProto:
     return proto
 
 
+_SHAPELESS_TYPE = "Field 'shape' of 'type' is required but missing"
+
+
 def _validate(proto: onnx.ModelProto, source: str) -> None:
     if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
         missing = [
@@ -143,6 +146,10 @@ def _validate(proto: onnx.ModelProto, source: str) -> None:
         onnx.checker.check_model(weightless_view(proto))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if _SHAPELESS_TYPE in first:
+            # A value with a dtype but no shape means "rank unknown" to ONNX Runtime, which loads and runs such
+            # models; only the checker calls it invalid. Shape inference below still reads the model as it is.
+            return
         raise ModelLoadError(source, f"the model is not valid ONNX ({first})") from exc
 
 
