@@ -126,3 +126,17 @@ def test_swin_window_partition_runs_wholly_on_qnn() -> None:
     assert_close_fp16(out, ref)
     (report,) = qnnx_backend.compile_reports()
     assert report.on_qnn and "fold_high_rank_transpose" in report.passes_applied
+
+
+def test_sdpa_with_fully_masked_rows_is_right_on_qnn() -> None:
+    """SDPA with a boolean mask (a fully masked query row included) runs on QNN and gives eager's zeros there."""
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    mask[..., 0, :] = False  # query 0 may attend to nothing: PyTorch returns 0 for it
+    mask[..., 2, 3] = False
+    fn = lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m)  # noqa: E731
+    out, reports = _run(fn, q, k, v, mask)
+    ref = fn(q, k, v, mask)
+    assert all(r.on_qnn for r in reports), [r.summary() for r in reports]
+    assert torch.equal(ref[..., 0, :], torch.zeros_like(ref[..., 0, :]))
+    assert_close_fp16(out, ref)

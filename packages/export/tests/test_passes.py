@@ -380,3 +380,21 @@ def test_fuse_softplus_keeps_results(scale: float, one_first: bool) -> None:
     after, changed, _ = _apply(model, "fuse_softplus")
     assert changed and _ops(after) == ["Softplus"]
     np.testing.assert_allclose(_run(after, {"z": z})[0], np.logaddexp(0, z), rtol=1e-5, atol=1e-5)
+
+
+def test_safe_softmax_threshold_keeps_results() -> None:
+    """Equal(ReduceMax(x), -inf) becomes LessOrEqual(ReduceMax(x), -32768): same rows zeroed on the CPU EP."""
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    x[0] = -np.inf  # fully masked row
+    x[1, :2] = -np.inf  # partly masked row
+    nodes = [
+        onnx.helper.make_node("Softmax", ["x"], ["s"], axis=1),
+        onnx.helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=1),
+        onnx.helper.make_node("Equal", ["m", "ninf"], ["e"]),
+        onnx.helper.make_node("Where", ["e", "zero", "s"], ["y"]),
+    ]
+    inits = {"axes": np.array([1], np.int64), "ninf": np.array(-np.inf, np.float32), "zero": np.array(0, np.float32)}
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits)
+    after, changed, _ = _apply(model, "safe_softmax_without_inf")
+    assert changed and "Equal" not in _ops(after) and "LessOrEqual" in _ops(after)
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])

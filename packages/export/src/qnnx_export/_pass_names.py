@@ -11,6 +11,7 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "fuse_erf_gelu",
     "fold_high_rank_transpose",
     "avgpool_count_include_pad",
+    "safe_softmax_without_inf",
     "fuse_softplus",
     "logsigmoid_to_softplus",
     "fuse_rmsnorm",

@@ -629,6 +629,62 @@ class FoldHighRankTranspose(QnnPass):
         return changed
 
 
+# ------------------------------------------------------------- safe softmax: the fully-masked test without -inf
+
+# Rows whose maximum is at or below this are "fully masked". HTP has no infinities: a -inf mask value saturates
+# near -65504 and survives the addition of any score of magnitude below 32768; real scores never come near it.
+_MASKED_ROW_MAX = -32768.0
+
+
+class SafeSoftmaxWithoutInf(QnnPass):
+    """Test for fully-masked rows in a safe softmax with ``ReduceMax(x) <= -32768`` instead of ``== -inf``.
+
+    ``aten._safe_softmax`` (what ``scaled_dot_product_attention`` with a mask uses, so Hugging Face's default
+    "sdpa" attention) returns 0 for a row whose inputs are all -inf. It is exported as
+    ``Where(Equal(ReduceMax(x), -inf), 0, Softmax(x))``, and on QNN HTP, which has no infinities, the test is never
+    true: a fully masked row comes back as a uniform average instead of 0 (onnxruntime-qnn 2.7.0). The threshold
+    gives the same answer for every row whose finite values stay above -32768, on HTP and on the CPU.
+    """
+
+    name = "safe_softmax_without_inf"
+    defect = "Equal(x, -inf) is never true on QNN HTP (no infinities): fully masked attention rows come back wrong"
+
+    @staticmethod
+    def _match(node: ir.Node) -> ir.Value | None:
+        """The -inf operand of an Equal(ReduceMax(x), -inf) that selects between 0 and Softmax(x), or None."""
+        if node.op_type != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            return None
+        for stat, limit in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+            value = _const(limit)
+            producer = stat.producer() if stat is not None else None
+            if value is None or value.size != 1 or not np.isneginf(value.reshape(-1)[0]):
+                continue
+            if producer is None or producer.op_type != "ReduceMax":
+                continue
+            uses = list(node.outputs[0].uses())
+            if uses and all(u.node.op_type == "Where" and u.idx == 0 for u in uses):
+                return limit
+        return None
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Equal" for n in graph if self._match(n) is not None]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _Names(graph, "qnnx_safe_softmax")
+        changed = False
+        for node in [n for n in graph if self._match(n) is not None]:
+            limit = self._match(node)
+            assert limit is not None
+            stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
+            threshold = _add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=stat.dtype.numpy()))
+            out = node.outputs[0]
+            new = _new_value(names("masked"), out.dtype, _shape(out))
+            graph.insert_after(node, ir.Node("", "LessOrEqual", [stat, threshold], outputs=[new]))
+            _replace_value(graph, out, new)
+            changed = True
+        return changed
+
+
 # --------------------------------------------------------------------------- Log(Exp(z) + 1) -> Softplus(z)
 
 
@@ -990,6 +1046,7 @@ PASS_REGISTRY: dict[str, type[QnnPass]] = {
         FuseErfGelu,
         FoldHighRankTranspose,
         AvgPoolDropUnusedCountIncludePad,
+        SafeSoftmaxWithoutInf,
         FuseSoftplus,
         LogSigmoidToSoftplus,
         FuseRMSNorm,

@@ -562,15 +562,50 @@ class _Checker:
         """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
         HTP has no infinities (-inf saturates near -65504), so the comparison is never true and the output is
         finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
-        import numpy as np
-
-        values = [self._const_value(name) for name in node.input if name and self._is_const(name)]
-        floats = [v for v in values if v is not None and getattr(v, "dtype", None) is not None and v.dtype.kind == "f"]
-        if all(bool(np.isfinite(v).all()) for v in floats):
+        nonfinite = [name for name in node.input if name and self._is_const(name) and self._const_nonfinite(name)]
+        if not nonfinite:
             return False
         if node.op_type in _COMPARISONS:
-            return True
+            # Wrong only when an infinity can arrive on the other side at run time: a float graph input, or a
+            # value computed from another inf/NaN constant. A mask built from integers with finfo.min (Hugging
+            # Face's) never holds one, and the comparison is then false in PyTorch too.
+            others = [name for name in node.input if name and name not in nonfinite]
+            return any(self._may_hold_nonfinite(name) for name in others)
         return any(o in self.f.graph_outputs for o in node.output if o)
+
+    def _const_nonfinite(self, name: str) -> bool:
+        import numpy as np
+
+        value = self._const_value(name)
+        kind = getattr(getattr(value, "dtype", None), "kind", None)
+        return kind == "f" and not bool(np.isfinite(value).all())
+
+    def _may_hold_nonfinite(self, name: str) -> bool:
+        """Whether ``name`` can hold inf or NaN at run time: it is (or is computed from) a float graph input or a
+        non-finite constant. Overflow inside the graph (exp of a large number) is not tracked."""
+        memo = self.__dict__.setdefault("_nonfinite_memo", {})
+        stack = [name]
+        while stack:
+            cur = stack[-1]
+            if cur in memo:
+                stack.pop()
+                continue
+            if self._is_const(cur):
+                memo[cur] = self._const_nonfinite(cur)
+                stack.pop()
+                continue
+            idx = self.f.producers.get(cur)
+            if idx is None:  # a graph input
+                memo[cur] = self._dtype(cur) in _FLOATS
+                stack.pop()
+                continue
+            pending = [i for i in self.f.nodes[idx].input if i and i not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            memo[cur] = any(memo[i] for i in self.f.nodes[idx].input if i)
+            stack.pop()
+        return bool(memo[name])
 
     def _is_avgpool_defect(self, index: int, node: NodeView) -> bool:
         """AveragePool conditions QNN HTP computes wrongly (measured by tools/opcheck_conformance.py): a partial
