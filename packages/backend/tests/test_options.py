@@ -131,3 +131,47 @@ def test_exporter_is_part_of_the_cache_key_material(a, b):
     ma = BackendOptions.from_mapping({"exporter": a}).cache_material()
     mb = BackendOptions.from_mapping({"exporter": b}).cache_material()
     assert (ma == mb) == (a == b)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "enable_htp_shared_memory_allocator",
+        "htp_graph_splitting_num_prepare_threads",
+        "enable_htp_graph_splitting",
+        "enable_htp_prepare_only",
+    ],
+)
+def test_provider_options_of_the_installed_ep_are_accepted(name: str) -> None:
+    """Options the installed onnxruntime-qnn knows (read from its EP library) pass, not only a fixed list."""
+    opts = BackendOptions.from_mapping({"provider_options": {name: "1"}})
+    assert opts.provider_options == ((name, "1"),)
+
+
+def test_misspelt_provider_option_gets_a_suggestion() -> None:
+    """A typo is refused with the closest real option name."""
+    with pytest.raises(InvalidOptionsError, match="did you mean 'htp_performance_mode'"):
+        BackendOptions.from_mapping({"provider_options": {"htp_performace_mode": "burst"}})
+
+
+def test_qnnx_cache_env_turns_the_cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """QNNX_CACHE=1 makes cache=True the default; an explicit cache=False still wins; a bad value is named."""
+    monkeypatch.setenv("QNNX_CACHE", "1")
+    assert BackendOptions.from_mapping({}).cache is True
+    assert BackendOptions.from_mapping({"cache": False}).cache is False
+    monkeypatch.setenv("QNNX_CACHE", "maybe")
+    with pytest.raises(InvalidOptionsError, match="QNNX_CACHE='maybe'"):
+        BackendOptions.from_mapping({})
+    monkeypatch.delenv("QNNX_CACHE")
+    assert BackendOptions.from_mapping({}).cache is False
+
+
+def test_cache_size_cap_from_option_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache_max_bytes sets the cache's cap (option or QNNX_CACHE_MAX_BYTES); a non-positive value is refused."""
+    assert BackendOptions.from_mapping({"cache": True, "cache_max_bytes": 2**30}).cache_max_bytes == 2**30
+    with pytest.raises(InvalidOptionsError, match="positive number of bytes"):
+        BackendOptions.from_mapping({"cache": True, "cache_max_bytes": 0})
+    with pytest.raises(InvalidOptionsError, match="cache=False"):
+        BackendOptions.from_mapping({"cache_max_bytes": 2**30})
+    monkeypatch.setenv("QNNX_CACHE_MAX_BYTES", "1048576")
+    assert BackendOptions.from_mapping({"cache": True}).cache_max_bytes == 2**20

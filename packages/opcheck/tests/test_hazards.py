@@ -554,3 +554,20 @@ def test_outputs_typed_without_shape_are_accepted() -> None:
     m.graph.output[0].type.tensor_type.ClearField("shape")
     rep = _check(m)
     assert rep.supported
+
+
+def test_infinity_reaching_an_output_through_where_is_refused() -> None:
+    """Where(x < 0, -inf, Log(x)) then another Where to the output (special.entr's form): refused."""
+    m = model(
+        [
+            node("Less", ["x", "zero"], ["c"]),
+            node("Log", ["x"], ["l"]),
+            node("Where", ["c", "ninf", "l"], ["w"], name="where_inf"),
+            node("IsNaN", ["x"], ["n"]),
+            node("Where", ["n", "x", "w"], ["y"], name="where_nan"),
+        ],
+        [inp("x", [2, 3])],
+        ["y"],
+        [const_init("ninf", -np.inf), const_init("zero", 0.0)],
+    )
+    assert _by_name(_check(m))["where_inf"].kind == "wrong_result"

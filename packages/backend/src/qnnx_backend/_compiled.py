@@ -289,7 +289,27 @@ class QnnGraph:
         reasons = "; ".join(f"{a.device}: {a.reason}" for a in attempts) or "no QNN device was tried"
         if opts.strict:  # device='auto' with strict: no device of the chain took the graph
             raise QnnDeviceError(device, f"no QNN device could take the graph ({reasons})")
-        return eager(f"no QNN device could take the graph ({reasons})", attempts, warn=False)
+        reason = f"no QNN device could take the graph ({reasons})"
+        if attempts and all(a.reason and a.reason.startswith("skipped") for a in attempts):
+            _warn_no_device_once(reason)  # nothing was even tried: say so once, not per graph
+        return eager(reason, attempts, warn=False)
+
+
+_no_device_warned = threading.Event()
+
+
+def _warn_no_device_once(reason: str) -> None:
+    """One QnnFallbackWarning per process when auto mode runs graphs in PyTorch because no QNN device is usable
+    (QNNX_DISABLE=1, onnxruntime-qnn missing, no device): otherwise the only trace is an INFO log line."""
+    if _no_device_warned.is_set():
+        return
+    _no_device_warned.set()
+    warnings.warn(
+        f"qnn backend: {reason}; graphs run in PyTorch. This warning is shown once per process; "
+        "qnnx_backend.compile_reports() lists every graph.",
+        QnnFallbackWarning,
+        stacklevel=4,
+    )
 
 
 @attrs.frozen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -85,6 +86,40 @@ def _bool(name: str):
     return convert
 
 
+_CACHE_ENV = "QNNX_CACHE"
+_CACHE_MAX_ENV = "QNNX_CACHE_MAX_BYTES"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _cache_default() -> bool:
+    """``QNNX_CACHE=1`` turns the context cache on for every compile that does not pass ``cache``."""
+    raw = os.environ.get(_CACHE_ENV, "").strip().lower()
+    if raw in _TRUE or raw in _FALSE:
+        return raw in _TRUE
+    raise InvalidOptionsError(
+        f"{_CACHE_ENV}={os.environ[_CACHE_ENV]!r} is not valid; accepted: 1/true/yes/on or 0/false/no/off."
+    )
+
+
+def _cache_max_default() -> int | None:
+    raw = os.environ.get(_CACHE_MAX_ENV, "").strip()
+    return _cache_max_bytes(raw, source=_CACHE_MAX_ENV) if raw else None
+
+
+def _cache_max_bytes(value: object, source: str = "cache_max_bytes") -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidOptionsError(
+            f"{source}={value!r} is not valid; accepted: a positive number of bytes (e.g. {20 * 2**30} for 20 GiB), "
+            "or None for the cache's default cap (10 GiB)."
+        )
+    return value
+
+
 def _soc_model(value: object) -> int | str | None:
     if value is None:
         return None
@@ -109,6 +144,14 @@ def _cache_dir(value: object) -> Path | None:
     return Path(value).expanduser()
 
 
+def _installed_provider_options() -> frozenset[str]:
+    """The option names the installed onnxruntime-qnn knows (read from its EP library once per process), less
+    those qnnx owns; empty when onnxruntime-qnn is missing (then only the listed options are accepted)."""
+    import qnnx_detection
+
+    return qnnx_detection.known_provider_options() - frozenset(_OWNED_PROVIDER_OPTIONS)
+
+
 def _provider_options(value: object) -> tuple[tuple[str, str], ...]:
     if value is None or value == ():
         return ()
@@ -123,14 +166,17 @@ def _provider_options(value: object) -> tuple[tuple[str, str], ...]:
     for key, val in value.items():
         if key in _OWNED_PROVIDER_OPTIONS:
             errors.append(f"{key!r} is set by qnnx; use the {_OWNED_PROVIDER_OPTIONS[key]!r} option instead")
-        elif key not in PASSTHROUGH_PROVIDER_OPTIONS:
-            errors.append(f"{key!r} is not a QNN EP option qnnx passes through")
+        elif key not in PASSTHROUGH_PROVIDER_OPTIONS and key not in _installed_provider_options():
+            known = sorted(PASSTHROUGH_PROVIDER_OPTIONS | _installed_provider_options())
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            errors.append(f"{key!r} is not an option of the installed QNN EP{hint}")
         elif not isinstance(val, str | int) or isinstance(val, bool):
             errors.append(f"{key!r} has value {val!r}; accepted: str or int")
         else:
             pairs.append((key, str(val)))
     if errors:
-        accepted = ", ".join(sorted(PASSTHROUGH_PROVIDER_OPTIONS))
+        accepted = ", ".join(sorted(PASSTHROUGH_PROVIDER_OPTIONS | _installed_provider_options()))
         raise InvalidOptionsError(
             "provider_options is not valid: " + "; ".join(errors) + f". Accepted keys: {accepted}."
         )
@@ -200,8 +246,13 @@ class BackendOptions:
     outputs are cast back to the caller's dtype. HTP computes float graphs in fp16 anyway on QAIRT >= 2.35, so on
     the NPU this halves weight memory and the cached context, not precision; see the README."""
 
-    cache: bool = attrs.field(default=False, converter=_bool("cache"))
-    """Keep compiled QNN contexts on disk (qnnx-ctxcache) so later processes skip export and compile."""
+    cache: bool = attrs.field(factory=_cache_default, converter=_bool("cache"))
+    """Keep compiled QNN contexts on disk (qnnx-ctxcache) so later processes skip export and compile. Default:
+    off, or on when ``QNNX_CACHE=1``."""
+
+    cache_max_bytes: int | None = attrs.field(factory=_cache_max_default, converter=_cache_max_bytes)
+    """Size cap of the context cache in bytes (least recently used entries are evicted past it); None: the
+    cache's default (10 GiB), or ``QNNX_CACHE_MAX_BYTES``."""
 
     cache_dir: Path | None = attrs.field(default=None, converter=_cache_dir)
     """Where the context cache lives; None uses ``QNNX_CTXCACHE_DIR`` or the platform cache directory."""
@@ -240,6 +291,11 @@ class BackendOptions:
             raise InvalidOptionsError(
                 f"cache_dir={str(self.cache_dir)!r} is set but cache=False; pass cache=True to use the context "
                 "cache, or drop cache_dir."
+            )
+        if self.cache_max_bytes is not None and not self.cache and _CACHE_MAX_ENV not in os.environ:
+            raise InvalidOptionsError(
+                f"cache_max_bytes={self.cache_max_bytes} is set but cache=False; pass cache=True to use the "
+                "context cache, or drop cache_max_bytes."
             )
 
     @classmethod

@@ -284,10 +284,12 @@ class QnnProgram:
 
 
 @functools.cache
-def _store(root: str | None) -> Any:
+def _store(root: str | None, max_bytes: int | None) -> Any:
     import qnnx_ctxcache
 
-    return qnnx_ctxcache.ContextStore(root)
+    if max_bytes is None:
+        return qnnx_ctxcache.ContextStore(root)
+    return qnnx_ctxcache.ContextStore(root, options=qnnx_ctxcache.StoreOptions(max_size_bytes=max_bytes))
 
 
 _store_lock = threading.Lock()
@@ -523,7 +525,7 @@ def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra,
         shared["fingerprint"] = qnnx_export.fingerprint(gm, args, analysis)
     timings["fingerprint"] = time.perf_counter() - t
     with _store_lock:
-        store = _store(str(opts.cache_dir) if opts.cache_dir is not None else None)
+        store = _store(str(opts.cache_dir) if opts.cache_dir is not None else None, opts.cache_max_bytes)
     key = qnnx_ctxcache.make_key(
         model_digest=shared["fingerprint"],
         ep_name=qnnx_detection.EP_NAME,

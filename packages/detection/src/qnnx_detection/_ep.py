@@ -5,11 +5,13 @@ onnxruntime and onnxruntime_qnn are imported on first use, never at package impo
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnnx_detection._devices import normalize_device
@@ -69,6 +71,48 @@ def import_qnn() -> tuple[Any, Any]:
             "--force-reinstall 'onnxruntime-qnn>=2.4,<2.8'"
         ) from exc
     return onnxruntime, onnxruntime_qnn
+
+
+# Prefixes of the QNN EP's provider option names (onnxruntime-qnn 2.4-2.7): the names are read from the installed EP
+# library, so a new release's options are accepted without a qnnx update, and everything else in the library's
+# string table (symbols, messages) is not.
+_OPTION_PREFIXES = (
+    b"htp_",
+    b"enable_",
+    b"qnn_",
+    b"vtcm_",
+    b"device_id",
+    b"profiling_",
+    b"rpc_",
+    b"dump_",
+    b"json_",
+    b"op_packages",
+    b"op_affinity",
+    b"skip_",
+    b"offload_",
+    b"disable_",
+    b"soc_model",
+    b"backend_",
+)
+
+
+@functools.cache
+def known_provider_options() -> frozenset[str]:
+    """The provider option names the installed onnxruntime-qnn's EP library knows (empty when it is missing).
+
+    ONNX Runtime silently ignores an unknown key, so callers check names against this set. The names are the
+    library's NUL-terminated strings that look like QNN option names (about 5 MB read once per process, ~20 ms).
+    """
+    import re
+
+    try:
+        _, oq = import_qnn()
+        data = Path(oq.get_library_path()).read_bytes()
+    except (QnnNotInstalledError, OSError, AttributeError) as exc:
+        logger.debug("cannot read the QNN EP library for its option names: %s", exc)
+        return frozenset()
+    names = (m.group(1) for m in re.finditer(rb"\x00([a-z][a-z0-9_.]{2,60})\x00", data))
+    return frozenset(n.decode() for n in names if n.startswith(_OPTION_PREFIXES))
 
 
 def _ep_name(oq: Any) -> str:

@@ -52,6 +52,32 @@ _KIND_TEXT = {
 _FLOATS = ("float32", "float16", "bfloat16")
 # onnx.TensorProto element types of floats (FLOAT, DOUBLE, FLOAT16, BFLOAT16): a Cast to another type truncates.
 _FLOAT_ELEM_TYPES = (1, 11, 10, 16)
+# Ops whose output is finite (or bool) for an infinite input: an infinity stops there, as a -inf mask does in
+# attention's Softmax.
+_ABSORB_INFINITY = frozenset(
+    {
+        "Softmax",
+        "Exp",
+        "Sigmoid",
+        "Tanh",
+        "Relu",
+        "Clip",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "Greater",
+        "GreaterOrEqual",
+        "IsInf",
+        "IsNaN",
+        "Not",
+        "Shape",
+        "Size",
+        "Cast",
+        "HardSigmoid",
+        "Erf",
+        "Softsign",
+    }
+)
 _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "Clip"})
 
 
@@ -571,7 +597,26 @@ class _Checker:
             # Face's) never holds one, and the comparison is then false in PyTorch too.
             others = [name for name in node.input if name and name not in nonfinite]
             return any(self._may_hold_nonfinite(name) for name in others)
-        return any(o in self.f.graph_outputs for o in node.output if o)
+        return any(self._reaches_output_unabsorbed(o) for o in node.output if o)
+
+    def _reaches_output_unabsorbed(self, name: str) -> bool:
+        """Whether an infinity in ``name`` can reach a graph output, i.e. a path to an output that does not pass
+        through an op turning -inf into a finite number (Softmax, Exp, Sigmoid, Relu...) or into a bool."""
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            if cur in self.f.graph_outputs:
+                return True
+            for idx in self.f.consumers.get(cur, ()):
+                consumer = self.f.nodes[idx]
+                if consumer.op_type in _ABSORB_INFINITY:
+                    continue
+                stack.extend(o for o in consumer.output if o)
+        return False
 
     def _const_nonfinite(self, name: str) -> bool:
         import numpy as np
