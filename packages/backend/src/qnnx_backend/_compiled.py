@@ -196,14 +196,28 @@ class QnnGraph:
     def _compile(
         self, gm: torch.fx.GraphModule, args: list[object], exclude: frozenset[str] = frozenset()
     ) -> _Eager | _QnnVariant:
+        from qnnx_backend._progress import compile_progress
+
+        graph_id = _report.next_graph_id()
+        timings: dict[str, float] = {}
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        with compile_progress(graph_id, timings, shapes):
+            return self._compile_graph(gm, args, exclude, graph_id, timings, shapes)
+
+    def _compile_graph(
+        self,
+        gm: torch.fx.GraphModule,
+        args: list[object],
+        exclude: frozenset[str],
+        graph_id: int,
+        timings: dict[str, float],
+        shapes: tuple[tuple[int, ...], ...],
+    ) -> _Eager | _QnnVariant:
         import qnnx_detection
         import qnnx_export
 
         opts = self._options
-        graph_id = _report.next_graph_id()
         start = time.perf_counter()
-        timings: dict[str, float] = {}
-        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         base = {"graph_id": graph_id, "requested_device": opts.device, "strict": opts.strict, "input_shapes": shapes}
 
         def eager(reason: str, attempts: Sequence[_report.Attempt] = (), *, warn: bool) -> _Eager:
