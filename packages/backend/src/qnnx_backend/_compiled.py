@@ -161,6 +161,7 @@ class QnnGraph:
             if _is_symbolic(a) or (isinstance(a, int) and not isinstance(a, bool))
         )
         self._variants: dict[tuple[object, ...], _Eager | _QnnVariant | _Specialized] = {}
+        self._budget_warned = False
         _LIVE.append(weakref.ref(self))
         if len(_LIVE) > 256:
             live_graphs()  # prune dead references
@@ -178,6 +179,10 @@ class QnnGraph:
         if self._sym_positions:
             key = tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
         variant = self._variants.get(key)
+        if variant is None and self._sym_positions and self._over_budget():
+            with self._lock:
+                variant = self._variants.get(key) or self._past_budget(key)
+                self._variants[key] = variant
         if variant is None:
             with self._lock, _compiling(), _gc_paused():
                 variant = self._variants.get(key)
@@ -190,6 +195,34 @@ class QnnGraph:
                         variant = self._compile(self._gm, list(args))
                     self._variants[key] = variant
         return variant(args)
+
+    def _over_budget(self) -> bool:
+        compiled = [v for v in self._variants.values() if not isinstance(v, _Eager) or v.report.reason != _BUDGET]
+        return len(compiled) >= self._options.max_graphs
+
+    def _past_budget(self, key: tuple[object, ...]) -> _Eager:
+        """A new shape past ``max_graphs``: run it in PyTorch (one warning per graph), or raise under strict."""
+        seen = [k for k, v in self._variants.items() if not (isinstance(v, _Eager) and v.report.reason == _BUDGET)]
+        sizes = ", ".join(str(list(k)) for k in seen)
+        cause = (
+            f"{len(seen)} static QNN graphs were compiled for the dynamic sizes {sizes} (max_graphs="
+            f"{self._options.max_graphs}); size {list(key)} is not compiled. Raise max_graphs, or mark the dimension "
+            "static (torch.compile(dynamic=False)) or pad inputs to a few lengths"
+        )
+        if self._options.strict:
+            raise QnnDeviceError(self._options.device, cause)
+        if not self._budget_warned:
+            self._budget_warned = True
+            warnings.warn(f"qnn backend: {cause}; new sizes run in PyTorch.", QnnFallbackWarning, stacklevel=3)
+        rep = _report.CompileReport(
+            graph_id=_report.next_graph_id(),
+            device="eager",
+            requested_device=self._options.device,
+            strict=False,
+            reason=_BUDGET,
+        )
+        _report.record(rep)
+        return _Eager(self._gm, rep)
 
     # -- compilation ---------------------------------------------------------------------------------------------
 
@@ -309,6 +342,7 @@ class QnnGraph:
         return eager(reason, attempts, warn=False)
 
 
+_BUDGET = "max_graphs reached: this size runs in PyTorch"
 _no_device_warned = threading.Event()
 
 

@@ -220,6 +220,15 @@ def _exporter(value: object) -> str:
     return str(value)
 
 
+def _max_graphs(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOptionsError(
+            f"max_graphs={value!r} is not valid; accepted: an int >= 1 (the static QNN graphs one Dynamo graph with "
+            "dynamic sizes may compile; default 8)."
+        )
+    return value
+
+
 def _partition(value: object) -> str:
     if value not in PARTITIONS:
         raise InvalidOptionsError(f"partition={value!r} is not valid; accepted: {', '.join(map(repr, PARTITIONS))}.")
@@ -280,6 +289,10 @@ class BackendOptions:
     disable_passes: tuple[str, ...] = attrs.field(factory=tuple, converter=_disable_passes)
     """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
     wrong results; the accuracy guard ``verify=True`` is advised when skipping any)."""
+
+    max_graphs: int = attrs.field(default=8, converter=_max_graphs)
+    """Recompile budget: the static QNN graphs one Dynamo graph with dynamic sizes may compile, one per concrete
+    shape. Past it, new shapes run in PyTorch with one warning naming the shapes seen (an error under ``strict``)."""
 
     exporter: str = attrs.field(default="auto", converter=_exporter)
     """How the graph becomes ONNX: ``"auto"`` uses qnnx-export's direct ATen->ONNX translator when it covers every
