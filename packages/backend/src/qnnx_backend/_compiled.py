@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from qnnx_backend import _report
+from qnnx_backend import _buckets, _report
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._session import DeviceRejected as _DeviceRejected
 from qnnx_backend._session import QnnProgram, build_program
@@ -52,6 +52,12 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: 
     """
     static = copy.deepcopy(gm)
     placeholders = [n for n in static.graph.nodes if n.op == "placeholder"]
+    # Dynamo's source of each argument (a parameter or buffer is frozen, a user input is not) lives in a node
+    # attribute that a deep copy drops: without it the copy's weights would become runtime inputs.
+    for mine, original in zip(placeholders, (n for n in gm.graph.nodes if n.op == "placeholder"), strict=True):
+        source = getattr(original, "_dynamo_source", None)
+        if source is not None and getattr(mine, "_dynamo_source", None) is None:
+            mine._dynamo_source = source  # type: ignore[attr-defined]
     for pos in sym_positions:
         node = placeholders[pos]
         value = args[pos]
@@ -162,6 +168,11 @@ class QnnGraph:
         )
         self._variants: dict[tuple[object, ...], _Eager | _QnnVariant | _Specialized] = {}
         self._budget_warned = False
+        self._plan: _buckets.BucketPlan | str | None = None
+        if self._sym_positions and options.buckets is not None:
+            self._plan = _buckets.make_plan(gm, example_inputs, self._sym_positions)
+            if isinstance(self._plan, str):
+                logger.info("qnn backend: dynamic sizes compile exactly (no buckets): %s", self._plan)
         _LIVE.append(weakref.ref(self))
         if len(_LIVE) > 256:
             live_graphs()  # prune dead references
@@ -178,6 +189,12 @@ class QnnGraph:
         key: tuple[object, ...] = ()
         if self._sym_positions:
             key = tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
+            if isinstance(self._plan, _buckets.BucketPlan):
+                bucket = _buckets.choose(key, self._plan, self._options.buckets)  # type: ignore[arg-type]
+                if bucket is not None:
+                    served = self._call_bucket(args, key, bucket)  # type: ignore[arg-type]
+                    if served is not _NOT_NEUTRAL:
+                        return served
         variant = self._variants.get(key)
         if variant is None and self._sym_positions and self._over_budget():
             with self._lock:
@@ -195,6 +212,45 @@ class QnnGraph:
                         variant = self._compile(self._gm, list(args))
                     self._variants[key] = variant
         return variant(args)
+
+    def _call_bucket(self, args: Sequence[object], sizes: tuple[int, ...], bucket: tuple[int, ...]) -> Any:
+        """Run the static graph of ``bucket`` on padded arguments and slice the outputs back to ``sizes``."""
+        plan = self._plan
+        assert isinstance(plan, _buckets.BucketPlan)
+        key = ("bucket", *bucket)
+        variant = self._variants.get(key)
+        if variant is None and self._over_budget():
+            with self._lock:
+                variant = self._variants.get(key) or self._past_budget(key)
+                self._variants[key] = variant
+        if variant is None:
+            with self._lock, _compiling(), _gc_paused():
+                variant = self._variants.get(key)
+                if variant is None:
+                    problem = _buckets.neutral(self._gm, args, plan, bucket)
+                    if problem is not None:
+                        return self._not_neutral(sizes, bucket, problem)
+                    padded = _buckets.pad(args, plan, bucket)
+                    static = specialize(self._gm, padded, self._sym_positions)
+                    rest = [a for i, a in enumerate(padded) if i not in self._sym_positions]
+                    variant = _Specialized(self._compile(static, rest, bucket=bucket), self._sym_positions)
+                    self._variants[key] = variant
+        if isinstance(variant, _Eager):
+            return variant(args)
+        return _buckets.slice_outputs(variant(_buckets.pad(args, plan, bucket)), plan, sizes)
+
+    def _not_neutral(self, sizes: tuple[int, ...], bucket: tuple[int, ...], problem: str) -> Any:
+        cause = (
+            f"padding the dynamic sizes {list(sizes)} to the bucket {list(bucket)} changes the outputs in eager "
+            f"PyTorch ({problem}): the graph depends on the padding (a mean over the sequence, or no attention mask)"
+        )
+        if self._options.strict:
+            raise UnsupportedGraphError(
+                [cause], "Pass buckets=None to compile every size exactly, or give the model an attention mask."
+            )
+        logger.info("qnn backend: %s; compiling exact sizes for this graph", cause)
+        self._plan = cause
+        return _NOT_NEUTRAL
 
     def _over_budget(self) -> bool:
         compiled = [v for v in self._variants.values() if not isinstance(v, _Eager) or v.report.reason != _BUDGET]
@@ -227,7 +283,11 @@ class QnnGraph:
     # -- compilation ---------------------------------------------------------------------------------------------
 
     def _compile(
-        self, gm: torch.fx.GraphModule, args: list[object], exclude: frozenset[str] = frozenset()
+        self,
+        gm: torch.fx.GraphModule,
+        args: list[object],
+        exclude: frozenset[str] = frozenset(),
+        bucket: tuple[int, ...] | None = None,
     ) -> _Eager | _QnnVariant:
         from qnnx_backend._progress import compile_progress
 
@@ -235,7 +295,7 @@ class QnnGraph:
         timings: dict[str, float] = {}
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         with compile_progress(graph_id, timings, shapes):
-            return self._compile_graph(gm, args, exclude, graph_id, timings, shapes)
+            return self._compile_graph(gm, args, exclude, graph_id, timings, shapes, bucket)
 
     def _compile_graph(
         self,
@@ -245,13 +305,20 @@ class QnnGraph:
         graph_id: int,
         timings: dict[str, float],
         shapes: tuple[tuple[int, ...], ...],
+        bucket: tuple[int, ...] | None = None,
     ) -> _Eager | _QnnVariant:
         import qnnx_detection
         import qnnx_export
 
         opts = self._options
         start = time.perf_counter()
-        base = {"graph_id": graph_id, "requested_device": opts.device, "strict": opts.strict, "input_shapes": shapes}
+        base = {
+            "graph_id": graph_id,
+            "requested_device": opts.device,
+            "strict": opts.strict,
+            "input_shapes": shapes,
+            "bucket": bucket,
+        }
 
         def eager(reason: str, attempts: Sequence[_report.Attempt] = (), *, warn: bool) -> _Eager:
             timings["total"] = time.perf_counter() - start
@@ -343,6 +410,7 @@ class QnnGraph:
 
 
 _BUDGET = "max_graphs reached: this size runs in PyTorch"
+_NOT_NEUTRAL = object()
 _no_device_warned = threading.Event()
 
 

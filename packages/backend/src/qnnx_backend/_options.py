@@ -220,6 +220,21 @@ def _exporter(value: object) -> str:
     return str(value)
 
 
+def _buckets(value: object) -> str | tuple[int, ...] | None:
+    if value is None or value == "auto":
+        return value  # type: ignore[return-value]
+    if (
+        isinstance(value, list | tuple)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        return tuple(sorted(set(value)))
+    raise InvalidOptionsError(
+        f"buckets={value!r} is not valid; accepted: 'auto' (powers of two from 16), a list of positive sizes such as "
+        "[32, 64, 128], or None (compile every size exactly)."
+    )
+
+
 def _max_graphs(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidOptionsError(
@@ -289,6 +304,11 @@ class BackendOptions:
     disable_passes: tuple[str, ...] = attrs.field(factory=tuple, converter=_disable_passes)
     """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
     wrong results; the accuracy guard ``verify=True`` is advised when skipping any)."""
+
+    buckets: str | tuple[int, ...] | None = attrs.field(default="auto", converter=_buckets)
+    """Length buckets for dynamic sizes: ``"auto"`` (powers of two from 16, bounded by Dynamo's maximum), a list of
+    sizes, or None (one static graph per exact size). Inputs are padded to the bucket and outputs sliced back, once
+    padding is proven neutral for the graph (eager PyTorch at the true and the bucket size agree)."""
 
     max_graphs: int = attrs.field(default=8, converter=_max_graphs)
     """Recompile budget: the static QNN graphs one Dynamo graph with dynamic sizes may compile, one per concrete

@@ -51,6 +51,9 @@ class CompileReport:
     placement: Mapping[str, int] = attrs.field(factory=dict)
     """ONNX nodes per ONNX Runtime execution provider, from ORT's own assignment record (e.g. ``{"QNNExecutionProvider": 12}``)."""
     input_shapes: tuple[tuple[int, ...], ...] = ()
+    bucket: tuple[int, ...] | None = None
+    """The padded sizes this static graph was compiled for, when it serves a length bucket (see the ``buckets``
+    option); calls with smaller sizes are padded to it and their outputs sliced back."""
     timings: Mapping[str, float] = attrs.field(factory=dict)
     """Seconds per stage: analyze, fingerprint, export, opcheck, session, cache_lookup, total."""
 
@@ -70,6 +73,8 @@ class CompileReport:
             detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes{split}, cache {self.cache}"
         else:
             detail = f"{where}: {self.reason}"
+        if self.bucket is not None:
+            detail += f", bucket {list(self.bucket)}"
         total = self.timings.get("total")
         return f"graph {self.graph_id}: {detail}" + (f", {total:.2f} s" if total is not None else "")
 
