@@ -30,7 +30,8 @@ def _assert_never_vouched_wrong(result: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    "family", ["Resize/r4/nearest/floor/half_pixel/", "Resize/r5/linear/half_pixel/", "AveragePool/r4/k2s2", "Elements/"]
+    "family",
+    ["Resize/r4/nearest/floor/half_pixel/", "Resize/r5/linear/half_pixel/", "AveragePool/r4/k2s2", "Elements/"],
 )
 def test_opcheck_never_vouches_for_a_wrong_case(tmp_path: Path, family: str) -> None:
     """Over a family of attribute variants, every case opcheck supports runs right on QNN HTP."""

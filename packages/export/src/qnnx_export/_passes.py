@@ -710,9 +710,15 @@ class FuseSoftplus(QnnPass):
         for exp_in, one in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
             exp = exp_in.producer() if exp_in is not None else None
             value = _const(one)
-            if exp is not None and exp.op_type == "Exp" and value is not None and value.size == 1:
-                if float(value.reshape(-1)[0]) == 1.0 and _shape(exp.inputs[0]) == _shape(log_node.outputs[0]):
-                    return exp.inputs[0]
+            if (
+                exp is not None
+                and exp.op_type == "Exp"
+                and value is not None
+                and value.size == 1
+                and float(value.reshape(-1)[0]) == 1.0
+                and _shape(exp.inputs[0]) == _shape(log_node.outputs[0])
+            ):
+                return exp.inputs[0]
         return None
 
     def find_defects(self, graph: ir.Graph) -> list[str]:

@@ -1,0 +1,133 @@
+"""The direct translator: ATen graph -> ONNX, without torch.export and torch.onnx.
+
+``torch.onnx.export`` re-traces the graph with torch.export, runs the decompositions, builds its
+ATen->ONNX registry (about 1 s, once per process) and optimizes the result: 1.8-2.9 s for the small
+benchmark models, most of a cold first call. The graphs Dynamo hands a backend are already traced
+and, once specialized, have static shapes. So for graphs made only of the ops in the table we trace the
+Dynamo graph to ATen with fake tensors (``make_fx``, 20-230 ms) and write each ATen node as the
+ONNX nodes that compute the same thing, with every shape known. Anything outside the table (an op,
+a dtype, an argument value) makes :func:`translate` raise :class:`Declined`, and the caller uses
+torch.onnx instead: the fast path never guesses.
+
+Values that depend only on parameters, buffers and constants are computed here with PyTorch on the
+real tensors (constant folding), so weight transposes, slices of fused projections and position ids
+become initializers, as torch.onnx's optimizer would make them. BatchNorm after a convolution is
+folded into the convolution's weights (in float64) for the same reason.
+
+The package: ``_trace`` (make_fx), ``_translator`` (the walk, and the API the handlers write through),
+``_registry`` (the op table, built once on first use) and the handlers by op family (``_ops_*``). Importing it
+imports neither torch nor onnx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from qnnx_export._fast._registry import REGISTRY, OpTable, import_op_modules
+from qnnx_export._fast._trace import trace_aten
+from qnnx_export._fast._translator import Declined, Translator, ir_dtype
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    import torch
+    import torch.fx
+
+__all__ = ["Declined", "supported_ops", "trace_aten", "translate", "translate_aten"]
+
+
+def _register() -> None:
+    """Import the op-family modules, whose ``@handles`` decorators record their handlers in the registry."""
+    import_op_modules()
+
+
+def _op_table() -> OpTable:
+    # _register is looked up at each call, not bound once: integration-tests/test_threads.py replaces it to count
+    # the builds.
+    return REGISTRY.table(_register)
+
+
+def supported_ops() -> list[str]:
+    """The ATen overloads the fast path translates (anything else goes to torch.onnx)."""
+    return sorted(str(op) for op in _op_table().handlers)
+
+
+def translate(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    param_indices: Sequence[int],
+    user_inputs: Sequence[tuple[str, int]],
+    outputs: Sequence[Any],
+    opset: int,
+) -> tuple[ir.Model, dict[str, str]]:
+    """Translate a Dynamo graph to an ONNX model, or raise :class:`Declined`.
+
+    Args:
+        gm: Dynamo's graph (not modified).
+        example_inputs: Dynamo's real arguments (parameters included).
+        param_indices: Positions of the parameters and buffers among the placeholders.
+        user_inputs: ``(ONNX input name, placeholder position)`` of the runtime inputs.
+        outputs: The nodes of ``gm`` that become ONNX outputs, in order.
+        opset: ONNX opset of the model.
+
+    Returns:
+        The model (initializers hold the real weights, without copies where they are contiguous) and
+        the origin of each ONNX node (``"<module path> (<class>): <aten op>"``).
+    """
+    import torch
+
+    table = _op_table()
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise Declined(f"argument {i} is a {type(x).__name__}")
+        if x.dtype not in table.dtypes:
+            raise Declined(f"argument {i} has dtype {x.dtype}")
+    try:
+        traced = trace_aten(gm, example_inputs, outputs)
+    except Declined:
+        raise
+    except Exception as exc:  # the graph does not trace to ATen with fake tensors: torch.onnx decides
+        raise Declined(
+            f"ATen tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    constants = {i: example_inputs[i].detach() for i in param_indices}
+    return translate_aten(traced, constants, user_inputs=user_inputs, opset=opset)
+
+
+def translate_aten(
+    traced: torch.fx.GraphModule,
+    constants: Mapping[int, torch.Tensor],
+    *,
+    user_inputs: Sequence[tuple[str, int]],
+    opset: int,
+) -> tuple[ir.Model, dict[str, str]]:
+    """Translate an ATen graph to an ONNX model, or raise :class:`Declined`: the second half of :func:`translate`.
+
+    Args:
+        traced: An ATen graph whose nodes' ``meta["val"]`` hold their fake values, as :func:`trace_aten` makes it;
+            its output node returns a tuple.
+        constants: Placeholder position -> real tensor, for the parameters and buffers.
+        user_inputs: ``(ONNX input name, placeholder position)`` of the runtime inputs.
+        opset: ONNX opset of the model.
+
+    Returns:
+        The model and the origin of each ONNX node, as for :func:`translate`.
+    """
+    import onnx_ir as ir
+
+    translator = Translator(traced, constants, opset, _op_table())
+    inputs, outs = translator.run(user_inputs)
+    for value, node in zip(outs, next(n for n in traced.graph.nodes if n.op == "output").args[0], strict=True):
+        val = node.meta["val"]
+        if value.dtype != ir_dtype(val.dtype) or tuple(value.shape) != tuple(val.shape):
+            raise Declined(f"output {node.name} came out as {value.dtype}{tuple(value.shape)}")
+    graph = ir.Graph(
+        inputs,
+        outs,
+        nodes=translator.nodes,
+        initializers=list(translator.initializers.values()),
+        opset_imports={"": opset},
+        name="main_graph",
+    )
+    return ir.Model(graph, ir_version=10), translator.origins

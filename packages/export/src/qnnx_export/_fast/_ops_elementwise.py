@@ -1,0 +1,141 @@
+"""Binary elementwise ops: arithmetic, comparisons, logic, and the selections where and masked_fill."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from qnnx_export._fast._nodes import fake, out_shape
+from qnnx_export._fast._registry import handles
+from qnnx_export._fast._translator import Declined, Operand, Translator
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    from torch.fx import Node
+
+aten = torch.ops.aten
+
+_ARITHMETIC = {aten.mul.Tensor: "Mul", aten.mul.Scalar: "Mul", aten.maximum.default: "Max", aten.minimum.default: "Min"}
+_ADD_SUB = {aten.add.Tensor: "Add", aten.add.Scalar: "Add", aten.sub.Tensor: "Sub", aten.sub.Scalar: "Sub"}
+# ATen comparison (its Tensor and Scalar overloads) -> ONNX comparison; ne is Not(Equal).
+_COMPARISONS = {
+    aten.eq: "Equal",
+    aten.ne: "Equal",
+    aten.lt: "Less",
+    aten.le: "LessOrEqual",
+    aten.gt: "Greater",
+    aten.ge: "GreaterOrEqual",
+}
+_LOGICAL = {aten.logical_and.default: "And", aten.logical_or.default: "Or", aten.logical_xor.default: "Xor"}
+_BITWISE = {aten.bitwise_and.Tensor: "And", aten.bitwise_or.Tensor: "Or", aten.bitwise_xor.Tensor: "Xor"}
+
+
+def _no_bool(node: Node, dtype: torch.dtype) -> None:
+    """Decline ``node`` when it computes on bool tensors."""
+    # ONNX Add/Sub/Mul/Max/Min, Less/Greater and onnxruntime 1.32's CPU Where have no bool kernel: the model
+    # would not load, so let torch.onnx (which writes And/Or/casts for some of them) take the graph.
+    if dtype == torch.bool:
+        raise Declined(f"{node.target} on bool tensors")
+
+
+@handles(*_ARITHMETIC)
+def _arithmetic(t: Translator, node: Node, a: Operand, b: Operand, **kwargs: object) -> ir.Value:
+    if kwargs:
+        raise Declined(f"{node.target} with {kwargs}")
+    dtype = node.meta["val"].dtype
+    _no_bool(node, dtype)
+    return t.out(_ARITHMETIC[node.target], [t.operand(a, dtype), t.operand(b, dtype)])
+
+
+def _add_or_sub(op: str, t: Translator, node: Node, a: Operand, b: Operand, alpha: float) -> ir.Value:
+    """``a + alpha * b`` (op "Add") or ``a - alpha * b`` (op "Sub")."""
+    dtype = node.meta["val"].dtype
+    _no_bool(node, dtype)
+    rhs = t.operand(b, dtype)
+    if alpha != 1:
+        if not isinstance(b, (int, float)):
+            rhs = t.emit1("Mul", [rhs, t.scalar(alpha, dtype)], dtype=dtype, shape=tuple(fake(b).shape))
+        else:
+            rhs = t.scalar(b * alpha, dtype)
+    return t.out(op, [t.operand(a, dtype), rhs])
+
+
+@handles(*_ADD_SUB)
+def _add_sub(t: Translator, node: Node, a: Operand, b: Operand, alpha: float = 1) -> ir.Value:
+    return _add_or_sub(_ADD_SUB[node.target], t, node, a, b, alpha)
+
+
+@handles(aten.rsub.Scalar)
+def _rsub(t: Translator, node: Node, a: Operand, b: Operand, alpha: float = 1) -> ir.Value:
+    if alpha != 1:
+        raise Declined("rsub alpha")
+    return _add_or_sub("Sub", t, node, b, a, 1)
+
+
+@handles(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode)
+def _div(t: Translator, node: Node, a: Operand, b: Operand, *, rounding_mode: str | None = None) -> ir.Value:
+    if rounding_mode is not None:
+        raise Declined(f"div with rounding_mode={rounding_mode!r}")
+    dtype = node.meta["val"].dtype
+    if not dtype.is_floating_point:
+        raise Declined("integer division")
+    return t.out("Div", [t.operand(a, dtype), t.operand(b, dtype)])
+
+
+@handles(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor)
+def _pow(t: Translator, node: Node, x: Operand, exponent: Operand) -> ir.Value:
+    dtype = node.meta["val"].dtype
+    if not dtype.is_floating_point:
+        raise Declined("integer pow")
+    if isinstance(exponent, (int, float)) and exponent == 2:
+        xv = t.operand(x, dtype)
+        return t.out("Mul", [xv, xv])
+    return t.out("Pow", [t.operand(x, dtype), t.operand(exponent, dtype)])
+
+
+@handles(*(overload for packet in _COMPARISONS for overload in (packet.Tensor, packet.Scalar)))
+def _compare(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
+    packet = node.target.overloadpacket
+    op, negate = _COMPARISONS[packet], packet is aten.ne
+    dtype = torch.result_type(fake(a), fake(b))
+    if op != "Equal":
+        _no_bool(node, dtype)
+    inputs = [t.operand(a, dtype), t.operand(b, dtype)]
+    if not negate:
+        return t.out(op, inputs)
+    eq = t.emit1(op, inputs, dtype=torch.bool, shape=out_shape(node))
+    return t.out("Not", [eq])
+
+
+@handles(*_LOGICAL, *_BITWISE)
+def _logical(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
+    """And, or, xor. ``&``, ``|`` and ``^`` only on bool tensors (masks): on integers they are bit operations."""
+    if node.target in _BITWISE and (
+        any(fake(v).dtype != torch.bool for v in (a, b) if hasattr(v, "meta")) or node.meta["val"].dtype != torch.bool
+    ):
+        raise Declined(f"{node.target} on non-bool tensors")
+    op = _BITWISE[node.target] if node.target in _BITWISE else _LOGICAL[node.target]
+    return t.out(op, [t.operand(a, torch.bool), t.operand(b, torch.bool)])
+
+
+@handles(aten.logical_not.default, aten.bitwise_not.default)
+def _not(t: Translator, node: Node, x: Node) -> ir.Value:
+    if fake(x).dtype != torch.bool:
+        raise Declined("bitwise/logical not on a non-bool tensor")
+    return t.out("Not", [t.value(x)])
+
+
+@handles(aten.where.self)
+def _where(t: Translator, node: Node, cond: Operand, a: Operand, b: Operand) -> ir.Value:
+    dtype = node.meta["val"].dtype
+    _no_bool(node, dtype)
+    return t.out("Where", [t.operand(cond, torch.bool), t.operand(a, dtype), t.operand(b, dtype)])
+
+
+@handles(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(t: Translator, node: Node, x: Operand, mask: Operand, value: Operand) -> ir.Value:
+    dtype = node.meta["val"].dtype
+    _no_bool(node, dtype)
+    value_v = t.operand(value, dtype) if not isinstance(value, (int, float, bool)) else t.scalar(value, dtype)
+    return t.out("Where", [t.operand(mask, torch.bool), value_v, t.operand(x, dtype)])

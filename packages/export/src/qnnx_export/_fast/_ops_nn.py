@@ -1,0 +1,206 @@
+"""Neural-network layers: convolution (with batch norm folded into it), normalization and pooling."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
+
+import torch
+
+from qnnx_export._fast._nodes import fake, only_first_output_used
+from qnnx_export._fast._registry import handles
+from qnnx_export._fast._translator import Attrs, Declined, Translator
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    from torch.fx import Node
+
+aten = torch.ops.aten
+
+Ints: TypeAlias = int | Sequence[int]  # a pooling argument: one int for every spatial dim, or one each
+
+
+@handles(aten.convolution.default)
+def _convolution(
+    t: Translator,
+    node: Node,
+    x: Node,
+    w: Node,
+    b: Node | None,
+    stride: Sequence[int],
+    padding: Sequence[int] | str,
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+) -> ir.Value:
+    rank = fake(x).dim() - 2
+    if rank < 1 or rank > 3:
+        raise Declined(f"convolution over {rank} spatial dims")
+    if isinstance(padding, str):
+        raise Declined("convolution with string padding")
+    attrs: dict[str, int | list[int]] = {
+        "strides": list(stride),
+        "pads": list(padding) * 2,
+        "dilations": list(dilation),
+        "group": int(groups),
+        "kernel_shape": list(fake(w).shape[2:]),
+    }
+    bn = t.folded_batch_norm(node)
+    w_real = t.constant_of(w)
+    b_real = t.constant_of(b) if b is not None else None
+    if bn is not None and w_real is not None and (b is None or b_real is not None):
+        weight, bias = _fold_batchnorm(t, bn, w_real, b_real)
+        inputs = [t.value(x), t.initializer(weight, f"{w.name}_bn"), t.initializer(bias, f"{bn.name}_bias")]
+        # The fused node computes the batch norm's output: its name and origin follow that node.
+        out = t.emit_for_node(bn, "Conv", inputs, attrs)
+        t.set_result(bn, (out, None, None))
+        return out
+    inputs = [t.value(x), t.value(w)] + ([t.value(b)] if b is not None else [])
+    if transposed:
+        attrs["output_padding"] = list(output_padding)
+        return t.out("ConvTranspose", inputs, attrs)
+    return t.out("Conv", inputs, attrs)
+
+
+def _fold_batchnorm(
+    t: Translator, bn: Node, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias of the convolution that computes ``bn(conv(x))`` (in float64, then the weight's dtype)."""
+    _, gamma, beta, mean, var, _, _, eps = bn.args
+    cout = weight.shape[0]
+
+    def real(x: Node | None, default: float) -> torch.Tensor:
+        if x is None:
+            return torch.full((cout,), default, dtype=torch.float64)
+        got = t.constant_of(x)
+        if got is None:
+            raise Declined("batch norm with non-constant statistics")
+        return got.double()
+
+    scale = real(gamma, 1.0) / torch.sqrt(real(var, 0.0) + eps)
+    shift = real(beta, 0.0) - real(mean, 0.0) * scale
+    w = (weight.double() * scale.reshape(-1, *([1] * (weight.dim() - 1)))).to(weight.dtype)
+    b0 = bias.double() if bias is not None else torch.zeros(cout, dtype=torch.float64)
+    return w, (b0 * scale + shift).to(weight.dtype)
+
+
+@handles(aten.native_batch_norm.default)
+def _batch_norm(
+    t: Translator,
+    node: Node,
+    x: Node,
+    w: Node | None,
+    b: Node | None,
+    mean: Node | None,
+    var: Node | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> tuple[ir.Value, None, None]:
+    folded = t.result_of(node)
+    if folded is not None:  # folded into the convolution before it
+        return folded
+    if training or not only_first_output_used(node):
+        raise Declined("batch norm in training mode or with its statistics used")
+    if mean is None or var is None:
+        raise Declined("batch norm without running statistics")
+    c = fake(x).shape[1]
+    dtype = node.meta["val"][0].dtype
+    scale = t.value(w) if w is not None else t.initializer(torch.ones(c, dtype=dtype), "bn_scale")
+    shift = t.value(b) if b is not None else t.initializer(torch.zeros(c, dtype=dtype), "bn_shift")
+    val = node.meta["val"][0]
+    out = t.emit1(
+        "BatchNormalization",
+        [t.value(x), scale, shift, t.value(mean), t.value(var)],
+        {"epsilon": float(eps)},
+        dtype=val.dtype,
+        shape=tuple(val.shape),
+    )
+    return (out, None, None)
+
+
+@handles(aten.native_layer_norm.default)
+def _layer_norm(
+    t: Translator, node: Node, x: Node, normalized_shape: Sequence[int], w: Node | None, b: Node | None, eps: float
+) -> tuple[ir.Value, None, None]:
+    if not only_first_output_used(node):
+        raise Declined("layer norm with its mean/rstd used")
+    val = node.meta["val"][0]
+    n = len(normalized_shape)
+    scale = (
+        t.value(w) if w is not None else t.initializer(torch.ones(tuple(normalized_shape), dtype=val.dtype), "ln_scale")
+    )
+    inputs = [t.value(x), scale] + ([t.value(b)] if b is not None else [])
+    out = t.emit1(
+        "LayerNormalization", inputs, {"axis": -n, "epsilon": float(eps)}, dtype=val.dtype, shape=tuple(val.shape)
+    )
+    return (out, None, None)
+
+
+def _ntuple(v: Ints, n: int) -> list[int]:
+    if isinstance(v, int):
+        return [v] * n
+    v = list(v)
+    return v * n if len(v) == 1 else v
+
+
+def _pool_window(x: Node, kernel: Ints, stride: Ints, padding: Ints) -> dict[str, list[int]]:
+    """ONNX kernel_shape, strides (PyTorch's empty stride means the kernel size) and symmetric pads."""
+    rank = fake(x).dim() - 2
+    k = _ntuple(kernel, rank)
+    return {"kernel_shape": k, "strides": _ntuple(stride, rank) if stride else k, "pads": _ntuple(padding, rank) * 2}
+
+
+@handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+def _max_pool(
+    t: Translator,
+    node: Node,
+    x: Node,
+    kernel: Ints,
+    stride: Ints = (),
+    padding: Ints = 0,
+    dilation: Ints = 1,
+    ceil_mode: bool = False,
+) -> ir.Value | tuple[ir.Value, None]:
+    if ceil_mode:  # ONNX and PyTorch disagree on the last window's placement with ceil_mode
+        raise Declined("max pool with ceil_mode=True")
+    attrs: Attrs = {**_pool_window(x, kernel, stride, padding), "dilations": _ntuple(dilation, fake(x).dim() - 2)}
+    if node.target is aten.max_pool2d_with_indices.default:
+        if not only_first_output_used(node):
+            raise Declined("max pool with its indices used")
+        val = node.meta["val"][0]
+        out = t.emit1("MaxPool", [t.value(x)], attrs, dtype=val.dtype, shape=tuple(val.shape))
+        return (out, None)
+    return t.out("MaxPool", [t.value(x)], attrs)
+
+
+@handles(aten.avg_pool2d.default)
+def _avg_pool(
+    t: Translator,
+    node: Node,
+    x: Node,
+    kernel: Ints,
+    stride: Ints = (),
+    padding: Ints = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> ir.Value:
+    if ceil_mode or divisor_override is not None:
+        raise Declined("avg pool with ceil_mode or divisor_override")
+    attrs: Attrs = {**_pool_window(x, kernel, stride, padding), "count_include_pad": int(bool(count_include_pad))}
+    return t.out("AveragePool", [t.value(x)], attrs)
+
+
+@handles(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool(t: Translator, node: Node, x: Node, output_size: Sequence[int]) -> ir.Value:
+    shape = tuple(fake(x).shape)
+    spatial = shape[-len(output_size) :]
+    if all(o == 1 for o in output_size):
+        axes = list(range(len(shape) - len(output_size), len(shape)))
+        return t.out("ReduceMean", [t.value(x), t.ints(axes, "axes")], {"keepdims": 1})
+    if all(s % o == 0 for s, o in zip(spatial, output_size, strict=True)):
+        k = [s // o for s, o in zip(spatial, output_size, strict=True)]
+        return t.out("AveragePool", [t.value(x)], {"kernel_shape": k, "strides": k})
+    raise Declined(f"adaptive average pool from {spatial} to {list(output_size)}")

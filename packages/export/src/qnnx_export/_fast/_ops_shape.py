@@ -1,0 +1,143 @@
+"""Layout ops: views and reshapes, transposes, expand, slice, concatenation, splits and padding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from qnnx_export._fast._nodes import fake, onnx_axis, out_shape
+from qnnx_export._fast._registry import handles
+from qnnx_export._fast._translator import Declined, Translator
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    from torch.fx import Node
+
+aten = torch.ops.aten
+
+
+@handles(
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.flatten.using_ints,
+)
+def _reshape(t: Translator, node: Node, x: Node, *args: object, **kwargs: object) -> ir.Value:
+    """Any op that keeps the elements in order and only changes the shape: a Reshape to PyTorch's output shape."""
+    shape = out_shape(node)
+    if shape == tuple(fake(x).shape):
+        return t.value(x)
+    return t.out("Reshape", [t.value(x), t.ints(shape)])
+
+
+@handles(aten.permute.default)
+def _permute(t: Translator, node: Node, x: Node, dims: Sequence[int]) -> ir.Value:
+    rank = fake(x).dim()
+    perm = [onnx_axis(d, rank) for d in dims]
+    if perm == list(range(rank)):
+        return t.value(x)
+    return t.out("Transpose", [t.value(x)], {"perm": perm})
+
+
+@handles(aten.transpose.int)
+def _transpose(t: Translator, node: Node, x: Node, d0: int, d1: int) -> ir.Value:
+    rank = fake(x).dim()
+    perm = list(range(rank))
+    a, b = onnx_axis(d0, rank), onnx_axis(d1, rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(t, node, x, perm)
+
+
+@handles(aten.t.default)
+def _t(t: Translator, node: Node, x: Node) -> ir.Value:
+    rank = fake(x).dim()
+    return _permute(t, node, x, [1, 0] if rank == 2 else list(range(rank)))
+
+
+@handles(aten.expand.default)
+def _expand(t: Translator, node: Node, x: Node, size: Sequence[int], **kwargs: object) -> ir.Value:
+    shape = out_shape(node)
+    if shape == tuple(fake(x).shape):
+        return t.value(x)
+    return t.out("Expand", [t.value(x), t.ints(shape)])
+
+
+@handles(aten.slice.Tensor)
+def _slice(
+    t: Translator, node: Node, x: Node, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1
+) -> ir.Value:
+    shape = tuple(fake(x).shape)
+    d = onnx_axis(dim, len(shape))
+    size = shape[d]
+    s, e, _ = slice(start, end, step).indices(size)
+    if step < 1:
+        raise Declined("slice with step < 1")
+    if out_shape(node) == shape:
+        return t.value(x)
+    return t.out(
+        "Slice",
+        [t.value(x), t.ints([s], "starts"), t.ints([max(e, s)], "ends"), t.ints([d], "axes"), t.ints([step], "steps")],
+    )
+
+
+@handles(aten.cat.default)
+def _cat(t: Translator, node: Node, tensors: Sequence[Node], dim: int = 0) -> ir.Value:
+    dtype = node.meta["val"].dtype
+    rank = node.meta["val"].dim()
+    # torch.cat skips 1-D empty tensors whatever the other shapes; ONNX Concat would reject them.
+    parts = [t.operand(x, dtype) for x in tensors if fake(x).numel() > 0]
+    if not parts:
+        raise Declined("cat of empty tensors only")
+    if len(parts) == 1:
+        return parts[0]
+    return t.out("Concat", parts, {"axis": onnx_axis(dim, rank)})
+
+
+@handles(
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
+    aten.unsafe_split.Tensor,
+    aten.unsafe_split_with_sizes.default,
+)
+def _split(t: Translator, node: Node, x: Node, sizes: int | Sequence[int], dim: int = 0) -> list[ir.Value]:
+    shape = tuple(fake(x).shape)
+    d = onnx_axis(dim, len(shape))
+    vals = node.meta["val"]
+    lengths = [int(v.shape[d]) for v in vals]
+    outs = [(v.dtype, tuple(v.shape)) for v in vals]
+    return t.emit("Split", [t.value(x), t.ints(lengths, "split")], {"axis": d}, outputs=outs)
+
+
+@handles(aten.unbind.int)
+def _unbind(t: Translator, node: Node, x: Node, dim: int = 0) -> tuple[ir.Value, ...]:
+    """Split into slices of size 1 along ``dim``, each reshaped without that axis."""
+    shape = tuple(fake(x).shape)
+    d = onnx_axis(dim, len(shape))
+    kept = (*shape[:d], 1, *shape[d + 1 :])
+    dtype = fake(x).dtype
+    pieces = t.emit(
+        "Split", [t.value(x), t.ints([1] * shape[d], "split")], {"axis": d}, outputs=[(dtype, kept)] * shape[d]
+    )
+    return tuple(
+        t.emit1("Reshape", [p, t.ints(tuple(v.shape))], dtype=v.dtype, shape=tuple(v.shape))
+        for p, v in zip(pieces, node.meta["val"], strict=True)
+    )
+
+
+@handles(aten.constant_pad_nd.default)
+def _constant_pad(t: Translator, node: Node, x: Node, pad: Sequence[int], value: float = 0.0) -> ir.Value:
+    rank = fake(x).dim()
+    if any(p < 0 for p in pad):
+        raise Declined("negative padding")
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):
+        d = rank - 1 - i
+        begins[d], ends[d] = pad[2 * i], pad[2 * i + 1]
+    dtype = node.meta["val"].dtype
+    return t.out("Pad", [t.value(x), t.ints(begins + ends, "pads"), t.scalar(value, dtype)], {"mode": "constant"})

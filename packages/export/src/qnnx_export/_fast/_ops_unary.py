@@ -1,0 +1,132 @@
+"""Unary elementwise ops: math functions, clamps and activations."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from qnnx_export._fast._nodes import fake
+from qnnx_export._fast._registry import handles
+from qnnx_export._fast._translator import Declined, Translator
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    from torch.fx import Node
+
+aten = torch.ops.aten
+
+
+# ATen op -> (ONNX op, whether only floating-point inputs are taken): ONNX Floor/Ceil are float-only, and
+# onnxruntime 1.32's CPU Relu has no int64 kernel.
+_SAME_DTYPE = {
+    aten.relu.default: ("Relu", True),
+    aten.floor.default: ("Floor", True),
+    aten.ceil.default: ("Ceil", True),
+    aten.neg.default: ("Neg", False),
+    aten.abs.default: ("Abs", False),
+}
+# Ops PyTorch computes in floating point: an integer or bool input is cast to the output's dtype.
+_FLOAT = {
+    aten.sigmoid.default: "Sigmoid",
+    aten.tanh.default: "Tanh",
+    aten.exp.default: "Exp",
+    aten.log.default: "Log",
+    aten.sqrt.default: "Sqrt",
+    aten.reciprocal.default: "Reciprocal",
+    aten.sin.default: "Sin",
+    aten.cos.default: "Cos",
+    aten.erf.default: "Erf",
+}
+
+
+@handles(*_SAME_DTYPE)
+def _unary(t: Translator, node: Node, x: Node) -> ir.Value:
+    op, float_only = _SAME_DTYPE[node.target]
+    if node.meta["val"].dtype != fake(x).dtype:
+        raise Declined(f"{node.target} changes dtype")
+    if float_only and not fake(x).dtype.is_floating_point:
+        raise Declined(f"{node.target} on {fake(x).dtype}")
+    return t.out(op, [t.value(x)])
+
+
+@handles(*_FLOAT)
+def _float_unary(t: Translator, node: Node, x: Node) -> ir.Value:
+    return t.out(_FLOAT[node.target], [t.operand(x, node.meta["val"].dtype)])
+
+
+@handles(aten.rsqrt.default)
+def _rsqrt(t: Translator, node: Node, x: Node) -> ir.Value:
+    val = node.meta["val"]
+    root = t.emit1("Sqrt", [t.operand(x, val.dtype)], dtype=val.dtype, shape=tuple(val.shape))
+    return t.out("Reciprocal", [root])
+
+
+@handles(aten.clamp.default)
+def _clamp(t: Translator, node: Node, x: Node, lo: float | None = None, hi: float | None = None) -> ir.Value:
+    dtype = node.meta["val"].dtype
+    if not all(v is None or isinstance(v, (int, float)) for v in (lo, hi)):
+        raise Declined("clamp with tensor bounds")
+    if lo is not None and hi is not None and lo > hi:
+        raise Declined("clamp with min > max")
+    return t.out(
+        "Clip",
+        [
+            t.operand(x, dtype),
+            t.scalar(lo, dtype) if lo is not None else None,
+            t.scalar(hi, dtype) if hi is not None else None,
+        ],
+    )
+
+
+@handles(aten.clamp_min.default)
+def _clamp_min(t: Translator, node: Node, x: Node, lo: float) -> ir.Value:
+    return _clamp(t, node, x, lo, None)
+
+
+@handles(aten.clamp_max.default)
+def _clamp_max(t: Translator, node: Node, x: Node, hi: float) -> ir.Value:
+    return _clamp(t, node, x, None, hi)
+
+
+@handles(aten.hardtanh.default)
+def _hardtanh(t: Translator, node: Node, x: Node, lo: float = -1.0, hi: float = 1.0) -> ir.Value:
+    return _clamp(t, node, x, lo, hi)
+
+
+@handles(aten.gelu.default)
+def _gelu(t: Translator, node: Node, x: Node, approximate: str = "none") -> ir.Value:
+    if approximate not in ("none", "tanh"):
+        raise Declined(f"gelu approximate={approximate!r}")
+    return t.out("Gelu", [t.value(x)], {"approximate": approximate})
+
+
+@handles(aten.silu.default)
+def _silu(t: Translator, node: Node, x: Node) -> ir.Value:
+    val = node.meta["val"]
+    sig = t.emit1("Sigmoid", [t.value(x)], dtype=val.dtype, shape=tuple(val.shape))
+    return t.out("Mul", [t.value(x), sig])
+
+
+@handles(aten.leaky_relu.default)
+def _leaky_relu(t: Translator, node: Node, x: Node, slope: float = 0.01) -> ir.Value:
+    return t.out("LeakyRelu", [t.value(x)], {"alpha": float(slope)})
+
+
+@handles(aten.hardsigmoid.default)
+def _hardsigmoid(t: Translator, node: Node, x: Node) -> ir.Value:
+    return t.out("HardSigmoid", [t.value(x)], {"alpha": 1.0 / 6.0, "beta": 0.5})
+
+
+@handles(aten.hardswish.default)
+def _hardswish(t: Translator, node: Node, x: Node) -> ir.Value:
+    return t.out("HardSwish", [t.value(x)])
+
+
+@handles(aten.elu.default)
+def _elu(
+    t: Translator, node: Node, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0
+) -> ir.Value:
+    if scale != 1 or input_scale != 1:
+        raise Declined("elu with scale")
+    return t.out("Elu", [t.value(x)], {"alpha": float(alpha)})

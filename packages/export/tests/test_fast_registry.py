@@ -1,0 +1,349 @@
+"""The fast path's op registry: each registered ATen overload translates a small example that matches eager on
+ORT's CPU EP, the examples cover exactly the registered overloads, and the table is built once, lazily."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import onnx_ir as ir
+import pytest
+import torch
+import torch.fx
+from qnn_helpers import cpu_session, rel_err
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+import qnnx_export as qe
+from qnnx_export import _fast
+from qnnx_export._fast._registry import OP_MODULES, Registry
+
+aten = torch.ops.aten
+
+Make = Callable[[], torch.Tensor]
+
+
+@attrs.frozen
+class _Example:
+    """``fn`` calls ATen overloads directly; its arguments are the runtime inputs, then the constants (weights)."""
+
+    fn: Callable[..., Any]
+    inputs: tuple[tuple[int, ...] | Make, ...]
+    params: tuple[tuple[int, ...] | Make, ...] = ()
+
+    def build(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The tensors (a shape is a randn tensor), made under a fixed seed."""
+        torch.manual_seed(0)
+        tensors = [torch.randn(*i) if isinstance(i, tuple) else i() for i in (*self.inputs, *self.params)]
+        return tensors[: len(self.inputs)], tensors[len(self.inputs) :]
+
+
+def _ex(
+    fn: Callable[..., Any], *inputs: tuple[int, ...] | Make, params: Sequence[tuple[int, ...] | Make] = ()
+) -> _Example:
+    return _Example(fn, inputs, tuple(params))
+
+
+def _ints(*shape: int, high: int = 4) -> Make:
+    return lambda: torch.randint(0, high, shape)
+
+
+def _bools(*shape: int) -> Make:
+    return lambda: torch.rand(shape) > 0.5
+
+
+def _positive(*shape: int) -> Make:
+    return lambda: torch.rand(shape) + 0.5
+
+
+def _wide(*shape: int) -> Make:
+    return lambda: torch.randn(shape) * 4
+
+
+def _items(seq: Any, n: int) -> tuple[Any, ...]:
+    """The first ``n`` outputs of a multi-output op (``getitem`` nodes when traced)."""
+    return tuple(seq[i] for i in range(n))
+
+
+_X = (3, 4)
+_NCHW = (2, 4, 6, 6)
+
+# One example a registered overload (str(overload) -> example): adding a handler without an example fails
+# test_examples_cover_exactly_the_registered_overloads.
+EXAMPLES: dict[str, _Example] = {
+    # binary elementwise
+    "aten.add.Tensor": _ex(lambda x, y: aten.add.Tensor(x, y, alpha=2), _X, (4,)),
+    "aten.add.Scalar": _ex(lambda x: aten.add.Scalar(x, 1.5), _X),
+    "aten.sub.Tensor": _ex(lambda x, y: aten.sub.Tensor(x, y), _X, _X),
+    "aten.sub.Scalar": _ex(lambda x: aten.sub.Scalar(x, 2), _ints(3, 4)),
+    "aten.rsub.Scalar": _ex(lambda x: aten.rsub.Scalar(x, 2.0), _X),
+    "aten.mul.Tensor": _ex(lambda i, x: aten.mul.Tensor(i, x), _ints(3, 4), _X),
+    "aten.mul.Scalar": _ex(lambda x: aten.mul.Scalar(x, -3), _X),
+    "aten.div.Tensor": _ex(lambda x, y: aten.div.Tensor(x, y), _X, _positive(3, 4)),
+    "aten.div.Scalar": _ex(lambda x: aten.div.Scalar(x, 4.0), _X),
+    "aten.div.Tensor_mode": _ex(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode=None), _X, _positive(4)),
+    "aten.maximum.default": _ex(lambda x, y: aten.maximum.default(x, y), _X, _X),
+    "aten.minimum.default": _ex(lambda x, y: aten.minimum.default(x, y), _X, (1, 4)),
+    "aten.pow.Tensor_Scalar": _ex(
+        lambda x: (aten.pow.Tensor_Scalar(x, 2), aten.pow.Tensor_Scalar(x, 1.5)), _positive(3, 4)
+    ),
+    "aten.pow.Tensor_Tensor": _ex(lambda x, y: aten.pow.Tensor_Tensor(x, y), _positive(3, 4), _X),
+    "aten.eq.Tensor": _ex(lambda i, j: aten.eq.Tensor(i, j), _ints(3, 4), _ints(3, 4)),
+    "aten.eq.Scalar": _ex(lambda i: aten.eq.Scalar(i, 2), _ints(3, 4)),
+    "aten.ne.Tensor": _ex(lambda i, j: aten.ne.Tensor(i, j), _ints(3, 4), _ints(4)),
+    "aten.ne.Scalar": _ex(lambda b: aten.ne.Scalar(b, True), _bools(3, 4)),
+    "aten.lt.Tensor": _ex(lambda x, y: aten.lt.Tensor(x, y), _X, _X),
+    "aten.lt.Scalar": _ex(lambda x: aten.lt.Scalar(x, 0.1), _X),
+    "aten.le.Tensor": _ex(lambda i, x: aten.le.Tensor(i, x), _ints(3, 4), _X),
+    "aten.le.Scalar": _ex(lambda i: aten.le.Scalar(i, 1), _ints(3, 4)),
+    "aten.gt.Tensor": _ex(lambda x, y: aten.gt.Tensor(x, y), _X, (4,)),
+    "aten.gt.Scalar": _ex(lambda x: aten.gt.Scalar(x, 0), _X),
+    "aten.ge.Tensor": _ex(lambda x, y: aten.ge.Tensor(x, y), _X, _X),
+    "aten.ge.Scalar": _ex(lambda x: aten.ge.Scalar(x, -0.2), _X),
+    "aten.logical_and.default": _ex(lambda a, b: aten.logical_and.default(a, b), _bools(3, 4), _bools(3, 4)),
+    "aten.logical_or.default": _ex(lambda a, b: aten.logical_or.default(a, b), _bools(3, 4), _bools(4)),
+    "aten.logical_xor.default": _ex(lambda a, b: aten.logical_xor.default(a, b), _bools(3, 4), _bools(3, 4)),
+    "aten.logical_not.default": _ex(lambda a: aten.logical_not.default(a), _bools(3, 4)),
+    "aten.bitwise_and.Tensor": _ex(lambda a, b: aten.bitwise_and.Tensor(a, b), _bools(3, 4), _bools(3, 4)),
+    "aten.bitwise_or.Tensor": _ex(lambda a, b: aten.bitwise_or.Tensor(a, b), _bools(3, 4), _bools(3, 4)),
+    "aten.bitwise_xor.Tensor": _ex(lambda a, b: aten.bitwise_xor.Tensor(a, b), _bools(3, 4), _bools(3, 4)),
+    "aten.bitwise_not.default": _ex(lambda a: aten.bitwise_not.default(a), _bools(3, 4)),
+    "aten.where.self": _ex(lambda c, x, y: aten.where.self(c, x, y), _bools(3, 4), _X, (4,)),
+    "aten.masked_fill.Scalar": _ex(lambda x, m: aten.masked_fill.Scalar(x, m, -2.0), _X, _bools(3, 4)),
+    "aten.masked_fill.Tensor": _ex(
+        lambda x, m, v: aten.masked_fill.Tensor(x, m, v), _X, _bools(4), lambda: torch.tensor(7.0)
+    ),
+    # unary elementwise
+    "aten.relu.default": _ex(lambda x: aten.relu.default(x), _X),
+    "aten.neg.default": _ex(lambda i: aten.neg.default(i), _ints(3, 4)),
+    "aten.abs.default": _ex(lambda x: aten.abs.default(x), _X),
+    "aten.sigmoid.default": _ex(lambda x: aten.sigmoid.default(x), _X),
+    "aten.tanh.default": _ex(lambda x: aten.tanh.default(x), _X),
+    "aten.exp.default": _ex(lambda x: aten.exp.default(x), _X),
+    "aten.log.default": _ex(lambda x: aten.log.default(x), _positive(3, 4)),
+    "aten.sqrt.default": _ex(lambda x: aten.sqrt.default(x), _positive(3, 4)),
+    "aten.rsqrt.default": _ex(lambda x: aten.rsqrt.default(x), _positive(3, 4)),
+    "aten.reciprocal.default": _ex(lambda x: aten.reciprocal.default(x), _positive(3, 4)),
+    "aten.sin.default": _ex(lambda x: aten.sin.default(x), _X),
+    "aten.cos.default": _ex(lambda x: aten.cos.default(x), _X),
+    "aten.erf.default": _ex(lambda i: aten.erf.default(i), _ints(3, 4)),
+    "aten.floor.default": _ex(lambda x: aten.floor.default(x), _wide(3, 4)),
+    "aten.ceil.default": _ex(lambda x: aten.ceil.default(x), _wide(3, 4)),
+    "aten.clamp.default": _ex(lambda x: aten.clamp.default(x, -0.5, 0.75), _X),
+    "aten.clamp_min.default": _ex(lambda x: aten.clamp_min.default(x, 0.1), _X),
+    "aten.clamp_max.default": _ex(lambda i: aten.clamp_max.default(i, 2), _ints(3, 4)),
+    "aten.hardtanh.default": _ex(lambda x: aten.hardtanh.default(x, -0.3, 0.6), _X),
+    "aten.gelu.default": _ex(lambda x: (aten.gelu.default(x), aten.gelu.default(x, approximate="tanh")), _X),
+    "aten.silu.default": _ex(lambda x: aten.silu.default(x), _X),
+    "aten.leaky_relu.default": _ex(lambda x: aten.leaky_relu.default(x, 0.2), _X),
+    "aten.hardsigmoid.default": _ex(lambda x: aten.hardsigmoid.default(x), _wide(3, 4)),
+    "aten.hardswish.default": _ex(lambda x: aten.hardswish.default(x), _wide(3, 4)),
+    "aten.elu.default": _ex(lambda x: aten.elu.default(x, 0.7), _X),
+    # reductions
+    "aten.mean.dim": _ex(lambda x: aten.mean.dim(x, [-1], True), (2, 3, 4)),
+    "aten.mean.default": _ex(lambda x: aten.mean.default(x), (2, 3, 4)),
+    "aten.sum.dim_IntList": _ex(lambda b: aten.sum.dim_IntList(b, [0, 2]), _bools(2, 3, 4)),
+    "aten.sum.default": _ex(lambda i: aten.sum.default(i), _ints(2, 3, 4)),
+    "aten.amax.default": _ex(lambda x: aten.amax.default(x, [1]), (2, 3, 4)),
+    "aten.amin.default": _ex(lambda i: aten.amin.default(i, [0], True), _ints(2, 3, 4)),
+    "aten._softmax.default": _ex(lambda x: aten._softmax.default(x, 1, False), (2, 3, 4)),
+    "aten._log_softmax.default": _ex(lambda x: aten._log_softmax.default(x, -1, False), (2, 3, 4)),
+    "aten._safe_softmax.default": _ex(
+        lambda x, m: aten._safe_softmax.default(aten.masked_fill.Scalar(x, m, float("-inf")), -1),
+        (2, 3, 4),
+        lambda: torch.tensor([True, False, False])[None, :, None].expand(2, 3, 4).contiguous(),
+    ),
+    # layout
+    "aten.view.default": _ex(lambda x: aten.view.default(x, [4, 3]), _X),
+    "aten._unsafe_view.default": _ex(lambda x: aten._unsafe_view.default(x, [12]), _X),
+    "aten.reshape.default": _ex(lambda x: aten.reshape.default(x, [2, 6]), _X),
+    "aten.unsqueeze.default": _ex(lambda x: aten.unsqueeze.default(x, -1), _X),
+    "aten.squeeze.dim": _ex(lambda x: aten.squeeze.dim(x, 1), (3, 1, 4)),
+    "aten.squeeze.dims": _ex(lambda x: aten.squeeze.dims(x, [0, 2]), (1, 3, 1, 4)),
+    "aten.squeeze.default": _ex(lambda x: aten.squeeze.default(x), (1, 3, 1, 4)),
+    "aten.flatten.using_ints": _ex(lambda x: aten.flatten.using_ints(x, 1, 2), (2, 3, 4)),
+    "aten.t.default": _ex(lambda x: aten.t.default(x), _X),
+    "aten.transpose.int": _ex(lambda x: aten.transpose.int(x, 0, -1), (2, 3, 4)),
+    "aten.permute.default": _ex(lambda x: aten.permute.default(x, [2, 0, 1]), (2, 3, 4)),
+    "aten.expand.default": _ex(lambda x: aten.expand.default(x, [3, 4, 5]), (1, 4, 1)),
+    "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
+    "aten.cat.default": _ex(lambda x, i: aten.cat.default([x, i, x], 1), (2, 3), _ints(2, 4)),
+    "aten.split.Tensor": _ex(lambda x: _items(aten.split.Tensor(x, 2, 1), 3), (2, 5)),
+    "aten.split_with_sizes.default": _ex(lambda x: _items(aten.split_with_sizes.default(x, [1, 3], -1), 2), _X),
+    "aten.unsafe_split.Tensor": _ex(lambda x: _items(aten.unsafe_split.Tensor(x, 3, 0), 1), _X),
+    "aten.unsafe_split_with_sizes.default": _ex(
+        lambda x: _items(aten.unsafe_split_with_sizes.default(x, [2, 1], 0), 2), _X
+    ),
+    "aten.unbind.int": _ex(lambda x: _items(aten.unbind.int(x, 1), 3), (2, 3, 4)),
+    "aten.constant_pad_nd.default": _ex(lambda x: aten.constant_pad_nd.default(x, [1, 2, 0, 3], 0.5), (1, 2, 3, 4)),
+    # indexing
+    "aten.select.int": _ex(lambda x: aten.select.int(x, 1, -1), _X),
+    "aten.embedding.default": _ex(lambda i, w: aten.embedding.default(w, i), _ints(2, 5, high=10), params=[(10, 4)]),
+    "aten.gather.default": _ex(lambda x, i: aten.gather.default(x, 1, i), (3, 6), _ints(3, 4, high=6)),
+    "aten.index_select.default": _ex(lambda x, i: aten.index_select.default(x, 1, i), (3, 6), _ints(4, high=6)),
+    "aten.index.Tensor": _ex(lambda x, i: aten.index.Tensor(x, [None, i]), (3, 6), _ints(2, 2, high=6)),
+    # matrix products
+    "aten.mm.default": _ex(lambda a, b: aten.mm.default(a, b), _X, (4, 5)),
+    "aten.bmm.default": _ex(lambda a, b: aten.bmm.default(a, b), (2, 3, 4), (2, 4, 5)),
+    "aten.addmm.default": _ex(
+        lambda x, bias, w: aten.addmm.default(bias, x, aten.t.default(w)), _X, params=[(5,), (5, 4)]
+    ),
+    # nn
+    "aten.convolution.default": _ex(
+        lambda x, w, b: aten.convolution.default(x, w, b, [2, 2], [1, 1], [1, 1], False, [0, 0], 2),
+        _NCHW,
+        params=[(6, 2, 3, 3), (6,)],
+    ),
+    "aten.native_batch_norm.default": _ex(
+        lambda x, w, b, mean, var: aten.native_batch_norm.default(x, w, b, mean, var, False, 0.1, 1e-5)[0],
+        _NCHW,
+        params=[(4,), (4,), (4,), _positive(4)],
+    ),
+    "aten.native_layer_norm.default": _ex(
+        lambda x, w, b: aten.native_layer_norm.default(x, [4], w, b, 1e-5)[0], (2, 3, 4), params=[(4,), (4,)]
+    ),
+    "aten.max_pool2d_with_indices.default": _ex(
+        lambda x: aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[0], _NCHW
+    ),
+    "aten.max_pool2d.default": _ex(lambda x: aten.max_pool2d.default(x, [2, 2]), _NCHW),
+    "aten.avg_pool2d.default": _ex(lambda x: aten.avg_pool2d.default(x, [3, 3], [2, 2], [1, 1], False, False), _NCHW),
+    "aten._adaptive_avg_pool2d.default": _ex(lambda x: aten._adaptive_avg_pool2d.default(x, [2, 3]), _NCHW),
+    # copies, casts, constants
+    "aten.clone.default": _ex(lambda x: aten.clone.default(x), _X),
+    "aten.alias.default": _ex(lambda x: aten.alias.default(x), _X),
+    "aten.detach.default": _ex(lambda x: aten.detach.default(x), _X),
+    "aten.lift_fresh_copy.default": _ex(lambda x: aten.lift_fresh_copy.default(x), _X),
+    "aten._to_copy.default": _ex(lambda x: aten._to_copy.default(x, dtype=torch.float16), _X),
+    "aten.zeros_like.default": _ex(lambda x: aten.zeros_like.default(x), _X),
+    "aten.ones_like.default": _ex(lambda i: aten.ones_like.default(i), _ints(3, 4)),
+    "aten.full_like.default": _ex(lambda x: aten.full_like.default(x, 2.5), _X),
+}
+
+
+@pytest.fixture
+def translated_overloads(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The overloads whose handler the fast path calls while the test runs."""
+    seen: set[str] = set()
+    table = _fast._op_table()
+
+    def recording(op: Any, handler: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            seen.add(str(op))
+            return handler(*args, **kwargs)
+
+        return call
+
+    handlers = {op: recording(op, handler) for op, handler in table.handlers.items()}
+    monkeypatch.setattr(_fast, "_op_table", lambda: attrs.evolve(table, handlers=handlers))
+    return seen
+
+
+def _aten_graph(example: _Example, inputs: list[torch.Tensor], params: list[torch.Tensor]) -> torch.fx.GraphModule:
+    """``example.fn`` as an ATen graph returning a tuple, each node's fake value in ``meta["val"]``."""
+    gm = torch.fx.symbolic_trace(example.fn)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    if not isinstance(output.args[0], tuple):
+        output.args = ((output.args[0],),)
+    gm.recompile()
+    FakeTensorProp(gm, FakeTensorMode()).propagate(*inputs, *params)
+    return gm
+
+
+@pytest.mark.parametrize("overload", sorted(EXAMPLES))
+def test_registered_overload_translates_and_matches_eager(overload: str, translated_overloads: set[str]) -> None:
+    """The overload's handler writes ONNX that ORT's CPU EP runs to eager's dtypes, shapes and values."""
+    example = EXAMPLES[overload]
+    inputs, params = example.build()
+    gm = _aten_graph(example, inputs, params)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = {len(inputs) + i: p for i, p in enumerate(params)}
+    model, _ = _fast.translate_aten(
+        gm, constants, user_inputs=[(names[i], i) for i in range(len(inputs))], opset=qe.ExportOptions().opset
+    )
+    assert overload in translated_overloads
+    outs = cpu_session(ir.to_proto(model).SerializeToString()).run(
+        None, {name: x.numpy() for name, x in zip(names[: len(inputs)], inputs, strict=True)}
+    )
+    refs = example.fn(*inputs, *params)
+    for out, ref in zip(outs, refs if isinstance(refs, tuple) else (refs,), strict=True):
+        got = torch.from_numpy(np.asarray(out))
+        assert (got.dtype, got.shape) == (ref.dtype, ref.shape)
+        assert rel_err(got, ref) <= 1e-5 if ref.dtype.is_floating_point else torch.equal(got, ref)
+
+
+def test_examples_cover_exactly_the_registered_overloads() -> None:
+    """A handler registered without an example here, or an example of an overload nobody handles, fails."""
+    registered = set(_fast.supported_ops())
+    assert not registered - set(EXAMPLES), f"registered without an example: {sorted(registered - set(EXAMPLES))}"
+    assert not set(EXAMPLES) - registered, f"examples of unregistered overloads: {sorted(set(EXAMPLES) - registered)}"
+
+
+def test_every_op_module_is_in_the_table() -> None:
+    """Each _ops_*.py module of the package is imported by the registry (its handlers would be missing otherwise)."""
+    package = Path(_fast.__file__).parent
+    assert {p.stem for p in package.glob("_ops_*.py")} == set(OP_MODULES)
+
+
+def test_registry_is_built_once_for_concurrent_first_uses() -> None:
+    """Eight threads asking a fresh registry for its table at once: one load, one table, every handler in it."""
+    registry = Registry()
+    loads: list[str] = []
+    start = threading.Barrier(8)
+    tables: list[Any] = []
+
+    def load() -> None:
+        loads.append(threading.current_thread().name)
+        time.sleep(0.05)  # holds the others at the lock while the "modules" are imported
+        registry.handles(aten.add.Tensor, aten.add.Scalar)(lambda t, node, a, b: None)
+        registry.handles(aten.relu.default)(lambda t, node, x: None)
+
+    def use() -> None:
+        start.wait()
+        tables.append(registry.table(load))
+
+    threads = [threading.Thread(target=use) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(loads) == 1
+    assert len(tables) == 8 and all(table is tables[0] for table in tables)
+    assert set(tables[0].handlers) == {aten.add.Tensor, aten.add.Scalar, aten.relu.default}
+
+
+def test_an_overload_registered_twice_is_an_error() -> None:
+    """Two handlers for one overload raise at registration (which one won would depend on the import order)."""
+
+    def relu(t: Any, node: Any, x: Any) -> None: ...
+
+    def other_relu(t: Any, node: Any, x: Any) -> None: ...
+
+    registry = Registry()
+    registry.handles(aten.relu.default)(relu)
+    registry.handles(aten.relu.default)(relu)  # the same function: its module imported again after a failure
+    with pytest.raises(RuntimeError, match=r"aten\.relu\.default has two handlers"):
+        registry.handles(aten.relu.default)(other_relu)
+
+
+def test_import_loads_no_op_module_until_first_use() -> None:
+    """`import qnnx_export` imports neither torch nor an op module; the first fast_path_ops() imports them all."""
+    script = (
+        "import json, sys, qnnx_export\n"
+        "before = sorted(m for m in sys.modules if m == 'torch' or m.startswith('qnnx_export._fast._ops'))\n"
+        "n = len(qnnx_export.fast_path_ops())\n"
+        "after = sorted(m.rsplit('.', 1)[-1] for m in sys.modules if m.startswith('qnnx_export._fast._ops'))\n"
+        "print(json.dumps([before, n, after]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, n, after = json.loads(proc.stdout)
+    assert before == []
+    assert n == len(EXAMPLES) and after == sorted(OP_MODULES)
