@@ -107,6 +107,20 @@ def _csv(choices: tuple[str, ...] | None, kind: type = str):
     return parse
 
 
+def _public_args(args: list[str]) -> list[str]:
+    """The command line as the docs print it: without --work-dir, a folder of the machine that ran it."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--work-dir":
+            skip = True
+        elif not arg.startswith("--work-dir="):
+            out.append(arg)
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python tools/bench/run.py",
@@ -349,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                 "steady_seconds": args.steady_seconds,
                 "quick": args.quick,
             },
-            "command": " ".join(["python", "tools/bench/run.py", *(argv if argv is not None else sys.argv[1:])]),
+            "command": " ".join(
+                ["python", "tools/bench/run.py", *_public_args(argv if argv is not None else sys.argv[1:])]
+            ),
             "runs_completed": 0,
         },
         "models": _report.model_table(sorted({m for m, _ in configs(args)}, key=MODEL_NAMES.index)),
