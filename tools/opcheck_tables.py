@@ -309,10 +309,12 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "status": "unsupported",
         "kind": "wrong_result",
         "ops": ["Pow"],
-        "reason": "QNN HTP's Pow returns a number where ONNX and PyTorch return NaN (negative base with a fractional "
-        "exponent); only a constant exponent made of whole numbers is safe.",
+        "reason": "QNN HTP's Pow returns a number where ONNX and PyTorch return NaN (a negative base with a "
+        "fractional exponent): Pow is vouched for with a constant whole-number exponent, or a base that cannot "
+        "be negative (a positive constant, |x|, x*x, exp, a sum of squares...).",
         "evidence": "probe htp 2.7.0 soc60 2026-12-01: Pow(x in [-9, 9], 0.5) gave 0 NaN where the CPU EP gave 10; "
-        "Pow with a runtime exponent: 0 NaN where the CPU EP gave 9; Pow(x, 2) and Pow(x, 3): max error 4.5e-4",
+        "Pow with a runtime exponent: 0 NaN where the CPU EP gave 9; Pow(x, 2) and Pow(x, 3): max error 4.5e-4; "
+        "Pow(|x|, 0.5): 3.5e-4, Pow(|x|, 1.7): 9.0e-4, Pow(2, x): 9.5e-4",
     }
     measured = _measured_conditions()
     if measured is not None:

@@ -571,3 +571,25 @@ def test_infinity_reaching_an_output_through_where_is_refused() -> None:
         [const_init("ninf", -np.inf), const_init("zero", 0.0)],
     )
     assert _by_name(_check(m))["where_inf"].kind == "wrong_result"
+
+
+@pytest.mark.parametrize(
+    ("base_nodes", "refused"),
+    [
+        ([], True),  # Pow(x, 0.5) on a graph input: x may be negative
+        ([node("Mul", ["x", "x"], ["sq"]), node("ReduceSum", ["sq", "ax"], ["b"], keepdims=1)], False),  # L2 norm
+        ([node("Abs", ["x"], ["b"])], False),
+        ([node("Neg", ["x"], ["b"])], True),
+    ],
+    ids=["input", "sum-of-squares", "abs", "neg"],
+)
+def test_pow_with_fractional_exponent_of_a_non_negative_base(base_nodes: list, refused: bool) -> None:
+    """Pow(b, 0.5) is refused only when b may be negative (HTP gives numbers where PyTorch gives NaN)."""
+    base = base_nodes[-1].output[0] if base_nodes else "x"
+    m = model(
+        [*base_nodes, node("Pow", [base, "half"], ["y"], name="pow")],
+        [inp("x", [2, 3])],
+        ["y"],
+        [const_init("half", 0.5), const_init("ax", [1], np.int64)],
+    )
+    assert (_by_name(_check(m))["pow"].status == "unsupported") is refused

@@ -78,6 +78,50 @@ _ABSORB_INFINITY = frozenset(
         "Softsign",
     }
 )
+# Ops whose results are >= 0 whatever they are given, and ops that keep "all inputs >= 0" (how many leading
+# inputs are data: the rest are shapes, axes or indices).
+_NON_NEGATIVE_OPS = frozenset(
+    {
+        "Abs",
+        "Exp",
+        "Relu",
+        "Sigmoid",
+        "Softplus",
+        "Softmax",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "Sqrt",
+        "HardSigmoid",
+        "Shape",
+        "Size",
+    }
+)
+_KEEPS_NON_NEGATIVE = {
+    "Add": 2,
+    "Mul": 2,
+    "Div": 2,
+    "ReduceSum": 1,
+    "ReduceMean": 1,
+    "ReduceMax": 1,
+    "ReduceMin": 1,
+    "Min": 8,
+    "Reshape": 1,
+    "Transpose": 1,
+    "Squeeze": 1,
+    "Unsqueeze": 1,
+    "Expand": 1,
+    "Slice": 1,
+    "Concat": 8,
+    "Identity": 1,
+    "Cast": 1,
+    "Pad": 1,
+    "Gather": 1,
+    "AveragePool": 1,
+    "MaxPool": 1,
+    "Tile": 1,
+    "Flatten": 1,
+}
 _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "Clip"})
 
 
@@ -549,19 +593,58 @@ class _Checker:
         return True
 
     def _is_pow_fractional(self, index: int, node: NodeView) -> bool:
-        """Pow on float whose exponent is a runtime value or a constant with a non-integer element."""
+        """Pow on float whose exponent is a runtime value or a constant with a non-integer element, unless the base
+        cannot be negative (a positive constant, or computed by ops whose results are >= 0: x^2, |x|, exp, a sum of
+        squares... as L2 normalization and vector norms write it)."""
         if not self._is_float_op(index, node) or len(node.input) < 2:
             return False
-        exponent = self._const_value(node.input[1])
-        if exponent is None:
-            return True
-        try:
-            import numpy as np
+        import numpy as np
 
-            values = np.asarray(exponent, dtype=np.float64)
-            return bool((values != np.round(values)).any())
-        except (TypeError, ValueError):
+        exponent = self._const_value(node.input[1])
+        if exponent is not None:
+            try:
+                values = np.asarray(exponent, dtype=np.float64)
+                if not bool((values != np.round(values)).any()):
+                    return False
+            except (TypeError, ValueError):
+                pass
+        return not self._non_negative(node.input[0])
+
+    def _non_negative(self, name: str, depth: int = 0) -> bool:
+        """Whether ``name`` is >= 0 by construction (NaN aside): a constant >= 0, or the output of an op that only
+        gives non-negative values from what it is given."""
+        import numpy as np
+
+        if depth > 12 or not name:
+            return False
+        if self._is_const(name):
+            value = self._const_value(name)
+            return value is not None and getattr(value, "size", 0) > 0 and bool((np.asarray(value) >= 0).all())
+        idx = self.f.producers.get(name)
+        if idx is None:
+            return False
+        node = self.f.nodes[idx]
+        op = node.op_type
+        if op in _NON_NEGATIVE_OPS:
             return True
+        if op == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
+            return True  # x * x
+        if op == "Pow" and len(node.input) == 2:
+            exponent = self._const_value(node.input[1])
+            if (
+                exponent is not None
+                and np.asarray(exponent).size == 1
+                and float(np.asarray(exponent).reshape(-1)[0]) % 2 == 0
+            ):
+                return True  # an even power
+        if op in _KEEPS_NON_NEGATIVE:
+            data = [i for i in node.input[: _KEEPS_NON_NEGATIVE[op]] if i]
+            return bool(data) and all(self._non_negative(i, depth + 1) for i in data)
+        if op == "Clip" and len(node.input) > 1 and node.input[1]:
+            return self._non_negative(node.input[1], depth + 1)  # a lower bound >= 0
+        if op == "Max":
+            return any(self._non_negative(i, depth + 1) for i in node.input if i)
+        return False
 
     def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
         """GatherElements/ScatterElements whose indices are computed at run time (they may be negative, which
