@@ -114,7 +114,7 @@ def _guards() -> list[str]:
         "",
         "4. **The tables** below: an op is vouched for only in the dtypes and conditions measured right on the live "
         "EP. Rules that follow from HTP computing in fp16 (discontinuous ops such as floor, ceil, round, casts to "
-        "integers and the order of top-k/arg-max; comparisons with infinities, which HTP does not have), and "
+        "integers and the order of sort/top-k; comparisons with infinities, which HTP does not have), and "
         "attribute conditions measured by `tools/opcheck_conformance.py` (Resize modes and ratios, AveragePool "
         "padding and ceil_mode) refuse the node with the evidence.",
         "5. **Optionally at run time**: `verify=True` compares each graph's first call with eager PyTorch.",

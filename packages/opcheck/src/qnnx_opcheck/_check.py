@@ -583,8 +583,8 @@ class _Checker:
         return bool(node.input) and self._dtype(node.input[0]) in _FLOATS
 
     def _is_fp16_discontinuous(self, index: int, node: NodeView) -> bool:
-        """Floor/Ceil/Round/Mod/TopK/ArgMax/ArgMin on float, and Cast float -> integer or bool: rounding the input
-        to fp16 moves it across an integer or reorders near-equal values, so the result changes by a whole step."""
+        """Floor/Ceil/Round/Mod/TopK on float, and Cast float -> integer or bool: rounding the input to fp16 moves
+        it across an integer or reorders near-equal values, so the result changes by a whole step."""
         if not self._is_float_op(index, node):
             return False
         if node.op_type == "Cast":
