@@ -1,7 +1,7 @@
-"""Command line tool ``qnnx-ctxcache``: look at, check and trim a context cache.
+"""Command line tool ``qnnx-ctxcache``: look at, check, trim and ship a context cache.
 
-Exit codes: 0 success; 1 problems found (``verify``), entry not found (``inspect``/``rm``) or refusal
-(``clear`` on a directory that is not a cache root); 2 usage error.
+Exit codes: 0 success; 1 problems found (``verify``), entry not found (``inspect``/``rm``/``pack``) or refusal
+(``clear`` on a directory that is not a cache root, ``unpack`` of a damaged or unsafe archive); 2 usage error.
 """
 
 from __future__ import annotations
@@ -19,9 +19,17 @@ from typing import Any
 import attrs
 
 from qnnx_ctxcache._key import diff_key_material
-from qnnx_ctxcache._store import ROOT_MARKER, ContextStore, StoreOptions, default_root
+from qnnx_ctxcache._store import (
+    ROOT_MARKER,
+    ContextStore,
+    PackReport,
+    StoreOptions,
+    UnpackReport,
+    default_root,
+    is_key_prefix,
+)
 from qnnx_ctxcache._version import __version__
-from qnnx_ctxcache.errors import NotACacheRootError
+from qnnx_ctxcache.errors import CtxCacheError, NotACacheRootError
 
 __all__ = ["main"]
 
@@ -37,6 +45,8 @@ examples:
   qnnx-ctxcache prune --max-size 2GiB --dry-run
   qnnx-ctxcache --root /data/ctx inspect 3fa9
   qnnx-ctxcache explain 3fa9 81c0         # which key fields differ between two entries
+  qnnx-ctxcache pack contexts.tar.gz      # every entry in one archive, to ship with an app
+  qnnx-ctxcache unpack contexts.tar.gz    # on each machine; exit 1 (nothing added) if it is damaged
 
 exit codes: 0 ok, 1 problems found / not found / refused, 2 usage error
 environment: QNNX_CTXCACHE_DIR (default root), QNNX_CTXCACHE_MODE (readwrite|readonly|disabled),
@@ -102,6 +112,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _key_prefix(text: str) -> str:
+    """A full key or a prefix of at least 4 hex digits, for argparse (anything else exits 2)."""
+    if not is_key_prefix(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a key; use a full key or a prefix of at least 4 hex digits (see `qnnx-ctxcache ls`)"
+        )
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qnnx-ctxcache",
@@ -132,6 +151,18 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rm", parents=[common], help="delete one entry")
     p.add_argument("key", help="full key or a unique prefix (>= 4 hex chars)")
     sub.add_parser("clear", parents=[common], help="delete every entry (only in a directory with the root marker)")
+    p = sub.add_parser("pack", parents=[common], help="write entries into one archive to install elsewhere")
+    p.add_argument(
+        "archive",
+        type=Path,
+        metavar="ARCHIVE",
+        help="archive to write; a name ending in .gz or .tgz is gzip-compressed",
+    )
+    p.add_argument(
+        "keys", nargs="*", type=_key_prefix, metavar="KEY", help="full keys or unique prefixes (default: all)"
+    )
+    p = sub.add_parser("unpack", parents=[common], help="check an archive from `pack`, then add its entries")
+    p.add_argument("archive", type=Path, metavar="ARCHIVE", help="archive written by `qnnx-ctxcache pack`")
     return parser
 
 
@@ -139,6 +170,39 @@ def _open_existing(root: Path, args: argparse.Namespace) -> ContextStore:
     # Maintenance commands must not create a cache where there is none: open read-only unless it exists.
     mode = "auto" if (root / ROOT_MARKER).is_file() else "readonly"
     return ContextStore(root, options=StoreOptions(mode=mode))
+
+
+def _refuse(args: argparse.Namespace, exc: Exception) -> int:
+    """Report an error on stderr (and as JSON on stdout with --json); exit code 1."""
+    message = str(exc)
+    print(f"error: {message}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"error": message, "type": type(exc).__name__}, indent=1, sort_keys=True))
+    return EXIT_PROBLEM
+
+
+def _pack_text(report: PackReport) -> str:
+    lines = [
+        f"packed {len(report.entries)} entries into {report.archive} ({_human(report.size_bytes)}, "
+        f"compression {report.compression})",
+        f"sha256 {report.sha256}",
+    ]
+    lines += [f"skipped {p.key[:16]}  {p.reason}  {p.detail}" for p in report.skipped]
+    return "\n".join(lines)
+
+
+def _unpack_text(report: UnpackReport) -> str:
+    lines = [
+        f"added {len(report.added)}, already present {len(report.already_present)}, skipped "
+        f"{len(report.skipped)} from {report.archive} (packed by qnnx-ctxcache {report.packed_by})"
+    ]
+    lines += [f"skipped {p.key[:16]}  {p.reason}  {p.detail}" for p in report.skipped]
+    if report.other_host:
+        lines.append(
+            f"note: {len(report.other_host)} entries were compiled on another OS or CPU (the host in their key); "
+            "lookups on this machine never return them"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,8 +227,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         removed = store.clear()
         _emit(args, {"removed": removed}, f"removed {removed} entries from {root}")
         return EXIT_OK
+    if command == "unpack":
+        try:
+            unpacked = ContextStore(root).unpack(args.archive)  # creates the cache on a fresh machine
+        except (CtxCacheError, OSError) as exc:
+            return _refuse(args, exc)
+        _emit(args, unpacked, _unpack_text(unpacked))
+        return EXIT_OK
 
     store = _open_existing(root, args)
+    if command == "pack":
+        try:
+            packed = store.pack(args.archive, args.keys or None)
+        except (CtxCacheError, OSError) as exc:
+            return _refuse(args, exc)
+        _emit(args, packed, _pack_text(packed))
+        return EXIT_OK
     if command == "ls":
         infos = store.entries()
         lines = [f"{i.key[:16]}  {_human(i.size_bytes):>10}  used {_ago(i.last_used)}{'  pinned' if i.pinned else ''}"

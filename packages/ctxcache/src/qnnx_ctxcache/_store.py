@@ -18,16 +18,16 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import filelock
 
 from qnnx_ctxcache import _fs
-from qnnx_ctxcache._key import CacheKey, canonical_json
+from qnnx_ctxcache._key import CacheKey, canonical_json, host_material
 from qnnx_ctxcache._manifest import (
     LAST_USED_NAME,
     MANIFEST_FORMAT,
@@ -41,7 +41,17 @@ from qnnx_ctxcache._manifest import (
     safe_relpath,
 )
 from qnnx_ctxcache._version import __version__
-from qnnx_ctxcache.errors import BuildOutputError, InvalidStoreOptionsError, NotACacheRootError
+from qnnx_ctxcache.errors import (
+    ArchiveError,
+    BuildOutputError,
+    EntryNotFoundError,
+    InvalidStoreOptionsError,
+    NotACacheRootError,
+    StoreNotWritableError,
+)
+
+if TYPE_CHECKING:
+    from qnnx_ctxcache._archive import ArchiveContents
 
 __all__ = [
     "DIR_ENV_VAR",
@@ -51,10 +61,12 @@ __all__ = [
     "ContextStore",
     "Entry",
     "EntryInfo",
+    "PackReport",
     "Problem",
     "PruneReport",
     "StoreOptions",
     "StoreStats",
+    "UnpackReport",
     "VerifyReport",
     "default_root",
 ]
@@ -104,6 +116,11 @@ def default_root() -> Path:
     import platformdirs  # deferred: only needed when no root is given
 
     return Path(platformdirs.user_cache_dir("qnnx-ctxcache", appauthor=False))
+
+
+def is_key_prefix(text: str) -> bool:
+    """True for a full key or a key prefix: at least 4 hex digits (either case)."""
+    return len(text) >= 4 and re.fullmatch(r"[0-9a-fA-F]+", text) is not None
 
 
 def _positive(name: str, allow_zero: bool = True) -> Callable[[Any, Any, Any], None]:
@@ -228,7 +245,7 @@ class EntryInfo:
 
 @attrs.frozen(kw_only=True)
 class Problem:
-    """One problem found by :meth:`ContextStore.verify`."""
+    """One bad or skipped entry: found by :meth:`ContextStore.verify`, left out by ``pack`` or ``unpack``."""
 
     key: str
     reason: str
@@ -283,6 +300,52 @@ class PruneReport:
     cleaned: int
     skipped: bool
     dry_run: bool
+
+
+@attrs.frozen(kw_only=True)
+class PackReport:
+    """Result of :meth:`ContextStore.pack`.
+
+    Attributes:
+        archive: the archive written.
+        entries: keys packed, in archive order.
+        skipped: chosen entries left out because they failed the full check (a bad entry is never packed).
+        size_bytes: size of the archive file.
+        sha256: SHA-256 of the archive file; ship it beside the archive to check the copy.
+        compression: ``gz`` or ``none``.
+    """
+
+    archive: Path
+    entries: tuple[str, ...]
+    skipped: tuple[Problem, ...]
+    size_bytes: int
+    sha256: str
+    compression: str
+
+
+@attrs.frozen(kw_only=True)
+class UnpackReport:
+    """Result of :meth:`ContextStore.unpack`.
+
+    Attributes:
+        archive: the archive read.
+        added: keys published into this cache.
+        already_present: keys this cache already had (a valid entry is never replaced).
+        skipped: entries not installed, with the reason: ``too-large`` (over ``max_size_bytes``) or
+            ``occupied`` (an unusable entry sits at its path and could not be moved to quarantine).
+        other_host: keys added or present whose key material names another host OS or CPU than this machine:
+            ``make_key`` here never produces those keys, so lookups here never return those entries.
+        packed_by: the qnnx-ctxcache version that wrote the archive.
+        created: when it was packed (seconds since the epoch).
+    """
+
+    archive: Path
+    added: tuple[str, ...]
+    already_present: tuple[str, ...]
+    skipped: tuple[Problem, ...]
+    other_host: tuple[str, ...]
+    packed_by: str
+    created: float
 
 
 @attrs.frozen(kw_only=True)
@@ -776,8 +839,8 @@ class ContextStore:
         assert model_file is not None
         return model_file, metadata, contexts
 
-    def _new_staging(self, key: CacheKey) -> Path:
-        staging = self._dir("staging") / f"{key.hex}.{_HOST_ID}.{os.getpid()}.{_fs.unique_suffix()}"
+    def _new_staging(self, key_hex: str) -> Path:
+        staging = self._dir("staging") / f"{key_hex}.{_HOST_ID}.{os.getpid()}.{_fs.unique_suffix()}"
         staging.mkdir(mode=0o700 if self._options.private else 0o777)
         return staging
 
@@ -792,7 +855,7 @@ class ContextStore:
                 return self._build_private(key, build, "low-disk")
         staging: Path | None = None
         try:
-            staging = self._new_staging(key)
+            staging = self._new_staging(key.hex)
             _fs.fault("staging_created")
         except OSError as exc:
             if staging is not None:
@@ -904,26 +967,13 @@ class ContextStore:
             # Something unusable sits at the entry path and could not be moved away: keep our build
             # uncached (the OSError handler rescues it out of staging).
             raise OSError(errno.EEXIST, "entry path is occupied by an invalid entry", str(final))
-        try:
-            # The entry is published: nothing below may turn this into a failure or an uncached result.
-            if self._options.durable:
-                _fs.fsync_dir(final.parent)
-            _fs.fault("after_publish")
-        except OSError as exc:
-            _log.warning("published %s but could not fsync its parent (%s)", key.hex[:16], exc)
-        # We hashed these bytes ourselves a moment ago: remember the files' signatures so this process
-        # does not hash them again on the next hit (the check itself only stats the files here).
-        token = self._memo_token(final)
-        if token is not None:
-            seen = _safe_check(final, key.hex, None, full=False)
-            if seen.ok:
-                self._remember_verified(token, seen)
+        self._after_publish(final, key.hex)
         self._count("store")
         self._count("bytes_stored", size)
         _log.info("ctxcache stored %s (%d bytes, compiled in %.2fs)", key.hex[:16], size, seconds)
         self._flush_stats()
         if self._options.auto_prune:
-            self._auto_prune(keep=key.hex)
+            self._auto_prune(keep=frozenset({key.hex}))
         return Entry(
             key=key,
             path=final,
@@ -932,6 +982,22 @@ class ContextStore:
             hit=False,
             persisted=True,
         )
+
+    def _after_publish(self, final: Path, key_hex: str) -> None:
+        # The entry is published: nothing here may turn this into a failure or an uncached result.
+        try:
+            if self._options.durable:
+                _fs.fsync_dir(final.parent)
+            _fs.fault("after_publish")
+        except OSError as exc:
+            _log.warning("published %s but could not fsync its parent (%s)", key_hex[:16], exc)
+        # We hashed these bytes ourselves a moment ago: remember the files' signatures so this process
+        # does not hash them again on the next hit (the check itself only stats the files here).
+        token = self._memo_token(final)
+        if token is not None:
+            seen = _safe_check(final, key_hex, None, full=False)
+            if seen.ok:
+                self._remember_verified(token, seen)
 
     def _publish(self, key: CacheKey, staging: Path, final: Path) -> bool:
         """Rename staging onto ``final``; False when another valid entry is already there."""
@@ -1119,11 +1185,15 @@ class ContextStore:
 
     def resolve(self, prefix: str) -> str | None:
         """The full key of the only entry whose key starts with ``prefix`` (at least 4 hex chars)."""
-        prefix = prefix.lower()
-        if len(prefix) < 4 or not re.fullmatch(r"[0-9a-f]+", prefix):
+        matches = self._matching(prefix)
+        return matches[0] if matches is not None and len(matches) == 1 else None
+
+    def _matching(self, prefix: str) -> list[str] | None:
+        """Keys of the entries that start with ``prefix``; None when it is not a hex prefix of >= 4 digits."""
+        if not is_key_prefix(prefix):
             return None
-        matches = [k for k, _ in self._iter_entry_dirs() if k.startswith(prefix)]
-        return matches[0] if len(matches) == 1 else None
+        prefix = prefix.lower()
+        return [k for k, _ in self._iter_entry_dirs() if k.startswith(prefix)]
 
     def inspect(self, key: CacheKey | str) -> dict[str, Any] | None:
         """The manifest of an entry plus its disk size, last use and pin state, or None if absent."""
@@ -1200,10 +1270,7 @@ class ContextStore:
         checked = 0
         for key_hex, path in self._iter_entry_dirs():
             checked += 1
-            if path.is_symlink() or not path.is_dir():
-                result = CheckResult("untrusted:not-a-directory", "entry path is not a directory")
-            else:
-                result = _safe_check(path, key_hex, None, full=full)
+            result = self._check_dir(path, key_hex, full=full)
             if result.ok:
                 if full:
                     token = self._memo_token(path)
@@ -1221,12 +1288,19 @@ class ContextStore:
             junk=tuple(self._junk()),
         )
 
+    @staticmethod
+    def _check_dir(path: Path, key_hex: str, *, full: bool) -> CheckResult:
+        """Check an entry directory without the caller's key: its stored key material must hash to ``key_hex``."""
+        if path.is_symlink() or not path.is_dir():
+            return CheckResult("untrusted:not-a-directory", "entry path is not a directory")
+        return _safe_check(path, key_hex, None, full=full)
+
     # ------------------------------------------------------------------ eviction
-    def _auto_prune(self, keep: str) -> None:
+    def _auto_prune(self, keep: frozenset[str]) -> None:
         try:
             total = sum(_fs.tree_disk_usage(p) for _, p in self._iter_entry_dirs())
             if total > self._options.max_size_bytes:
-                self._prune(self._options.max_size_bytes, self._options.min_age_seconds, False, frozenset({keep}))
+                self._prune(self._options.max_size_bytes, self._options.min_age_seconds, False, keep)
         except Exception as exc:  # eviction is best effort and must never fail a compile
             _log.warning("automatic prune of %s failed: %s", self._root, exc)
 
@@ -1371,6 +1445,202 @@ class ContextStore:
                 if now - stats_file.lstat().st_mtime >= 30 * 86400:
                     stats_file.unlink()
         return cleaned
+
+    # ------------------------------------------------------------------ pack / unpack
+    def pack(
+        self,
+        archive_path: str | os.PathLike[str],
+        keys: Iterable[CacheKey | str] | None = None,
+        *,
+        compression: str = "auto",
+    ) -> PackReport:
+        """Write entries into one archive, to install them on other machines with :meth:`unpack`.
+
+        Each chosen entry is pinned (a concurrent prune cannot remove it) and fully checked (SHA-256 of every
+        file) while it is read; a bad entry is left out and reported in ``skipped``, never packed. Reading
+        changes nothing in the cache, not even last-use times. The archive is written to a temp file beside
+        ``archive_path`` and renamed onto it: no half-written archive ever carries the final name.
+
+        Args:
+            archive_path: the tar file to write (replaced if it exists).
+            keys: entries to pack, as ``CacheKey`` objects, full keys or unique prefixes (>= 4 hex digits);
+                None packs every entry.
+            compression: ``auto`` (gzip when the name ends in ``.gz`` or ``.tgz``), ``gz`` or ``none``.
+
+        Raises:
+            EntryNotFoundError: a key or prefix names no single entry (nothing is written).
+            InvalidStoreOptionsError: ``compression`` is not one of the accepted values.
+            OSError: the archive cannot be written (nothing is left under its name).
+        """
+        from qnnx_ctxcache import _archive  # deferred: importing the package must stay cheap
+
+        target = Path(archive_path)
+        gz = _archive.wants_gzip(target, compression)
+        chosen = self._select(keys)
+        items: list[_archive.PackItem] = []
+        skipped: list[Problem] = []
+        with contextlib.ExitStack() as pins:
+            for key_hex in chosen:
+                pins.enter_context(self._marker(key_hex, ".pin"))
+                path = self.entry_dir(key_hex)
+                result = self._check_dir(path, key_hex, full=True)
+                try:
+                    manifest_bytes = (path / MANIFEST_NAME).read_bytes() if result.ok else b""
+                except OSError as exc:
+                    result = CheckResult("corrupt:unreadable", str(exc))
+                if not result.ok:
+                    skipped.append(Problem(key=key_hex, reason=result.reason, detail=result.detail))
+                    continue
+                assert result.manifest is not None
+                items.append(
+                    _archive.PackItem(
+                        key=key_hex, entry_dir=path, manifest_bytes=manifest_bytes, manifest=result.manifest
+                    )
+                )
+            size, digest = _archive.write_archive(
+                target, items, created=self._clock(), gz=gz, durable=self._options.durable
+            )
+        _log.info("ctxcache packed %d entries into %s (%d bytes)", len(items), target, size)
+        return PackReport(
+            archive=target,
+            entries=tuple(item.key for item in items),
+            skipped=tuple(skipped),
+            size_bytes=size,
+            sha256=digest,
+            compression="gz" if gz else "none",
+        )
+
+    def _select(self, keys: Iterable[CacheKey | str] | None) -> list[str]:
+        """The full keys ``pack`` was asked for, in order and without repeats."""
+        if keys is None:
+            return [key_hex for key_hex, _ in self._iter_entry_dirs()]
+        if isinstance(keys, str | CacheKey):
+            keys = [keys]
+        chosen: list[str] = []
+        for item in keys:
+            text = item.hex if isinstance(item, CacheKey) else item
+            if not isinstance(text, str):
+                raise TypeError(f"keys must hold CacheKey objects or key strings, got {type(item).__name__}")
+            matches = self._matching(text)
+            if matches is None or len(matches) != 1:
+                raise EntryNotFoundError(text, str(self._root), None if matches is None else len(matches))
+            if matches[0] not in chosen:
+                chosen.append(matches[0])
+        return chosen
+
+    def unpack(self, archive_path: str | os.PathLike[str]) -> UnpackReport:
+        """Install the entries of an archive written by :meth:`pack`, checking everything before publishing.
+
+        Before anything is published: the archive manifest must be well formed, of a known format version and
+        intact; every member must be a regular file with a plain relative name that the manifest lists, appearing
+        once, with the listed size and SHA-256 (tar path traversal is impossible: nothing else is written); and
+        every entry must pass the same check as a lookup, with every file hashed and its key recomputed from its
+        key material. Then each entry is published like a build (staging directory, one rename, first writer
+        wins); an entry the cache already has is kept and reported in ``already_present``. Entries compiled for
+        another target or runtime version are installed as they are: a lookup here uses this machine's key and
+        never returns them.
+
+        Raises:
+            ArchiveError: the archive is unreadable, truncated, damaged, tampered with or unsafe; nothing was
+                added to the cache.
+            StoreNotWritableError: the store is not read-write.
+            OSError: writing into the cache failed (e.g. ENOSPC); nothing half-written is visible.
+        """
+        from qnnx_ctxcache import _archive  # deferred: importing the package must stay cheap
+
+        if self._mode != "readwrite":
+            raise StoreNotWritableError(str(self._root), self._mode)
+        archive = Path(archive_path)
+        staged: dict[str, Path] = {}
+
+        def staging_for(key_hex: str) -> Path:
+            if key_hex not in staged:
+                staged[key_hex] = self._new_staging(key_hex)
+            return staged[key_hex]
+
+        try:
+            contents = _archive.extract_archive(
+                archive, staging_for, dest_root=self._dir("staging"), durable=self._options.durable
+            )
+            manifests = [self._check_unpacked(archive, record, staged[record["key"]]) for record in contents.records]
+            return self._publish_unpacked(archive, contents, manifests, staged)
+        finally:
+            for path in staged.values():
+                _fs.rmtree_quiet(path)  # published entries were renamed away; this removes only the rest
+
+    def _check_unpacked(self, archive: Path, record: Mapping[str, Any], staging: Path) -> Mapping[str, Any]:
+        """Check one extracted entry like a published one, and make it look like one; returns its manifest."""
+        from qnnx_ctxcache import _archive
+
+        key_hex = record["key"]
+        result = _safe_check(staging, key_hex, None, full=True)
+        problem = f"{result.reason}: {result.detail}" if not result.ok else ""
+        if not problem:
+            assert result.manifest is not None
+            problem = _archive.entry_mismatch(record, result.manifest)
+        if problem:
+            raise ArchiveError(str(archive), f"entry {key_hex} is not a valid cache entry ({problem})")
+        assert result.manifest is not None
+        for item in result.manifest["files"]:
+            # Give each file the mtime the build host recorded, as a published entry has: cheap checks then
+            # need not hash it again.
+            if isinstance(item.get("mtime_ns"), int):
+                with contextlib.suppress(OSError, OverflowError, ValueError):
+                    os.utime(staging / item["path"], ns=(item["mtime_ns"], item["mtime_ns"]))
+        (staging / LAST_USED_NAME).touch()
+        if self._options.durable:
+            _fs.fsync_dir(staging)
+        return result.manifest
+
+    def _publish_unpacked(
+        self, archive: Path, contents: ArchiveContents, manifests: list[Mapping[str, Any]], staged: Mapping[str, Path]
+    ) -> UnpackReport:
+        added: list[str] = []
+        present: list[str] = []
+        skipped: list[Problem] = []
+        other_host: list[str] = []
+        here = host_material()
+        for manifest in manifests:
+            key = CacheKey(manifest["key"], MappingProxyType(manifest["key_material"]))
+            staging = staged[key.hex]
+            size = _fs.tree_disk_usage(staging)
+            if size > self._options.max_size_bytes:
+                limit = self._options.max_size_bytes
+                skipped.append(
+                    Problem(key=key.hex, reason="too-large", detail=f"{size} bytes > max_size_bytes={limit}")
+                )
+                continue
+            final = self.entry_dir(key)
+            self._mkdir(final.parent)
+            if self._publish(key, staging, final):
+                self._after_publish(final, key.hex)
+                added.append(key.hex)
+            elif self._lookup(key, count=False) is not None:
+                present.append(key.hex)
+            else:
+                detail = "an unusable entry sits at its path and could not be moved to quarantine"
+                skipped.append(Problem(key=key.hex, reason="occupied", detail=detail))
+                continue
+            if key.material.get("host") != here:
+                other_host.append(key.hex)
+        if added:
+            self._count("unpacked", len(added))
+            self._flush_stats()
+        _log.info(
+            "ctxcache unpacked %s: %d added, %d already present, %d skipped",
+            archive, len(added), len(present), len(skipped),
+        )  # fmt: skip
+        if added and self._options.auto_prune:
+            self._auto_prune(keep=frozenset(added))
+        return UnpackReport(
+            archive=archive,
+            added=tuple(added),
+            already_present=tuple(present),
+            skipped=tuple(skipped),
+            other_host=tuple(other_host),
+            packed_by=contents.packed_by,
+            created=contents.created,
+        )
 
     # ------------------------------------------------------------------ removal
     def remove(self, key: CacheKey | str) -> bool:

@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "ArchiveError",
     "BuildOutputError",
     "CtxCacheError",
+    "EntryNotFoundError",
     "InvalidKeyError",
     "InvalidStoreOptionsError",
     "NotACacheRootError",
+    "StoreNotWritableError",
     "UnhashableKeyError",
 ]
 
@@ -88,4 +91,75 @@ class NotACacheRootError(CtxCacheError, ValueError):
         super().__init__(
             f"{path!r} is not a qnnx-ctxcache root (no ctxcache-root.json marker); refusing to delete "
             "anything there. Fix: pass the directory printed by `qnnx-ctxcache dir`."
+        )
+
+
+class EntryNotFoundError(CtxCacheError, LookupError):
+    """A key or key prefix given to :meth:`~qnnx_ctxcache.ContextStore.pack` names no single entry.
+
+    Attributes:
+        key: the key or prefix as given.
+        root: the cache root that was searched.
+        matches: how many entries start with it (None when it is not a hex prefix of >= 4 digits).
+    """
+
+    def __init__(self, key: str, root: str, matches: int | None) -> None:
+        self.key = key
+        self.root = root
+        self.matches = matches
+        if matches is None:
+            found = f"{key!r} is not a cache key"
+        elif matches == 0:
+            found = f"no entry under {root} has a key starting with {key!r}"
+        else:
+            found = f"{matches} entries under {root} have keys starting with {key!r}"
+        super().__init__(
+            f"{found}; accepted: a full key (64 hex digits) or a unique prefix of at least 4 hex digits of an "
+            "entry listed by `qnnx-ctxcache ls`. Fix: pass the full key or a longer prefix, or give no keys to "
+            "take every entry."
+        )
+
+
+#: What to do about a damaged archive: the copy went wrong, so copy or pack it again.
+ARCHIVE_DAMAGED_FIX = (
+    "copy the archive again from the build host and compare its SHA-256 with the one `qnnx-ctxcache pack` "
+    "printed, or pack it again there"
+)
+
+
+class ArchiveError(CtxCacheError, ValueError):
+    """:meth:`~qnnx_ctxcache.ContextStore.unpack` refused an archive; nothing was added to the cache.
+
+    Raised for an archive that cannot be read, is truncated, damaged or tampered with (a size or SHA-256
+    differs from a manifest, an entry's key does not match its key material), has an unknown format version,
+    or holds a member that is not a regular file inside the archive (absolute paths, ``..``, links, devices).
+
+    Attributes:
+        archive: the archive path.
+        problem: what is wrong, naming the member or field and the accepted values.
+        fix: what to do about it.
+    """
+
+    def __init__(self, archive: str, problem: str, fix: str = ARCHIVE_DAMAGED_FIX) -> None:
+        self.archive = archive
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"refusing archive {archive!r}: {problem}; nothing was added to the cache. Fix: {fix}.")
+
+
+class StoreNotWritableError(CtxCacheError, PermissionError):
+    """An operation that must write the cache (``unpack``) was given a store that is not read-write.
+
+    Attributes:
+        root: the cache root.
+        mode: the store's mode (``readonly`` or ``disabled``).
+    """
+
+    def __init__(self, root: str, mode: str) -> None:
+        self.root = root
+        self.mode = mode
+        super().__init__(
+            f"cannot add entries to the cache at {root}: the store is {mode!r}; accepted: a store in mode "
+            "'readwrite'. Fix: pass a writable --root (or ContextStore root), and unset $QNNX_CTXCACHE_MODE "
+            "or StoreOptions(mode=...) if it forces read-only."
         )
