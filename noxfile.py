@@ -81,6 +81,15 @@ def lint(session: nox.Session) -> None:
     session.run("python", "tools/check_layers.py")
 
 
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy on every package's src/ (configuration in the root pyproject.toml)."""
+    _install(session)
+    session.install("mypy")
+    for name in PACKAGES:
+        session.run("mypy", f"packages/{name}/src")
+
+
 @nox.session(python=PYTHON, default=False)
 @nox.parametrize("torch", MATRIX_TORCH)
 @nox.parametrize("ort_qnn", MATRIX_ORT_QNN)

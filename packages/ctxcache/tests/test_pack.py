@@ -794,3 +794,16 @@ def test_cli_help_lists_pack_and_unpack(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "qnnx-ctxcache pack contexts.tar.gz" in out
     assert "unpack" in out
+
+
+def test_file_record_without_a_path_is_refused() -> None:
+    """An archive manifest whose file record has no path (or a non-string one) is malformed, not a path None."""
+    from qnnx_ctxcache import _archive
+
+    base = {"key": "0" * 64, "key_material": {}, "manifest": {"size": 1, "sha256": "0" * 64}}
+    for item in ({"size": 1, "sha256": "0" * 64}, {"path": 7, "size": 1, "sha256": "0" * 64}):
+        problem = _archive._record_problem({**base, "files": [item]})
+        assert "is not a plain relative path" in problem
+    assert (
+        _archive._record_problem({**base, "files": [{"path": "model_ctx.onnx", "size": 1, "sha256": "0" * 64}]}) == ""
+    )

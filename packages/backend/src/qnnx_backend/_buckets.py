@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -127,7 +127,9 @@ def choose(sizes: Sequence[int], plan: BucketPlan, ladder: str | tuple[int, ...]
             if upper is not None:
                 bucket = min(bucket, upper)
         else:
-            fitting = [b for b in ladder if b >= size]
+            fitting = [
+                b for b in cast("tuple[int, ...]", ladder) if b >= size
+            ]  # any str but "auto" is rejected earlier
             if not fitting:
                 return None
             bucket = min(fitting)

@@ -57,13 +57,14 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: 
     for mine, original in zip(placeholders, (n for n in gm.graph.nodes if n.op == "placeholder"), strict=True):
         source = getattr(original, "_dynamo_source", None)
         if source is not None and getattr(mine, "_dynamo_source", None) is None:
-            mine._dynamo_source = source  # type: ignore[attr-defined]
+            mine._dynamo_source = source
     for pos in sym_positions:
         node = placeholders[pos]
         value = args[pos]
         for user in list(node.users):
-            user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)
-            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)
+            # mypy cannot infer a lambda that binds loop variables through default arguments.
+            user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
         static.graph.erase_node(node)
     static.recompile()
     # Every node still carries Dynamo's symbolic example value; propagate fake tensors of the concrete inputs so
@@ -312,7 +313,7 @@ class QnnGraph:
 
         opts = self._options
         start = time.perf_counter()
-        base = {
+        base: dict[str, Any] = {
             "graph_id": graph_id,
             "requested_device": opts.device,
             "strict": opts.strict,
@@ -464,7 +465,7 @@ class _FrozenWeights:
         if len(indices) > 1:
             self._pick = operator.itemgetter(*indices)
         else:
-            self._pick = lambda a, picked=tuple(indices): tuple(a[i] for i in picked)
+            self._pick = lambda a, picked=tuple(indices): tuple(a[i] for i in picked)  # type: ignore[misc]  # default-arg lambda
 
     def changed(self, args: Sequence[object]) -> bool:
         """Whether an argument is another tensor than the one frozen, or was updated in place since (an optimizer

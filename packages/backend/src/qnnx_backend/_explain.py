@@ -176,7 +176,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     explained: list[GraphExplanation] = []
     for index, (gm, inputs) in enumerate(graphs):
         fx_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-        base = {"index": index, "fx_nodes": fx_count}
+        base: dict[str, Any] = {"index": index, "fx_nodes": fx_count}
         if device == "cpu":
             explained.append(
                 GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason="device='cpu'", **base)
@@ -184,7 +184,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             continue
         analysis = qnnx_export.analyze(gm, inputs)
         if analysis.problems:
-            reason = "; ".join(p.detail for p in analysis.problems)
+            reason: str | None = "; ".join(p.detail for p in analysis.problems)
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=reason, **base))
             continue
         from qnnx_backend._compiled import _compiling

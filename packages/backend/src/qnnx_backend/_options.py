@@ -222,7 +222,7 @@ def _exporter(value: object) -> str:
 
 def _buckets(value: object) -> str | tuple[int, ...] | None:
     if value is None or value == "auto":
-        return value  # type: ignore[return-value]
+        return value
     if (
         isinstance(value, list | tuple)
         and value
@@ -262,15 +262,15 @@ class BackendOptions:
     """``"auto"`` tries NPU (HTP), then GPU, then the original PyTorch graph; or exactly ``"npu"``, ``"gpu"``,
     ``"cpu"`` (``"cpu"`` runs the original PyTorch graph: no ONNX, no QNN)."""
 
-    strict: bool = attrs.field(default=False, converter=_bool("strict"))
+    strict: bool = attrs.field(default=False, converter=_bool("strict"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """When True, a failure on the chosen device raises instead of falling back."""
 
-    fp16: bool = attrs.field(default=False, converter=_bool("fp16"))
+    fp16: bool = attrs.field(default=False, converter=_bool("fp16"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """Run the graph in float16 end to end: weights and float inputs are cast to float16 at the ONNX boundary,
     outputs are cast back to the caller's dtype. HTP computes float graphs in fp16 anyway on QAIRT >= 2.35, so on
     the NPU this halves weight memory and the cached context, not precision; see the README."""
 
-    cache: bool = attrs.field(factory=_cache_default, converter=_bool("cache"))
+    cache: bool = attrs.field(factory=_cache_default, converter=_bool("cache"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """Keep compiled QNN contexts on disk (qnnx-ctxcache) so later processes skip export and compile. Default:
     off, or on when ``QNNX_CACHE=1``."""
 
@@ -288,13 +288,13 @@ class BackendOptions:
     provider_options: tuple[tuple[str, str], ...] = attrs.field(factory=tuple, converter=_provider_options)
     """Extra QNN EP provider options passed through (names are checked against a list of known options)."""
 
-    verify: bool = attrs.field(default=False, converter=_bool("verify"))
+    verify: bool = attrs.field(default=False, converter=_bool("verify"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """Accuracy guard: compare the first call of each compiled graph with eager PyTorch."""
 
-    verify_rtol: float = attrs.field(default=5e-2, converter=_tolerance("verify_rtol"))
+    verify_rtol: float = attrs.field(default=5e-2, converter=_tolerance("verify_rtol"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """Guard threshold on max |qnn - eager| / max |eager| (fp16-level default)."""
 
-    verify_min_cosine: float = attrs.field(default=0.999, converter=_tolerance("verify_min_cosine"))
+    verify_min_cosine: float = attrs.field(default=0.999, converter=_tolerance("verify_min_cosine"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """Guard threshold on the cosine similarity of qnn and eager outputs."""
 
     partition: str = attrs.field(default="whole", converter=_partition)
@@ -337,7 +337,7 @@ class BackendOptions:
         return tuple(a.name for a in attrs.fields(cls))
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any] | None) -> BackendOptions:
+    def from_mapping(cls, raw: Mapping[str, Any] | BackendOptions | None) -> BackendOptions:
         """Parse ``torch.compile(..., options=...)``; every failure is an InvalidOptionsError."""
         if raw is None:
             return cls()

@@ -29,7 +29,7 @@ __all__ = ["qnn_backend"]
 _NAME = "qnn"
 
 
-class _CompilerFns(dict):  # type: ignore[type-arg]
+class _CompilerFns(dict):
     """torch's ``_COMPILER_FNS``, except that torch's ``register_backend`` re-registering our function as ``qnn``
     (a second thread of the race above) finds the name free."""
 

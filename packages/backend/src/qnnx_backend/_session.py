@@ -99,6 +99,7 @@ class _NoSessionProgram:
         self.onnx_nodes = 0
         self.passes_applied = ()
         self.placement: dict[str, int] = {}
+        self.param_indices: tuple[int, ...]  # set with the others just below
         for key in ("param_indices", "device", "soc_model", "is_simulator"):
             setattr(self, key, common[key])
         self.param_indices = tuple(self.param_indices)

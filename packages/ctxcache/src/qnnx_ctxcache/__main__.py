@@ -260,12 +260,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if command == "explain":
         keys = [store.resolve(args.key_a), store.resolve(args.key_b)]
-        infos = [store.inspect(k) if k else None for k in keys]
-        if not all(info and "key_material" in info for info in infos):
+        pair = [store.inspect(k) if k else None for k in keys]
+        if not all(info and "key_material" in info for info in pair):
             message = f"need two readable entries; got {args.key_a!r} -> {keys[0]}, {args.key_b!r} -> {keys[1]}"
             _emit(args, {"error": message}, f"error: {message}")
             return EXIT_PROBLEM
-        lines = diff_key_material(infos[0]["key_material"], infos[1]["key_material"])  # type: ignore[index]
+        lines = diff_key_material(pair[0]["key_material"], pair[1]["key_material"])  # type: ignore[index]
         _emit(args, {"differences": lines}, "\n".join(lines) if lines else "identical key material")
         return EXIT_OK
     if command in ("inspect", "rm"):
@@ -293,16 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit(args, {**attrs.asdict(report, recurse=True), "ok": report.ok}, "\n".join(lines))
         return EXIT_OK if report.ok else EXIT_PROBLEM
     if command == "prune":
-        report = store.prune(args.max_size, min_age_seconds=args.min_age, dry_run=args.dry_run)
-        verb = "would remove" if report.dry_run else "removed"
+        pruned = store.prune(args.max_size, min_age_seconds=args.min_age, dry_run=args.dry_run)
+        verb = "would remove" if pruned.dry_run else "removed"
         text = (
-            f"{verb} {len(report.removed)} entries ({_human(report.freed_bytes)}); "
-            f"size {_human(report.total_bytes_before)} -> {_human(report.total_bytes_after)}"
-            + (f"; kept {len(report.kept_pinned)} pinned" if report.kept_pinned else "")
-            + (f"; kept {len(report.kept_young)} within the grace period" if report.kept_young else "")
-            + ("; another process is pruning, skipped" if report.skipped else "")
+            f"{verb} {len(pruned.removed)} entries ({_human(pruned.freed_bytes)}); "
+            f"size {_human(pruned.total_bytes_before)} -> {_human(pruned.total_bytes_after)}"
+            + (f"; kept {len(pruned.kept_pinned)} pinned" if pruned.kept_pinned else "")
+            + (f"; kept {len(pruned.kept_young)} within the grace period" if pruned.kept_young else "")
+            + ("; another process is pruning, skipped" if pruned.skipped else "")
         )
-        _emit(args, report, text)
+        _emit(args, pruned, text)
         return EXIT_OK
     return EXIT_USAGE  # pragma: no cover - argparse rejects unknown commands
 

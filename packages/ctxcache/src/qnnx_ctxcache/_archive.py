@@ -25,7 +25,7 @@ import re
 import tarfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -180,7 +180,7 @@ def write_archive(
         with tmp.open("xb") as raw:
             # zlib's default level 6; tarfile's default 9 is slower for little gain.
             options: dict[str, Any] = {"compresslevel": 6} if gz else {}
-            mode = "w:gz" if gz else "w"
+            mode: Literal["w:gz", "w"] = "w:gz" if gz else "w"
             with tarfile.open(target.name, mode, fileobj=raw, format=tarfile.PAX_FORMAT, **options) as tar:
                 tar.addfile(_member(ARCHIVE_MANIFEST_NAME, len(data), created), io.BytesIO(data))
                 for item in items:
@@ -246,7 +246,7 @@ def _record_problem(record: object) -> str:
     paths: set[str] = set()
     for item in files:
         path = item.get("path") if isinstance(item, dict) else None
-        if safe_relpath(path) != path or path in (MANIFEST_NAME, LAST_USED_NAME):
+        if not isinstance(path, str) or safe_relpath(path) != path or path in (MANIFEST_NAME, LAST_USED_NAME):
             return f"file path {path!r} is not a plain relative path inside the entry; accepted: e.g. 'model_ctx.onnx'"
         problem = _digest_problem(item, f"file {path!r}")
         if problem or path in paths:

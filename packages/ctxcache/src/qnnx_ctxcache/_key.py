@@ -115,7 +115,7 @@ def _option_value(value: object, field: str) -> str:
     if isinstance(value, str):
         return _nfc(value)
     if isinstance(value, os.PathLike):
-        return _nfc(os.fspath(value))  # type: ignore[arg-type]
+        return _nfc(os.fspath(value))
     if isinstance(value, float):
         raise UnhashableKeyError(field, "float", "pass the option as the exact string ORT should receive")
     raise UnhashableKeyError(field, type(value).__name__)

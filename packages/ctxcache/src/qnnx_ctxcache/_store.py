@@ -588,18 +588,21 @@ class ContextStore:
                 self._count("miss:unreadable")
             return None
         if not stat.S_ISDIR(st.st_mode):
-            return self._reject(key.hex, CheckResult("untrusted:not-a-directory", "entry path is not a directory"))
+            self._reject(key.hex, CheckResult("untrusted:not-a-directory", "entry path is not a directory"))
+            return None
         if self._mode == "readwrite" and self._crashed_loader(key.hex):
-            return self._reject(
+            self._reject(
                 key.hex, CheckResult("crashed-loader", "a process died while loading this entry; rebuilding once")
             )
+            return None
         memo = self._memo_token(entry_dir)
         with _VERIFIED_LOCK:
             known = _VERIFIED.get(memo) if memo is not None else None
         need_full = full or (self._options.verify_on_first_use and known is None)
         result = _safe_check(entry_dir, key.hex, key.material, full=need_full, known=known)
         if not result.ok:
-            return self._reject(key.hex, result)
+            self._reject(key.hex, result)
+            return None
         if (need_full or known is not None) and memo is not None:
             self._remember_verified(memo, result)
         manifest = result.manifest or {}

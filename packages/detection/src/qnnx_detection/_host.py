@@ -42,9 +42,10 @@ def _windows_candidates() -> list[str]:
     except ImportError:
         return []
     with contextlib.suppress(OSError):
-        key = winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, r"HARDWARE\DESCRIPTION\System\CentralProcessor\0")
+        # typeshed declares winreg's contents only for win32, so off Windows mypy sees an empty module.
+        key = winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, r"HARDWARE\DESCRIPTION\System\CentralProcessor\0")  # type: ignore[attr-defined,unused-ignore]
         with key:
-            brand, _ = winreg.QueryValueEx(key, "ProcessorNameString")
+            brand, _ = winreg.QueryValueEx(key, "ProcessorNameString")  # type: ignore[attr-defined,unused-ignore]
         return brand_candidates(str(brand))
     return []
 

@@ -26,7 +26,7 @@ import contextlib
 import platform
 import threading
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 
@@ -42,6 +42,10 @@ CANNOT_INITIALIZE = (
 )
 
 _INTEL_CPU = QnnDevice(hardware_type="CPU", vendor="Intel", vendor_id=0x8086)
+
+
+def _device_tuple(value: Iterable[QnnDevice]) -> tuple[QnnDevice, ...]:
+    return tuple(value)
 
 
 def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -79,7 +83,7 @@ class FakeEnvironment:
     qairt: str | None = "2.51.0"
     import_error: str | None = None
     registration_error: str | None = None
-    devices: tuple[QnnDevice, ...] = attrs.field(default=(_INTEL_CPU,), converter=tuple)
+    devices: tuple[QnnDevice, ...] = attrs.field(default=(_INTEL_CPU,), converter=_device_tuple)
     libraries: frozenset[str] = attrs.field(default=frozenset({"npu", "gpu"}), converter=frozenset)
     init_failures: Mapping[str, str] = attrs.field(
         factory=lambda: {"gpu": CANNOT_INITIALIZE}, converter=_frozen_mapping, hash=False

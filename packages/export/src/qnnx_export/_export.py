@@ -12,7 +12,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import attrs
 
@@ -204,7 +204,13 @@ def _attr_name(placeholder_name: str, used: set[str]) -> str:
 
 def _build_frozen_module(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis
-) -> tuple[Callable[[], torch.fx.GraphModule], list[tuple[str, int]], list[OutputSlot], list[Any], str]:
+) -> tuple[
+    Callable[[], torch.fx.GraphModule],
+    list[tuple[str, int]],
+    list[OutputSlot],
+    list[Any],
+    Literal["tuple", "list", "single"],
+]:
     """Copy ``gm`` into a new graph whose params are attributes (get_attr) and whose fused fast-path
     calls are decomposed. ``gm`` is not modified (Dynamo's calling convention depends on it).
 
@@ -257,7 +263,9 @@ def _build_frozen_module(
     if output_node is None:
         raise ExportError("the graph has no output node; pass the GraphModule Dynamo gave the backend.")
     out_arg = output_node.args[0]
-    container = "list" if isinstance(out_arg, list) else "tuple" if isinstance(out_arg, tuple) else "single"
+    container: Literal["tuple", "list", "single"] = (
+        "list" if isinstance(out_arg, list) else "tuple" if isinstance(out_arg, tuple) else "single"
+    )
     elements = list(out_arg) if isinstance(out_arg, (tuple, list)) else [out_arg]
     slots: list[OutputSlot] = []
     onnx_nodes: list[torch.fx.Node] = []
@@ -369,7 +377,8 @@ def _describe_failure(exc: BaseException, frozen: torch.fx.GraphModule) -> str:
         lines = [ln for ln in lines if ln and ln != "⬆️" and not ln.startswith("(Refer to")]
         cause = " <- ".join(lines)
     else:
-        chain, cur = [], exc
+        chain: list[str] = []
+        cur: BaseException | None = exc
         while cur is not None and len(chain) < 4:
             first = _ANSI.sub("", str(cur)).strip().splitlines()
             chain.append(f"{type(cur).__name__}: {first[0] if first else ''}")
@@ -510,7 +519,7 @@ def export(
     signature = GraphSignature(
         inputs=tuple(specs),
         outputs=tuple(final_slots),
-        onnx_output_names=tuple(v.name for v in model.graph.outputs),
+        onnx_output_names=tuple(cast(str, v.name) for v in model.graph.outputs),  # exported outputs are named
         onnx_output_dtypes=tuple(_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs),
         output_container=container,
     )

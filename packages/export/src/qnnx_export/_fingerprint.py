@@ -34,7 +34,8 @@ def _update_tensor(h: Any, t: torch.Tensor) -> None:
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     # Hash the raw bytes through a uint8 view: works for every dense dtype (bf16/fp8 have no numpy dtype).
-    h.update(memoryview(flat.view(torch.uint8).numpy()))
+    # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12; arrays are buffers on every version.
+    h.update(memoryview(flat.view(torch.uint8).numpy()))  # type: ignore[arg-type,unused-ignore]
 
 
 def tensor_digest(t: torch.Tensor) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -92,9 +92,9 @@ def _new_value(name: str, dtype: ir.DataType | None, shape: Iterable[int] | None
 
 
 def _producer_op(value: ir.Value | None) -> str | None:
-    if value is None or value.producer() is None:
+    node = value.producer() if value is not None else None
+    if node is None:
         return None
-    node = value.producer()
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
@@ -225,7 +225,7 @@ class TileLayerNormBroadcast(QnnPass):
         changed = False
         for node in self._feeding_nodes(graph):
             for i, shape, out_shape in self._bad_operands(node):
-                value = node.inputs[i]
+                value = cast(ir.Value, node.inputs[i])  # an operand with a static shape: never a missing input
                 batch = out_shape[0]
                 aligned = (1,) * (len(out_shape) - len(shape)) + shape
                 array = _const(value)
@@ -272,13 +272,14 @@ class RMSNormWeightLast(QnnPass):
         for inp in prod.inputs:
             cur, depth = inp, 0
             while cur is not None and cur.producer() is not None and depth < 5:
-                op = cur.producer().op_type
+                producer = cast(ir.Node, cur.producer())  # checked just above
+                op = producer.op_type
                 if op == "ReduceMean":
                     return True
                 if op not in ("Reciprocal", "Sqrt", "Add", "Div", "Cast", "Pow", "Mul"):
                     break
                 # Follow the non-constant input (the statistic), not eps or the numerator 1.
-                nxt = [v for v in cur.producer().inputs if v is not None and _const(v) is None]
+                nxt = [v for v in producer.inputs if v is not None and _const(v) is None]
                 cur = nxt[0] if nxt else None
                 depth += 1
         return False
@@ -359,13 +360,13 @@ class FuseRMSNorm(QnnPass):
         if (
             sq.op_type == "Pow"
             and _const(sq.inputs[1]) is not None
-            and float(_const(sq.inputs[1]).reshape(-1)[0]) == 2.0
+            and float(cast(np.ndarray, _const(sq.inputs[1])).reshape(-1)[0]) == 2.0
         ) or (sq.op_type == "Mul" and sq.inputs[0] is sq.inputs[1]):
             x = sq.inputs[0]
         else:
             return None
         shape = _shape(x)
-        if shape is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        if shape is None or x is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
             return None
         rank = len(shape)
         axes = sorted(int(a) % rank for a in axes_arr.reshape(-1))
@@ -385,6 +386,7 @@ class FuseRMSNorm(QnnPass):
         nxt = self._single_use(root.outputs[0])
         if nxt is None:
             return None
+        norm: ir.Node | None
         if nxt.op_type == "Div" and nxt.inputs[1] is root.outputs[0] and nxt.inputs[0] is x:
             norm = nxt
         elif nxt.op_type == "Reciprocal":
@@ -422,7 +424,12 @@ class FuseRMSNorm(QnnPass):
             assert shape is not None
             lead, trail = shape[: len(shape) - len(axes)], shape[len(shape) - len(axes) :]
             width = math.prod(trail)
-            scale = np.ones(width, dtype=x.dtype.numpy()) if weight is None else _const(weight).reshape(width)
+            # _match checked x's dtype and that the weight is a constant.
+            scale = (
+                np.ones(width, dtype=cast(ir.DataType, x.dtype).numpy())
+                if weight is None
+                else cast(np.ndarray, _const(weight)).reshape(width)
+            )
             weight = _add_initializer(graph, names("scale"), scale)
             out = last.outputs[0]
             new_nodes: list[ir.Node] = []
@@ -491,7 +498,7 @@ class FuseErfGelu(QnnPass):
 
     def _match(self, erf: ir.Node) -> tuple[ir.Value, ir.Value] | None:
         """Return (x, gelu_output_value) for an Erf node in a GELU pattern."""
-        pre = erf.inputs[0].producer()
+        pre = cast(ir.Value, erf.inputs[0]).producer()  # Erf has its one input
         if pre is None:
             return None
         if pre.op_type == "Div":
@@ -541,7 +548,7 @@ class FuseErfGelu(QnnPass):
             x, out = match
             new = _new_value(names("out"), out.dtype, _shape(out))
             gelu = ir.Node("", "Gelu", [x], attributes=[ir.AttrString("approximate", "none")], outputs=[new])
-            graph.insert_after(out.producer(), gelu)
+            graph.insert_after(cast(ir.Node, out.producer()), gelu)  # out is a Mul/Div output
             _replace_value(graph, out, new)
             changed = True
         return changed
@@ -613,7 +620,7 @@ class FoldHighRankTranspose(QnnPass):
             match = self._match(node)
             assert match is not None
             first, merged_shape, merged_perm = match
-            x = first.inputs[0]
+            x = cast(ir.Value, first.inputs[0])  # _match read its shape
             target = _add_initializer(graph, names("shape"), np.array(merged_shape, dtype=np.int64))
             flat = _new_value(names("merged"), x.dtype, merged_shape)
             moved_shape = [merged_shape[a] for a in merged_perm]
@@ -676,7 +683,8 @@ class SafeSoftmaxWithoutInf(QnnPass):
             limit = self._match(node)
             assert limit is not None
             stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
-            threshold = _add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=stat.dtype.numpy()))
+            dtype = cast(ir.DataType, cast(ir.Value, stat).dtype)  # _match checked the statistic's float dtype
+            threshold = _add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy()))
             out = node.outputs[0]
             new = _new_value(names("masked"), out.dtype, _shape(out))
             graph.insert_after(node, ir.Node("", "LessOrEqual", [stat, threshold], outputs=[new]))
@@ -758,7 +766,8 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
         for n in graph:
             if n.op_type != "AveragePool" or n.domain not in ("", "ai.onnx"):
                 continue
-            if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):
+            # mypy binds onnx_ir's TypeVar default from the `or`'s bool context; the int default is right.
+            if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):  # type: ignore[arg-type]
                 continue
             if n.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
                 continue
@@ -809,7 +818,7 @@ class LogSigmoidToSoftplus(QnnPass):
         for log_node in [n for n in graph if self._match(n) is not None]:
             sig = self._match(log_node)
             assert sig is not None
-            x, out = sig.inputs[0], log_node.outputs[0]
+            x, out = cast(ir.Value, sig.inputs[0]), log_node.outputs[0]  # Sigmoid has its one input
             neg_x = _new_value(names("neg"), x.dtype, _shape(x))
             soft = _new_value(names("softplus"), x.dtype, _shape(x))
             new = _new_value(names("out"), out.dtype, _shape(out))
@@ -877,7 +886,7 @@ class GatherNDToGather(QnnPass):
             if plan is None:
                 continue
             flat, flat_shape, out_shape = plan
-            data, out = node.inputs[0], node.outputs[0]
+            data, out = cast(ir.Value, node.inputs[0]), node.outputs[0]  # _plan read its shape
             rows = _add_initializer(graph, names("rows_shape"), np.array(flat_shape, dtype=np.int64))
             flat_data = _new_value(names("rows"), data.dtype, flat_shape)
             new_nodes = [ir.Node("", "Reshape", [data, rows], outputs=[flat_data])]
@@ -978,7 +987,8 @@ class Int64InputsToInt32(QnnPass):
     defect = "int64 values are silently saturated to int32 by the QNN EP"
 
     def find_defects(self, graph: ir.Graph) -> list[str]:
-        return [v.name for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
+        # Graph inputs are always named.
+        return [cast(str, v.name) for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
 
     def rewrite(self, graph: ir.Graph) -> bool:
         names = _Names(graph, "qnnx_i32")
@@ -990,13 +1000,13 @@ class Int64InputsToInt32(QnnPass):
             index_only = bool(uses) and all((u.node.op_type, u.idx) in _INDEX_INPUTS for u in uses)
             value.type = ir.TensorType(ir.DataType.INT32)
             if not index_only:
-                cast_out = _new_value(names(value.name), ir.DataType.INT64, _shape(value))
-                cast = ir.Node(
+                cast_out = _new_value(names(cast(str, value.name)), ir.DataType.INT64, _shape(value))
+                cast_node = ir.Node(
                     "", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.INT64)], outputs=[cast_out]
                 )
                 for use in uses:
                     use.node.replace_input_with(use.idx, cast_out)
-                graph.append(cast)  # QnnPass.call re-sorts the graph topologically
+                graph.append(cast_node)  # QnnPass.call re-sorts the graph topologically
             changed = True
         for name, init in graph.initializers.items():
             arr = _const(init)

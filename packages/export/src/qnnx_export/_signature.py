@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -31,6 +31,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# ``tuple`` as attrs converters mypy can type: its attrs plugin cannot infer ``converter=tuple``.
+def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class InputSpec:
     """One ONNX graph input.
@@ -47,7 +56,7 @@ class InputSpec:
     arg_index: int
     dtype: str
     onnx_dtype: str
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
 
 
 @attrs.frozen(kw_only=True)
@@ -68,6 +77,14 @@ class OutputSlot:
     value: bool | int | float | str | None = None
 
 
+def _input_tuple(value: Iterable[InputSpec]) -> tuple[InputSpec, ...]:
+    return tuple(value)
+
+
+def _output_tuple(value: Iterable[OutputSlot]) -> tuple[OutputSlot, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class GraphSignature:
     """The calling convention between Dynamo's arguments/outputs and the exported ONNX model.
@@ -83,10 +100,10 @@ class GraphSignature:
             when it returns one bare value (hand-made FX graphs; Dynamo always returns a tuple).
     """
 
-    inputs: tuple[InputSpec, ...] = attrs.field(converter=tuple)
-    outputs: tuple[OutputSlot, ...] = attrs.field(converter=tuple)
-    onnx_output_names: tuple[str, ...] = attrs.field(converter=tuple)
-    onnx_output_dtypes: tuple[str, ...] = attrs.field(converter=tuple)
+    inputs: tuple[InputSpec, ...] = attrs.field(converter=_input_tuple)
+    outputs: tuple[OutputSlot, ...] = attrs.field(converter=_output_tuple)
+    onnx_output_names: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    onnx_output_dtypes: tuple[str, ...] = attrs.field(converter=_str_tuple)
     output_container: Literal["tuple", "list", "single"] = "tuple"
 
     @property

@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rows(report: OpCheckReport, problems_only: bool) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for i, v in enumerate(report.verdicts):
         if problems_only and v.status == "supported":
             continue

@@ -7,7 +7,7 @@ import functools
 import logging
 import math
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
 import onnx
 
@@ -791,7 +791,8 @@ class _Checker:
             values = [float(v) for v in given.reshape(-1)] if given is not None else []
             if len(values) != len(shape):
                 kinds.add("unknown")
-            for dim, value in zip(shape, values, strict=False):
+            # Every dim is an int (checked above); mypy does not narrow a tuple through all(isinstance(...)).
+            for dim, value in zip(cast("tuple[int, ...]", shape), values, strict=False):
                 out = int(value) if sizes_name else math.floor(dim * value + 1e-9)
                 if out == dim:
                     continue

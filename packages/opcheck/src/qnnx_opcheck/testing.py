@@ -33,7 +33,7 @@ def fake_report(
     Returns:
         A frozen report, indistinguishable in type from a real one.
     """
-    verdicts = []
+    verdicts: list[NodeVerdict] = []
     groups = (
         ("supported", "supported", supported),
         ("unsupported", "rejected", unsupported),

@@ -22,7 +22,7 @@ imports neither torch nor onnx.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from qnnx_export._fast._registry import REGISTRY, OpTable, import_op_modules
 from qnnx_export._fast._trace import trace_aten
@@ -120,8 +120,9 @@ def translate_aten(
     inputs, outs = translator.run(user_inputs)
     for value, node in zip(outs, next(n for n in traced.graph.nodes if n.op == "output").args[0], strict=True):
         val = node.meta["val"]
-        if value.dtype != ir_dtype(val.dtype) or tuple(value.shape) != tuple(val.shape):
-            raise Declined(f"output {node.name} came out as {value.dtype}{tuple(value.shape)}")
+        shape = cast("ir.Shape", value.shape)  # every value the translator makes has a shape
+        if value.dtype != ir_dtype(val.dtype) or tuple(shape) != tuple(val.shape):
+            raise Declined(f"output {node.name} came out as {value.dtype}{tuple(shape)}")
     graph = ir.Graph(
         inputs,
         outs,

@@ -45,7 +45,7 @@ def _arithmetic(t: Translator, node: Node, a: Operand, b: Operand, **kwargs: obj
         raise Declined(f"{node.target} with {kwargs}")
     dtype = node.meta["val"].dtype
     _no_bool(node, dtype)
-    return t.out(_ARITHMETIC[node.target], [t.operand(a, dtype), t.operand(b, dtype)])
+    return t.out(_ARITHMETIC[node.target], [t.operand(a, dtype), t.operand(b, dtype)])  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
 
 
 def _add_or_sub(op: str, t: Translator, node: Node, a: Operand, b: Operand, alpha: float) -> ir.Value:
@@ -63,7 +63,7 @@ def _add_or_sub(op: str, t: Translator, node: Node, a: Operand, b: Operand, alph
 
 @handles(*_ADD_SUB)
 def _add_sub(t: Translator, node: Node, a: Operand, b: Operand, alpha: float = 1) -> ir.Value:
-    return _add_or_sub(_ADD_SUB[node.target], t, node, a, b, alpha)
+    return _add_or_sub(_ADD_SUB[node.target], t, node, a, b, alpha)  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
 
 
 @handles(aten.rsub.Scalar)
@@ -96,7 +96,7 @@ def _pow(t: Translator, node: Node, x: Operand, exponent: Operand) -> ir.Value:
 
 @handles(*(overload for packet in _COMPARISONS for overload in (packet.Tensor, packet.Scalar)))
 def _compare(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
-    packet = node.target.overloadpacket
+    packet = node.target.overloadpacket  # type: ignore[union-attr]  # fx types Node.target loosely; here it is an OpOverload
     op, negate = _COMPARISONS[packet], packet is aten.ne
     dtype = torch.result_type(fake(a), fake(b))
     if op != "Equal":
@@ -115,7 +115,7 @@ def _logical(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
         any(fake(v).dtype != torch.bool for v in (a, b) if hasattr(v, "meta")) or node.meta["val"].dtype != torch.bool
     ):
         raise Declined(f"{node.target} on non-bool tensors")
-    op = _BITWISE[node.target] if node.target in _BITWISE else _LOGICAL[node.target]
+    op = _BITWISE[node.target] if node.target in _BITWISE else _LOGICAL[node.target]  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
     return t.out(op, [t.operand(a, torch.bool), t.operand(b, torch.bool)])
 
 

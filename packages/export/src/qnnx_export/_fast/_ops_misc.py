@@ -40,6 +40,7 @@ def _like_constant(t: Translator, node: Node, *args: object, **kwargs: object) -
     if val.numel() * val.element_size() > MAX_FOLD_BYTES:
         raise Declined(f"{node.target} would become a constant of {val.numel() * val.element_size()} bytes")
     fill = {"zeros_like": 0, "ones_like": 1}.get(
-        node.target.__name__.split(".")[0], args[1] if len(args) > 1 else kwargs.get("fill_value")
+        node.target.__name__.split(".")[0],  # type: ignore[union-attr]  # fx types Node.target loosely; here it is an OpOverload
+        args[1] if len(args) > 1 else kwargs.get("fill_value"),
     )
-    return torch.full(tuple(val.shape), fill, dtype=val.dtype)
+    return torch.full(tuple(val.shape), fill, dtype=val.dtype)  # type: ignore[call-overload]  # fill: the op's scalar

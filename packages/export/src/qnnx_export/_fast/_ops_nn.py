@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import torch
 
@@ -67,7 +67,10 @@ def _fold_batchnorm(
     t: Translator, bn: Node, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight and bias of the convolution that computes ``bn(conv(x))`` (in float64, then the weight's dtype)."""
-    _, gamma, beta, mean, var, _, _, eps = bn.args
+    # aten.native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    _, gamma, beta, mean, var, _, _, eps = cast(
+        "tuple[Any, Node | None, Node | None, Node | None, Node | None, Any, Any, float]", bn.args
+    )
     cout = weight.shape[0]
 
     def real(x: Node | None, default: float) -> torch.Tensor:

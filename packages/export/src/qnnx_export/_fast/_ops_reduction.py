@@ -47,19 +47,19 @@ def _reduce_as(
 def _reduce(
     t: Translator, node: Node, x: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False, **kwargs: object
 ) -> ir.Value:
-    return _reduce_as(_REDUCTIONS[node.target], t, node, x, dim, keepdim, **kwargs)
+    return _reduce_as(_REDUCTIONS[node.target], t, node, x, dim, keepdim, **kwargs)  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
 
 
 @handles(*_REDUCTIONS_OF_ALL)
 def _reduce_all(t: Translator, node: Node, x: Node, **kwargs: object) -> ir.Value:
-    return _reduce_as(_REDUCTIONS_OF_ALL[node.target], t, node, x, None, False, **kwargs)
+    return _reduce_as(_REDUCTIONS_OF_ALL[node.target], t, node, x, None, False, **kwargs)  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
 
 
 @handles(*_SOFTMAX)
 def _softmax(t: Translator, node: Node, x: Node, dim: int, half_to_float: bool = False) -> ir.Value:
     if half_to_float:
         raise Declined("softmax with half_to_float")
-    return t.out(_SOFTMAX[node.target], [t.value(x)], {"axis": onnx_axis(dim, fake(x).dim())})
+    return t.out(_SOFTMAX[node.target], [t.value(x)], {"axis": onnx_axis(dim, fake(x).dim())})  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
 
 
 @handles(aten._safe_softmax.default)

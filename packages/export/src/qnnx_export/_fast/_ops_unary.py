@@ -42,7 +42,7 @@ _FLOAT = {
 
 @handles(*_SAME_DTYPE)
 def _unary(t: Translator, node: Node, x: Node) -> ir.Value:
-    op, float_only = _SAME_DTYPE[node.target]
+    op, float_only = _SAME_DTYPE[node.target]  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
     if node.meta["val"].dtype != fake(x).dtype:
         raise Declined(f"{node.target} changes dtype")
     if float_only and not fake(x).dtype.is_floating_point:
@@ -52,7 +52,7 @@ def _unary(t: Translator, node: Node, x: Node) -> ir.Value:
 
 @handles(*_FLOAT)
 def _float_unary(t: Translator, node: Node, x: Node) -> ir.Value:
-    return t.out(_FLOAT[node.target], [t.operand(x, node.meta["val"].dtype)])
+    return t.out(_FLOAT[node.target], [t.operand(x, node.meta["val"].dtype)])  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
 
 
 @handles(aten.rsqrt.default)

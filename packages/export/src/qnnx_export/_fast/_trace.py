@@ -72,7 +72,7 @@ def trace_aten(
         fake_args = [fake_mode.from_tensor(a, static_shapes=True) for a in example_inputs]
         traced = make_fx(
             torch.func.functionalize(run, remove="mutations"),
-            decomposition_table=decompositions,
+            decomposition_table=decompositions,  # type: ignore[arg-type]  # torch: get_decompositions' key type is wider
             tracing_mode="real",
         )(*fake_args)
     traced.graph.eliminate_dead_code()

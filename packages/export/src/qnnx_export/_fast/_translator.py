@@ -16,7 +16,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from qnnx_export._fast._nodes import fake, only_first_output_used
 
@@ -269,7 +269,7 @@ class Translator:
         node = ir.Node("", op, list(inputs), attributes=attributes, outputs=out_values, name=self._name(f"n_{hint}"))
         origin = self._origin(for_node)
         if origin:
-            self.origins[node.name] = origin
+            self.origins[cast(str, node.name)] = origin  # named just above
         self.nodes.append(node)
         return out_values
 
@@ -367,14 +367,14 @@ class Translator:
         if node.op != "call_function":
             raise Declined(f"FX node {node.name} has op {node.op!r}")
         if node.target is operator.getitem:
-            seq, index = node.args
+            seq, index = cast("tuple[Node, int]", node.args)
             got = self._env[seq]
             self._env[node] = got[index]
             return
         if self._is_constant(node):
             self._env[node] = self._fold(node)
             return
-        handler = self._table.handlers.get(node.target)
+        handler = self._table.handlers.get(node.target)  # type: ignore[call-overload]  # fx types Node.target loosely; here it is an OpOverload
         if handler is None:
             raise Declined(f"no translation for {node.target}")
         dtypes = self._table.dtypes
@@ -401,9 +401,11 @@ class Translator:
         for got, want in zip(results, vals, strict=False):
             if not isinstance(got, ir.Value):
                 continue
-            if got.dtype != ir_dtype(want.dtype) or tuple(got.shape) != tuple(int(s) for s in want.shape):
+            # Every value the translator makes has a shape.
+            got_shape = cast("ir.Shape", got.shape)
+            if got.dtype != ir_dtype(want.dtype) or tuple(got_shape) != tuple(int(s) for s in want.shape):
                 raise Declined(
-                    f"{node.target} at {node.name} would give {got.dtype}{tuple(got.shape)}, PyTorch gives "
+                    f"{node.target} at {node.name} would give {got.dtype}{tuple(got_shape)}, PyTorch gives "
                     f"{want.dtype}{tuple(want.shape)}"
                 )
 
@@ -438,7 +440,7 @@ class Translator:
         if schema is None or schema.is_mutable:
             raise Declined(f"cannot fold {node.target}: not a pure ATen op")
         with torch.no_grad():
-            result = node.target(*real(node.args), **real(node.kwargs))
+            result = node.target(*real(node.args), **real(node.kwargs))  # type: ignore[operator]  # fx types Node.target loosely; here it is an OpOverload
         for t in result if isinstance(result, (list, tuple)) else (result,):
             if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > MAX_FOLD_BYTES and t._base is None:
                 raise Declined(f"folding {node.name} would materialize {t.numel() * t.element_size()} bytes")
