@@ -405,7 +405,7 @@ class QnnGraph:
         if opts.strict:  # device='auto' with strict: no device of the chain took the graph
             raise QnnDeviceError(device, f"no QNN device could take the graph ({reasons})")
         reason = f"no QNN device could take the graph ({reasons})"
-        if attempts and all(a.reason and a.reason.startswith("skipped") for a in attempts):
+        if not exclude and attempts and all(a.reason and a.reason.startswith("skipped") for a in attempts):
             _warn_no_device_once(reason)  # nothing was even tried: say so once, not per graph
         return eager(reason, attempts, warn=False)
 
