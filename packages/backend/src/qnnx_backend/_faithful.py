@@ -79,9 +79,15 @@ def check_on_cpu(
     try:
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
+        # From a file with external data, like the QNN session: no 2 GiB protobuf limit, and ORT maps the weights
+        # instead of holding a second serialized copy in memory.
+        from qnnx_backend._session import StagedModel
+
+        staged = StagedModel(exported)
         session = onnxruntime.InferenceSession(
-            exported.model_bytes(), sess_options=options, providers=["CPUExecutionProvider"]
+            staged.__fspath__(), sess_options=options, providers=["CPUExecutionProvider"]
         )
+        staged.keep_for(session)
         signature = exported.signature
         feeds = {
             name: t.numpy() for name, t in zip(signature.input_names, signature.onnx_inputs(export_args), strict=True)
