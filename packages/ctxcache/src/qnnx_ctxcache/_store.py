@@ -386,18 +386,18 @@ atexit.register(_cleanup_private_tmp)
 
 
 def _pid_alive(pid: int) -> bool:
-    if os.name == "nt":
-        # os.kill(pid, 0) on Windows sends CTRL_C_EVENT (== 0) instead of probing: never do that.
-        return True
+    """Whether a process with this id runs on this host (crashed-loader detection, stale-lock cleanup).
+
+    psutil asks the OS the portable way: on Windows ``os.kill(pid, 0)`` would send CTRL_C_EVENT instead of probing,
+    so without it every pid counted as alive there and a crashed loader was never detected. An error of the probe
+    counts as alive: a live process must never be taken for dead.
+    """
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        return bool(psutil.pid_exists(pid))
+    except Exception:  # an unexpected OS refusal: assume the safe answer
         return True
-    except OSError:
-        return True
-    return True
 
 
 def _safe_check(
