@@ -220,3 +220,40 @@ def test_ordinary_graph_has_no_value_problem() -> None:
     """Non-empty real tensors throughout give no empty_tensor/unsupported_value problem."""
     cap = only(capture(lambda x: (x[:, 1:] * 2).sum(-1), torch.randn(2, 4))[0])
     assert cap.analysis.exportable
+
+
+def test_mutated_placeholders_are_recorded_and_liftable() -> None:
+    """add_/index_copy_ on buffers and an input are recorded; lift_mutations unfreezes exactly those."""
+
+    class Cache(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("kv", torch.zeros(2, 6))
+            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+            self.proj = nn.Linear(6, 6)
+
+        def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            self.count.add_(1)
+            self.kv.index_copy_(0, pos, self.proj(x))
+            x.mul_(2)
+            return self.kv.sum(0)
+
+    cap = only(capture(Cache().eval(), torch.randn(1, 6), torch.tensor([1]))[0])
+    names = cap.analysis.placeholder_names
+    written = {names[i] for i in cap.analysis.mutated_indices}
+    assert written == {n for n in names if "kv" in n or "count" in n or n == "l_x_"}
+    lifted = qe.lift_mutations(cap.analysis)
+    assert lifted is not None and lifted.exportable
+    assert not set(lifted.param_indices) & set(cap.analysis.mutated_indices)
+    assert set(cap.analysis.mutated_indices) <= set(lifted.user_indices)
+
+
+def test_lift_mutations_refuses_other_problems() -> None:
+    """A graph with a training-mode op besides its writes is not liftable."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return F.dropout(x, 0.5, training=True)
+
+    cap = only(capture(fn, torch.randn(4))[0])
+    assert qe.lift_mutations(cap.analysis) is None

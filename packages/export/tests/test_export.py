@@ -325,3 +325,30 @@ def test_graph_without_onnx_outputs() -> None:
     assert sig.num_onnx_outputs == 0
     out = sig.assemble([], [x])
     assert out[0] is x and out[1] is None
+
+
+def test_lifted_writes_become_outputs_and_never_go_to_torch_onnx() -> None:
+    """A graph writing a buffer exports with lift_mutations: the new value is an extra output with a writeback;
+    without the option, or with exporter='torch.onnx' (which drops writes), export refuses."""
+    from capture import capture, only
+
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen.add_(x)
+            return self.seen * 2
+
+    cap = only(capture(Counter().eval(), torch.ones(3))[0])
+    with pytest.raises(qe.errors.ExportError):
+        qe.export(cap.gm, cap.example_inputs, analysis=cap.analysis)
+    with pytest.raises(qe.errors.ExportError, match=r"torch\.onnx drops"):
+        qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(lift_mutations=True, exporter="torch.onnx"))
+    exported = qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(lift_mutations=True))
+    sig = exported.signature
+    (written_arg,) = [a for _, a in sig.writebacks]
+    assert "seen" in cap.analysis.placeholder_names[written_arg]
+    assert sig.writebacks[0][0] == len(sig.onnx_output_names) - 1
+    assert qe.GraphSignature.from_dict(sig.to_dict()) == sig

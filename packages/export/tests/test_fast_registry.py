@@ -190,6 +190,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.gather.default": _ex(lambda x, i: aten.gather.default(x, 1, i), (3, 6), _ints(3, 4, high=6)),
     "aten.index_select.default": _ex(lambda x, i: aten.index_select.default(x, 1, i), (3, 6), _ints(4, high=6)),
     "aten.index.Tensor": _ex(lambda x, i: aten.index.Tensor(x, [None, i]), (3, 6), _ints(2, 2, high=6)),
+    # KV-cache writes: distinct positions (duplicates are undefined in PyTorch too)
+    "aten.index_copy.default": _ex(
+        lambda x, i, s: aten.index_copy.default(x, 1, i, s), (2, 6, 3), lambda: torch.randperm(6)[:2], (2, 2, 3)
+    ),
+    "aten.copy.default": _ex(lambda x, s: aten.copy.default(x, s), (3, 6), (1, 6)),
     # matrix products
     "aten.mm.default": _ex(lambda a, b: aten.mm.default(a, b), _X, (4, 5)),
     "aten.bmm.default": _ex(lambda a, b: aten.bmm.default(a, b), (2, 3, 4), (2, 4, 5)),

@@ -346,6 +346,10 @@ class QnnGraph:
 
         t = time.perf_counter()
         analysis = qnnx_export.analyze(gm, args)
+        if opts.exporter != "torch.onnx":
+            # In-place writes to inputs and buffers come back as outputs and are written to the caller's tensors
+            # after each run (the direct translator only: torch.onnx drops such writes).
+            analysis = qnnx_export.lift_mutations(analysis) or analysis
         timings["analyze"] = time.perf_counter() - t
         if analysis.problems:
             details = [p.detail for p in analysis.problems]
@@ -494,6 +498,10 @@ class _QnnVariant:
         self._exclude = exclude
         self._fallback: _Eager | _QnnVariant | None = None
         self._verified = not owner._options.verify
+        if not self._verified and bool(getattr(program.signature, "writebacks", None)):
+            # The guard reruns the graph in eager PyTorch after the QNN run, which would apply the writes twice.
+            logger.info("qnn backend: graph %d writes in place; verify is not applied to it", report.graph_id)
+            self._verified = True
         self._lock = threading.Lock()
         # Frozen weights are snapshots: remember which tensors and which versions were frozen, so that an in-place
         # update after compile (optimizer step, load_state_dict, no_grad fill_) triggers a recompile instead of a

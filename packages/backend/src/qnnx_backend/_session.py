@@ -228,6 +228,9 @@ class QnnProgram:
         self._to_half = tuple(spec.arg_index for spec in signature.inputs if spec.dtype == "float16") if fp16 else ()
         self._direct_in = _direct_inputs(signature, self._input_names, self._input_types)
         self._direct_out = None if fp16 else _direct_outputs(signature, self._out_dtypes)
+        self._writebacks = tuple(getattr(signature, "writebacks", ()))
+        if self._writebacks:  # the general call path, then the writes: never the shortcuts below
+            self._direct_in = None
 
     def run(self, args: Sequence[object]) -> Any:
         """Run on QNN; torch tensors in, torch tensors out, in the graph's output structure."""
@@ -247,6 +250,7 @@ class QnnProgram:
 
     def _run_converting(self, args: Sequence[object]) -> Any:
         """The general call: casts, copies of non-contiguous inputs, and errors that name a mismatched argument."""
+        callers = args  # the caller's own tensors: writes go there, not into converted copies
         if self._to_half:
             args = list(args)
             for i in self._to_half:
@@ -259,6 +263,13 @@ class QnnProgram:
                 array = array.astype(want)
             feed[name] = array
         outs = self.session.run(self._output_names, feed)
+        for out_index, arg_index in self._writebacks:
+            # The graph wrote this input or buffer in place: the caller's tensor ends as eager leaves it (copy_
+            # casts back, e.g. an int64 counter that ran as int32). Written before the outputs are assembled,
+            # since an output may be that same argument.
+            target = callers[arg_index]
+            assert isinstance(target, torch.Tensor)
+            target.copy_(torch.from_numpy(outs[out_index]))
         result = self.signature.assemble([torch.from_numpy(o) for o in outs], args)
         return self._restore_dtypes(result)
 
@@ -342,7 +353,9 @@ def _exported(
             if opts.disable_passes:
                 default = qnnx_export.ExportOptions().resolved_passes()
                 passes = tuple(p for p in default if p not in opts.disable_passes)
-            export_options = qnnx_export.ExportOptions(passes=passes, exporter=opts.exporter)
+            export_options = qnnx_export.ExportOptions(
+                passes=passes, exporter=opts.exporter, lift_mutations=bool(analysis.mutated_indices)
+            )
             export_args = _export_args(args, opts.fp16)
             shared["exported"] = qnnx_export.export(gm, export_args, options=export_options, analysis=analysis)
         except Exception as exc:

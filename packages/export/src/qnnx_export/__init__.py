@@ -1,7 +1,7 @@
 """Dynamo FX graph to frozen, QNN-safe ONNX."""
 
 from qnnx_export import errors
-from qnnx_export._analysis import GraphAnalysis, Problem, analyze
+from qnnx_export._analysis import MUTATION_KINDS, GraphAnalysis, Problem, analyze, lift_mutations
 from qnnx_export._export import ExportedGraph, export
 from qnnx_export._fast import supported_ops as fast_path_ops
 from qnnx_export._fingerprint import fingerprint
@@ -11,6 +11,7 @@ from qnnx_export._version import __version__
 
 __all__ = [
     "EXPORTERS",
+    "MUTATION_KINDS",
     "ExportOptions",
     "ExportedGraph",
     "GraphAnalysis",
@@ -24,4 +25,5 @@ __all__ = [
     "export",
     "fast_path_ops",
     "fingerprint",
+    "lift_mutations",
 ]

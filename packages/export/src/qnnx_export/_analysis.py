@@ -12,7 +12,15 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GraphAnalysis", "Problem", "ProblemKind", "analyze", "is_param_placeholder"]
+__all__ = [
+    "MUTATION_KINDS",
+    "GraphAnalysis",
+    "Problem",
+    "ProblemKind",
+    "analyze",
+    "is_param_placeholder",
+    "lift_mutations",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,8 @@ class GraphAnalysis:
     user_indices: tuple[int, ...]
     problems: tuple[Problem, ...]
     placeholder_names: tuple[str, ...] = ()
+    mutated_indices: tuple[int, ...] = ()
+    """Positions of the placeholders the graph writes in place (inputs or buffers): see :func:`lift_mutations`."""
     # Memo for the weight digest so analyze -> fingerprint -> export hashes weights once.
     _memo: dict[str, Any] = attrs.field(factory=dict, repr=False, alias="_memo")
 
@@ -454,6 +464,7 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
                 )
             )
 
+    written: set[int] = set()
     # Alias roots: which placeholders each node may share storage with.
     roots: dict[Any, frozenset[Any]] = {p: frozenset({p}) for p in placeholders}
     for node in gm.graph.nodes:
@@ -464,6 +475,7 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
         mutated = _mutated_arg(node)
         if mutated is not None:
             for root in sorted(roots.get(mutated, frozenset()), key=lambda n: n.name):
+                written.add(placeholders.index(root))
                 what = _target_name(node)
                 if kind_of[root] == "user":
                     problems.append(
@@ -516,4 +528,31 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
         user_indices=tuple(user_idx),
         problems=tuple(problems),
         placeholder_names=tuple(p.name for p in placeholders),
+        mutated_indices=tuple(sorted(written)),
+    )
+
+
+MUTATION_KINDS: frozenset[str] = frozenset({"input_mutation", "buffer_mutation"})
+
+
+def lift_mutations(analysis: GraphAnalysis) -> GraphAnalysis | None:
+    """The analysis of the same graph with its in-place writes lifted, or None when something else stops it.
+
+    A graph whose only problems are in-place updates of inputs or buffers can still be exported: the written
+    tensors become runtime inputs (never frozen), the exported model returns their new values as extra outputs
+    (:attr:`GraphSignature.writebacks`), and the caller writes those back after each run. Export such a graph with
+    ``ExportOptions(lift_mutations=True)``: only the direct translator captures the writes (torch.onnx drops them),
+    so the export fails rather than lose one.
+    """
+    if not analysis.problems or any(p.kind not in MUTATION_KINDS for p in analysis.problems):
+        return None
+    written = set(analysis.mutated_indices)
+    if not written:
+        return None
+    return attrs.evolve(
+        analysis,
+        problems=(),
+        param_indices=tuple(i for i in analysis.param_indices if i not in written),
+        user_indices=tuple(sorted(set(analysis.user_indices) | written)),
+        _memo={},  # the weight digest depends on which placeholders are weights
     )

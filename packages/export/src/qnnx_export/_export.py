@@ -432,6 +432,16 @@ def export(
     options = options if options is not None else ExportOptions()
     t0 = time.perf_counter()
     analysis = analysis if analysis is not None else analyze(gm, example_inputs)
+    if options.lift_mutations and not analysis.exportable:
+        from qnnx_export._analysis import lift_mutations
+
+        analysis = lift_mutations(analysis) or analysis
+    written = analysis.mutated_indices if analysis.exportable else ()
+    if written and not options.lift_mutations:
+        raise ExportError(
+            f"the graph writes in place into argument(s) {list(written)}; export it with "
+            "ExportOptions(lift_mutations=True) so the writes come back as outputs."
+        )
     if not analysis.exportable:
         lines = "\n".join(f"  - [{p.kind}] {p.detail}" for p in analysis.problems)
         raise ExportError(
@@ -445,7 +455,12 @@ def export(
 
     exporter, declined, origins_before = "none", None, None
     model: ir.Model | None = None
-    if onnx_nodes and options.exporter != "torch.onnx":
+    if written and options.exporter == "torch.onnx":
+        raise ExportError(
+            "the graph writes in place into its arguments and torch.onnx drops such writes; use exporter='auto' "
+            "or 'fast' (the direct translator returns the written values)."
+        )
+    if (onnx_nodes or written) and options.exporter != "torch.onnx":
         from qnnx_export import _fast
 
         try:
@@ -456,9 +471,15 @@ def export(
                 user_inputs=user_inputs,
                 outputs=onnx_nodes,
                 opset=options.opset,
+                written=written,
             )
             exporter = "fast"
         except _fast.Declined as exc:
+            if written:
+                raise ExportError(
+                    f"the in-place writes of this graph cannot be lifted: the direct translator declines it ({exc}) "
+                    "and torch.onnx would drop the writes."
+                ) from exc
             if options.exporter == "fast":
                 raise ExportError(
                     f"ExportOptions.exporter='fast' but the direct translator cannot take this graph: {exc}. "
@@ -522,7 +543,13 @@ def export(
         onnx_output_names=tuple(cast(str, v.name) for v in model.graph.outputs),  # exported outputs are named
         onnx_output_dtypes=tuple(_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs),
         output_container=container,
+        writebacks=tuple((len(onnx_nodes) + k, i) for k, i in enumerate(written)),
     )
+    if len(signature.onnx_output_names) != len(onnx_nodes) + len(written):
+        raise ExportError(
+            f"the model has {len(signature.onnx_output_names)} outputs for {len(onnx_nodes)} results and "
+            f"{len(written)} writes; this is a qnnx-export bug, please report it."
+        )
     params = tuple(
         _ParamRecord(
             index=i,

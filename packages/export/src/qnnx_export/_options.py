@@ -91,12 +91,17 @@ class ExportOptions:
         exporter: ``"auto"`` (default): the direct ATen->ONNX translator when it covers every op of
             the graph, else torch.onnx; ``"fast"``: the translator or an error; ``"torch.onnx"``:
             always ``torch.onnx.export`` (dynamo=True).
+        lift_mutations: Export a graph whose only problems are in-place writes to inputs or buffers, with the
+            analysis from :func:`qnnx_export.lift_mutations`: the new values become extra outputs
+            (:attr:`GraphSignature.writebacks`). Only the direct translator captures writes, so such a graph is
+            never handed to torch.onnx (it would drop them): the export fails instead.
     """
 
     opset: int = attrs.field(default=DEFAULT_OPSET, validator=_check_opset)
     passes: tuple[str, ...] | None = attrs.field(default=None, converter=_to_passes, validator=_check_passes)
     external_data_threshold: int = attrs.field(default=_TWO_GIB, validator=_check_threshold)
     exporter: str = attrs.field(default="auto", validator=_check_exporter)
+    lift_mutations: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def resolved_passes(self) -> tuple[str, ...]:
         """Return the pass names that will run (the default pipeline when ``passes`` is None)."""

@@ -77,6 +77,10 @@ class OutputSlot:
     value: bool | int | float | str | None = None
 
 
+def _pairs(value: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((int(a), int(b)) for a, b in value)
+
+
 def _input_tuple(value: Iterable[InputSpec]) -> tuple[InputSpec, ...]:
     return tuple(value)
 
@@ -105,6 +109,9 @@ class GraphSignature:
     onnx_output_names: tuple[str, ...] = attrs.field(converter=_str_tuple)
     onnx_output_dtypes: tuple[str, ...] = attrs.field(converter=_str_tuple)
     output_container: Literal["tuple", "list", "single"] = "tuple"
+    writebacks: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_pairs)
+    """``(ONNX output index, Dynamo argument index)`` per tensor the graph writes in place: after each run the
+    caller copies that output into that argument (it is not part of the graph's returned value)."""
 
     @property
     def user_indices(self) -> tuple[int, ...]:
@@ -241,6 +248,7 @@ class GraphSignature:
             "onnx_output_names": list(self.onnx_output_names),
             "onnx_output_dtypes": list(self.onnx_output_dtypes),
             "output_container": self.output_container,
+            "writebacks": [list(w) for w in self.writebacks],
         }
 
     @classmethod
@@ -265,6 +273,7 @@ class GraphSignature:
                 onnx_output_names=tuple(d["onnx_output_names"]),
                 onnx_output_dtypes=tuple(d["onnx_output_dtypes"]),
                 output_container=d["output_container"],
+                writebacks=tuple(tuple(w) for w in d.get("writebacks", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SignatureError(

@@ -652,7 +652,7 @@ class _Checker:
         if len(node.input) < 2 or not node.input[1]:
             return False
         if not self._is_const(node.input[1]):
-            return True
+            return not self._non_negative(node.input[1])  # e.g. Max(index, 0), as qnnx writes index_copy
         value = self._const_value(node.input[1])
         return value is not None and bool((value < 0).any())
 

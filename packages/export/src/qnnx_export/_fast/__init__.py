@@ -60,6 +60,7 @@ def translate(
     user_inputs: Sequence[tuple[str, int]],
     outputs: Sequence[Any],
     opset: int,
+    written: Sequence[int] = (),
 ) -> tuple[ir.Model, dict[str, str]]:
     """Translate a Dynamo graph to an ONNX model, or raise :class:`Declined`.
 
@@ -70,6 +71,8 @@ def translate(
         user_inputs: ``(ONNX input name, placeholder position)`` of the runtime inputs.
         outputs: The nodes of ``gm`` that become ONNX outputs, in order.
         opset: ONNX opset of the model.
+        written: Placeholder positions the graph writes in place. Their new values become extra outputs after
+            ``outputs``, in this order; a write the trace does not show, or any other in-place write, declines.
 
     Returns:
         The model (initializers hold the real weights, without copies where they are contiguous) and
@@ -91,8 +94,44 @@ def translate(
         raise Declined(
             f"ATen tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
+    _lift_writes(traced, written)
     constants = {i: example_inputs[i].detach() for i in param_indices}
     return translate_aten(traced, constants, user_inputs=user_inputs, opset=opset)
+
+
+def _lift_writes(traced: torch.fx.GraphModule, written: Sequence[int]) -> None:
+    """Turn the functionalized trace's final ``copy_(input, new)`` nodes into extra outputs, in ``written`` order.
+
+    ``functionalize(remove="mutations")`` ends the trace with one ``aten.copy_`` per input it writes. Every write
+    must be found exactly once, and no other in-place op may remain: a write that would not come back to the
+    caller is never accepted.
+    """
+    import torch
+
+    graph = traced.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    copies: dict[int, Any] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default:
+            continue
+        target = node.args[0]
+        if not isinstance(target, torch.fx.Node) or target.op != "placeholder":
+            raise Declined(f"in-place copy into {target} (not a graph input)")
+        position = placeholders.index(target)
+        if position not in written or position in copies:
+            raise Declined(f"an in-place write into argument {position} was not expected")
+        copies[position] = node
+    missing = [i for i in written if i not in copies]
+    if missing:
+        raise Declined(f"the trace shows no write into argument(s) {missing}, which the graph updates in place")
+    if not written:
+        return
+    output = next(n for n in graph.nodes if n.op == "output")
+    values = [copies[i].args[1] for i in written]
+    for i in written:
+        graph.erase_node(copies[i])
+    output.args = ((*output.args[0], *values),)
+    traced.recompile()
 
 
 def translate_aten(

@@ -89,3 +89,37 @@ def _index(t: Translator, node: Node, x: Node, indices: Sequence[Node | None]) -
     dtype = fake(x).dtype
     data = t.emit1("Reshape", [t.value(x), t.ints(merged)], dtype=dtype, shape=merged)
     return t.out("Gather", [data, t.initializer(flat, "index")], {"axis": p})
+
+
+@handles(aten.index_copy.default)
+def _index_copy(t: Translator, node: Node, x: Node, dim: int, index: Node, source: Node) -> ir.Value:
+    """``x.index_copy(dim, index, source)`` as ScatterElements with the index broadcast over ``source``.
+
+    How a KV cache takes new keys and values (transformers' StaticCache). PyTorch refuses indices outside
+    [0, size) and duplicates are undefined there too, so every valid call is exact. Runtime indices are clamped at
+    0, which changes no valid call and lets the backend prove them non-negative.
+    """
+    shape = tuple(fake(x).shape)
+    src_shape = tuple(fake(source).shape)
+    axis = onnx_axis(dim, len(shape))
+    const = t.constant_of(index)
+    if const is not None:
+        idx = t.initializer(_in_range(const, shape[axis]).to(torch.int64), "index")
+    else:
+        raw = t.value(index)
+        if fake(index).dtype != torch.int64:
+            raw = t.emit1("Cast", [raw], {"to": 7}, dtype=torch.int64, shape=tuple(fake(index).shape))
+        idx = t.emit1("Max", [raw, t.scalar(0, torch.int64)], dtype=torch.int64, shape=tuple(fake(index).shape))
+    along = [1] * len(src_shape)
+    along[axis] = src_shape[axis]
+    idx = t.emit1("Reshape", [idx, t.ints(along)], dtype=torch.int64, shape=tuple(along))
+    idx = t.emit1("Expand", [idx, t.ints(src_shape)], dtype=torch.int64, shape=src_shape)
+    return t.out("ScatterElements", [t.value(x), idx, t.value(source)], {"axis": axis})
+
+
+@handles(aten.copy.default)
+def _copy(t: Translator, node: Node, x: Node, source: Node, non_blocking: bool = False) -> ir.Value:
+    """``x.copy(source)``: ``source`` in ``x``'s dtype, broadcast to ``x``'s shape."""
+    val = node.meta["val"]
+    src = t.operand(source, val.dtype)
+    return t.out("Expand", [src, t.ints(tuple(val.shape))])
