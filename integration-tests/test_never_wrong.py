@@ -51,7 +51,7 @@ def test_empty_intermediate_graph_runs_in_pytorch_with_reason() -> None:
     out, reports = _run(lambda t: t[:, 5:].relu().sum(-1) + t.sum(-1), x)
     torch.testing.assert_close(out, x[:, 5:].relu().sum(-1) + x.sum(-1))
     assert [r.device for r in reports] == ["eager"]
-    assert "zero elements" in (reports[0].reason or "")
+    assert "no elements" in (reports[0].reason or "")  # qnnx-opcheck refuses the ONNX node that holds it
 
 
 def test_complex_values_stay_in_pytorch() -> None:

@@ -360,6 +360,13 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "returned -65536 and -131008 where the CPU EP returned -inf; ReduceMax of a row of -inf returned -65504; "
         "aten._safe_softmax (which tests for -inf) gave 1/3 where PyTorch gives 0",
     }
+    p["empty_tensor"] = {
+        "status": "unsupported",
+        "kind": "crash",
+        "reason": "a tensor of this node has no elements: QNN HTP stops the process (SIGFPE) on zero-element tensors",
+        "evidence": "measured 2026-12-01 with onnxruntime-qnn 2.7.0: (x * y).sum(-1) on two empty vectors, and mm, "
+        "linear, var, repeat, glu or reflect padding with an empty input, killed the process",
+    }
     p["runtime_indices"] = {
         "status": "unsupported",
         "kind": "wrong_result",

@@ -398,3 +398,18 @@ def test_safe_softmax_threshold_keeps_results() -> None:
     after, changed, _ = _apply(model, "safe_softmax_without_inf")
     assert changed and "Equal" not in _ops(after) and "LessOrEqual" in _ops(after)
     np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])
+
+
+def test_drop_empty_concat_inputs_is_exact() -> None:
+    """Concat([a, empty]) loses its zero-width input (Phi-3's partial rotary); the result is the same."""
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Slice", ["x", "s", "e", "ax"], ["empty"]),
+        onnx.helper.make_node("Concat", ["x", "empty"], ["y"], axis=1),
+    ]
+    inits = {"s": np.array([4], np.int64), "e": np.array([4], np.int64), "ax": np.array([1], np.int64)}
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits)
+    model = onnx.shape_inference.infer_shapes(model)
+    after, changed, _ = _apply(model, "drop_empty_concat_inputs")
+    assert changed and "Slice" not in _ops(after) and "Concat" not in _ops(after)
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])

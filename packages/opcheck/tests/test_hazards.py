@@ -591,3 +591,10 @@ def test_pow_with_fractional_exponent_of_a_non_negative_base(base_nodes: list, r
         [const_init("half", 0.5), const_init("ax", [1], np.int64)],
     )
     assert (_by_name(_check(m))["pow"].status == "unsupported") is refused
+
+
+def test_a_node_with_an_empty_tensor_is_refused_as_a_crash() -> None:
+    """A zero-element input or output (QNN stops the process on them) makes the node unsupported, kind crash."""
+    m = model([node("Relu", ["x"], ["y"])], [inp("x", [2, 0])], ["y"])
+    v = _check(m).verdicts[0]
+    assert (v.status, v.kind) == ("unsupported", "crash")

@@ -357,6 +357,14 @@ def _tensor_leaves(value: Any) -> list[Any]:
     return []
 
 
+def _tensor_leaves_nodes(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensor_leaves_nodes(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensor_leaves_nodes(v)]
+    return [value]
+
+
 def _value_problems(graph: Any, example_inputs: Sequence[Any]) -> list[Problem]:
     """Values QNN must never see: tensors with zero elements anywhere in the graph, and complex values.
 
@@ -369,6 +377,8 @@ def _value_problems(graph: Any, example_inputs: Sequence[Any]) -> list[Problem]:
     complex_nodes: list[str] = []
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     real = dict(zip(placeholders, example_inputs, strict=False))
+    output = next((n for n in graph.nodes if n.op == "output"), None)
+    returned = {a for a in _tensor_leaves_nodes(output.args) if isinstance(a, type(output))} if output else set()
     for node in graph.nodes:
         if node.op == "output":
             continue
@@ -377,6 +387,11 @@ def _value_problems(graph: Any, example_inputs: Sequence[Any]) -> list[Problem]:
             # A complex placeholder is already an unsupported_input problem.
             if leaf.is_complex() and node.op != "placeholder" and node.name not in complex_nodes:
                 complex_nodes.append(node.name)
+            # Empty inputs and outputs are refused here; an empty value inside the graph may be rewritten away
+            # (a zero-width slice concatenated back, as Phi-3's partial rotary writes it), and qnnx-opcheck
+            # refuses any that reaches the ONNX graph.
+            if node.op != "placeholder" and node not in returned:
+                continue
             try:
                 numel = int(leaf.numel())
             except Exception:  # a symbolic size: the dynamic_shape problem covers it

@@ -10,6 +10,7 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "unsqueeze_int64_to_reshape",
     "fuse_erf_gelu",
     "fold_high_rank_transpose",
+    "drop_empty_concat_inputs",
     "avgpool_count_include_pad",
     "safe_softmax_without_inf",
     "fuse_softplus",

@@ -786,6 +786,57 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
         return bool(nodes)
 
 
+# ---------------------------------------------------------------------- zero-width Concat inputs dropped
+
+
+class DropEmptyConcatInputs(QnnPass):
+    """Drop the Concat inputs that have no elements (a zero-width slice concatenated back).
+
+    QNN HTP stops the process (SIGFPE) on a zero-element tensor (onnxruntime-qnn 2.7.0). Phi-3's partial rotary
+    embedding writes ``cat([rotated, x[..., rotary_dim:]])``, whose second part is empty when the rotary covers the
+    whole head. Concatenating nothing changes nothing, so the rewrite is exact; the slice feeding it then has no use
+    and goes too.
+    """
+
+    name = "drop_empty_concat_inputs"
+    defect = "zero-element tensors stop the process inside QNN HTP (SIGFPE)"
+
+    @staticmethod
+    def _empty(value: ir.Value | None) -> bool:
+        shape = _shape(value)
+        return shape is not None and 0 in shape
+
+    def _matches(self, graph: ir.Graph) -> list[ir.Node]:
+        return [
+            n
+            for n in graph
+            if n.op_type == "Concat"
+            and n.domain in ("", "ai.onnx")
+            and any(self._empty(v) for v in n.inputs)
+            and not all(self._empty(v) for v in n.inputs)
+        ]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Concat" for n in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        nodes = self._matches(graph)
+        for node in nodes:
+            kept = [v for v in node.inputs if not self._empty(v)]
+            names = _Names(graph, "qnnx_concat")
+            out = node.outputs[0]
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            axis = node.attributes.get_int("axis", 0)
+            replacement = (
+                ir.Node("", "Identity", kept, outputs=[new])
+                if len(kept) == 1
+                else ir.Node("", "Concat", kept, attributes=[ir.AttrInt64("axis", axis)], outputs=[new])
+            )
+            graph.insert_after(node, replacement)
+            _replace_value(graph, out, new)
+        return bool(nodes)
+
+
 # ------------------------------------------------------------------- Log(Sigmoid(x)) -> -Softplus(-x)
 
 
@@ -1061,6 +1112,7 @@ PASS_REGISTRY: dict[str, type[QnnPass]] = {
         UnsqueezeInt64ToReshape,
         FuseErfGelu,
         FoldHighRankTranspose,
+        DropEmptyConcatInputs,
         AvgPoolDropUnusedCountIncludePad,
         SafeSoftmaxWithoutInf,
         FuseSoftplus,

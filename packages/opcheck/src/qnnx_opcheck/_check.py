@@ -353,6 +353,9 @@ class _Checker:
             big = self._over_rank(node, int(p["max_rank"]))
             if big is not None:
                 return p["kind"], f"{p['reason']} ('{big[0]}' has rank {big[1]})", p.get("evidence"), dtype
+        p = self._pattern("empty_tensor")
+        if p is not None and self._touches_empty(node):
+            return p["kind"], p["reason"], p.get("evidence"), dtype
         measured = self._measured(node)
         if measured is not None:
             return measured[0], measured[1], measured[2], dtype
@@ -644,6 +647,14 @@ class _Checker:
             return self._non_negative(node.input[1], depth + 1)  # a lower bound >= 0
         if op == "Max":
             return any(self._non_negative(i, depth + 1) for i in node.input if i)
+        return False
+
+    def _touches_empty(self, node: NodeView) -> bool:
+        """Whether an input or output of the node has no elements (a static dimension of 0)."""
+        for name in (*node.input, *node.output):
+            shape = self._shape(name) if name else None
+            if shape is not None and any(d == 0 for d in shape):
+                return True
         return False
 
     def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
