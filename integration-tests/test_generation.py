@@ -3,6 +3,10 @@ agree with eager PyTorch step by step (judged by teacher forcing, since exact eq
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -78,3 +82,34 @@ def test_static_cache_generation_runs_on_qnn_and_agrees_with_eager(kind: str, at
         assert float(ref.max() - ref[token]) <= 1e-2 * scale, f"step {step}: token {token} is not eager's pick"
         assert float((got - ref).abs().max()) <= 5e-2 * scale, f"step {step}: logits off"
         assert float(torch.nn.functional.cosine_similarity(got, ref, dim=0)) >= 0.999, f"step {step}: cosine"
+
+
+_CACHED_RUN = """
+import sys, warnings, torch, transformers, qnnx_backend
+warnings.filterwarnings("ignore")
+torch.manual_seed(0)
+cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+model = transformers.LlamaForCausalLM(cfg).eval()
+prompt = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+options = {"soc_model": 60, "cache": True, "cache_dir": sys.argv[1]}
+model.forward = torch.compile(model.forward, backend="qnn", fullgraph=True, dynamic=False, options=options)
+with torch.no_grad():
+    out = model.generate(prompt, max_new_tokens=8, do_sample=False, cache_implementation="static")
+print(" ".join(map(str, out[0].tolist())))
+print(" ".join(r.cache for r in qnnx_backend.compile_reports()))
+"""
+
+
+def test_a_second_process_loads_prefill_and_decode_from_the_context_cache(tmp_path: Path) -> None:
+    """With cache=True a new process loads both generation graphs' contexts (no export) and generates the same tokens."""
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", _CACHED_RUN, str(tmp_path)], capture_output=True, text=True, timeout=600, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(proc.stdout.strip().splitlines()[-2:])
+    (tokens_1, caches_1), (tokens_2, caches_2) = runs
+    assert caches_1 == "miss miss" and caches_2 == "hit hit"
+    assert tokens_1 == tokens_2
