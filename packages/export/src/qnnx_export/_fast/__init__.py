@@ -99,6 +99,58 @@ def translate(
     return translate_aten(traced, constants, user_inputs=user_inputs, opset=opset)
 
 
+def _depends_on(node: Any, target: Any, memo: dict[Any, bool]) -> bool:
+    """Whether FX node ``node`` is computed from ``target``."""
+    import torch.fx
+
+    stack = [node]
+    order: list[Any] = []
+    while stack:
+        cur = stack.pop()
+        if not isinstance(cur, torch.fx.Node) or cur in memo:
+            continue
+        if cur is target:
+            memo[cur] = True
+            continue
+        order.append(cur)
+        stack.extend(a for a in cur.all_input_nodes if a not in memo)
+    for cur in reversed(order):
+        memo[cur] = any(memo.get(a, a is target) for a in cur.all_input_nodes)
+    return memo.get(node, node is target)
+
+
+def _check_no_fp16_accumulation(placeholder: Any, new: Any) -> None:
+    """Refuse a float tensor whose new value is arithmetic on its old one (``count += 1``, a running sum).
+
+    HTP computes float in fp16: such state would carry fp16 rounding from call to call, and a float counter stops
+    at 2048. Overwrites are fine: a KV cache's ``index_copy_`` of new values, or ``copy_`` of a value computed
+    without the old one, round each written value once. Integer state is exact.
+    """
+    import torch
+
+    if not placeholder.meta["val"].is_floating_point():
+        return
+    memo: dict[Any, bool] = {}
+    aten = torch.ops.aten
+
+    def overwrites(value: Any) -> bool:
+        """``value`` is the old tensor with some parts replaced by values computed without it."""
+        if value is placeholder:
+            return True
+        if value.op == "call_function" and value.target is aten.index_copy.default:
+            # The base keeps its other rows as they are: it must itself be the old tensor or such an overwrite.
+            return overwrites(value.args[0]) and not any(_depends_on(a, placeholder, memo) for a in value.args[2:4])
+        if value.op == "call_function" and value.target is aten.copy.default:
+            return not _depends_on(value.args[1], placeholder, memo)
+        return not _depends_on(value, placeholder, memo)
+
+    if not overwrites(new):
+        raise Declined(
+            f"float state {placeholder.name} is updated from its own value: on HTP it would accumulate fp16 "
+            "rounding from call to call"
+        )
+
+
 def _lift_writes(traced: torch.fx.GraphModule, written: Sequence[int]) -> None:
     """Turn the functionalized trace's final ``copy_(input, new)`` nodes into extra outputs, in ``written`` order.
 
@@ -126,6 +178,8 @@ def _lift_writes(traced: torch.fx.GraphModule, written: Sequence[int]) -> None:
         raise Declined(f"the trace shows no write into argument(s) {missing}, which the graph updates in place")
     if not written:
         return
+    for i in written:
+        _check_no_fp16_accumulation(placeholders[i], copies[i].args[1])
     output = next(n for n in graph.nodes if n.op == "output")
     values = [copies[i].args[1] for i in written]
     for i in written:
