@@ -338,7 +338,7 @@ def test_lifted_writes_become_outputs_and_never_go_to_torch_onnx() -> None:
             self.register_buffer("seen", torch.zeros(3))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.seen.add_(x)
+            self.seen.copy_(x * 2)  # an overwrite (float state updated from itself is refused: fp16 drift)
             return self.seen * 2
 
     cap = only(capture(Counter().eval(), torch.ones(3))[0])
@@ -352,3 +352,21 @@ def test_lifted_writes_become_outputs_and_never_go_to_torch_onnx() -> None:
     assert "seen" in cap.analysis.placeholder_names[written_arg]
     assert sig.writebacks[0][0] == len(sig.onnx_output_names) - 1
     assert qe.GraphSignature.from_dict(sig.to_dict()) == sig
+
+
+def test_float_state_updated_from_itself_is_not_lifted() -> None:
+    """count += 1.0 on a float buffer would accumulate fp16 rounding on HTP: the export refuses to lift it."""
+    from capture import capture, only
+
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.count.add_(1.0)
+            return x * self.count
+
+    cap = only(capture(Counter().eval(), torch.ones(3))[0])
+    with pytest.raises(qe.errors.ExportError, match="accumulate fp16 rounding"):
+        qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(lift_mutations=True))
