@@ -113,3 +113,33 @@ def test_a_second_process_loads_prefill_and_decode_from_the_context_cache(tmp_pa
     (tokens_1, caches_1), (tokens_2, caches_2) = runs
     assert caches_1 == "miss miss" and caches_2 == "hit hit"
     assert tokens_1 == tokens_2
+
+
+def test_compile_for_generation_helper() -> None:
+    """qnnx_backend.hf.compile_for_generation: plain generate() then runs on QNN with a static cache of the given
+    size, gives eager's greedy tokens, and a second prompt of another length reuses the same cache size."""
+    from qnnx_backend.hf import compile_for_generation
+
+    model = _model("llama", "sdpa")
+    prompt = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    compile_for_generation(model, max_cache_len=48, options={"soc_model": 60})
+    with torch.no_grad():
+        got = model.generate(prompt, max_new_tokens=8, do_sample=False)
+        model.generate(prompt[:, :4], max_new_tokens=4, do_sample=False)
+    assert torch.equal(got, eager)
+    reports = qnnx_backend.compile_reports()
+    assert reports and all(r.on_qnn for r in reports), [r.summary() for r in reports]
+    assert len(reports) == 3  # prefill of 6 tokens, decode, prefill of 4 tokens: decode was not compiled again
+
+
+def test_compile_for_generation_refuses_what_is_not_a_generation_model() -> None:
+    """A plain module or a bad max_cache_len is refused with the fix."""
+    from qnnx_backend.errors import InvalidOptionsError
+    from qnnx_backend.hf import compile_for_generation
+
+    with pytest.raises(InvalidOptionsError, match="AutoModelForCausalLM"):
+        compile_for_generation(torch.nn.Linear(2, 2))
+    with pytest.raises(InvalidOptionsError, match="max_cache_len"):
+        compile_for_generation(_model("llama", "eager"), max_cache_len=0)
