@@ -271,6 +271,26 @@ def test_conv_batchnorm_is_folded(dims: int) -> None:
     assert [n.op_type for n in exported.model.graph.node].count("Conv") == 1
 
 
+class _ConvThenLateNorm(nn.Module):
+    """A batch norm whose weight is computed after the convolution in graph order (it cannot be folded in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.register_buffer("mean", torch.zeros(4))
+        self.register_buffer("var", torch.ones(4))
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, 4), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.batch_norm(self.conv(x), self.mean, self.var, weight=self.gain * 2, training=False)
+
+
+def test_batchnorm_argument_computed_after_the_conv_is_not_folded() -> None:
+    """The fast path translates conv and batch norm apart (it used to raise KeyError) and matches eager."""
+    exported = _check_fast(_seeded(_ConvThenLateNorm), torch.randn(1, 3, 8, 8))
+    assert exported.exporter == "fast"
+
+
 # --- declines ----------------------------------------------------------------------------------
 
 

@@ -49,8 +49,14 @@ def _convolution(
     bn = t.folded_batch_norm(node)
     w_real = t.constant_of(w)
     b_real = t.constant_of(b) if b is not None else None
+    folded = None
     if bn is not None and w_real is not None and (b is None or b_real is not None):
-        weight, bias = _fold_batchnorm(t, bn, w_real, b_real)
+        try:
+            folded = _fold_batchnorm(t, bn, w_real, b_real)
+        except KeyError:  # a batch-norm argument computed after the convolution: translate the two nodes apart
+            folded = None
+    if bn is not None and folded is not None:
+        weight, bias = folded
         inputs = [t.value(x), t.initializer(weight, f"{w.name}_bn"), t.initializer(bias, f"{bn.name}_bias")]
         # The fused node computes the batch norm's output: its name and origin follow that node.
         out = t.emit_for_node(bn, "Conv", inputs, attrs)
