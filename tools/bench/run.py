@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -301,8 +302,10 @@ def _run_child(spec: dict[str, Any], work: Path, run: int, timeout: float) -> di
         why = f"timed out after {timeout:.0f} s" if proc.returncode == -signal.SIGKILL else f"exit {proc.returncode}"
         res = {"spec": spec, "ok": False, "error": f"child died ({why}) without a result; log tail:\n{tail}"}
     res["wall_s"] = wall
-    if "trace" in res:  # keep the end of a failure's traceback: where it was raised
-        res["trace"] = res["trace"][-1500:]
+    if res.get("spec", {}).get("cache_dir"):  # recorded relative to the work folder: no path of this machine
+        res["spec"] = dict(res["spec"], cache_dir=os.path.relpath(res["spec"]["cache_dir"], work))
+    if "trace" in res:  # keep the end of a failure's traceback: where it was raised, without this machine's paths
+        res["trace"] = re.sub(r"[^\s\"']*/site-packages/", "<site-packages>/", res["trace"][-1500:])
     return res
 
 

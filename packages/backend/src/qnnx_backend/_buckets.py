@@ -57,6 +57,19 @@ def _expr(value: object) -> Any:
     return value.node.expr if isinstance(value, torch.SymInt) else None
 
 
+def _dynamic_dims(value: torch.Tensor, index: dict[Any, int], what: str) -> list[tuple[int, int]] | str:
+    """``(dim, size index)`` of each dimension of ``value`` that is a plain dynamic size, or why one is not."""
+    dims = []
+    for dim, size in enumerate(value.shape):
+        expr = _expr(size)
+        if expr is None:
+            continue
+        if expr not in index:
+            return f"{what} has size {expr} in dim {dim}"
+        dims.append((dim, index[expr]))
+    return dims
+
+
 def make_plan(
     gm: torch.fx.GraphModule, example_inputs: Sequence[object], sym_positions: Sequence[int]
 ) -> BucketPlan | str:
@@ -74,14 +87,10 @@ def make_plan(
     for pos, value in enumerate(example_inputs):
         if not isinstance(value, torch.Tensor):
             continue
-        for dim, size in enumerate(value.shape):
-            expr = _expr(size)
-            if expr is None:
-                continue
-            if expr in index:
-                padded.append((pos, dim, index[expr]))
-            else:
-                return f"input {pos} has size {expr} in dim {dim} (only plain dynamic dimensions can be padded)"
+        dims = _dynamic_dims(value, index, f"input {pos}")
+        if isinstance(dims, str):
+            return dims + " (only plain dynamic dimensions can be padded)"
+        padded += [(pos, dim, sym) for dim, sym in dims]
     if not padded:
         return "no input dimension carries the dynamic size"
     output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -93,14 +102,10 @@ def make_plan(
             return f"output {k} is a symbolic number"
         if not isinstance(value, torch.Tensor):
             continue
-        for dim, size in enumerate(value.shape):
-            expr = _expr(size)
-            if expr is None:
-                continue
-            if expr in index:
-                sliced.append((k, dim, index[expr]))
-            else:
-                return f"output {k} has size {expr} in dim {dim}"
+        dims = _dynamic_dims(value, index, f"output {k}")
+        if isinstance(dims, str):
+            return dims
+        sliced += [(k, dim, sym) for dim, sym in dims]
     return BucketPlan(tuple(sym_positions), tuple(padded), tuple(sliced), _upper_bounds(symbols))
 
 

@@ -196,11 +196,7 @@ class QnnGraph:
                     served = self._call_bucket(args, key, bucket)  # type: ignore[arg-type]
                     if served is not _NOT_NEUTRAL:
                         return served
-        variant = self._variants.get(key)
-        if variant is None and self._sym_positions and self._over_budget():
-            with self._lock:
-                variant = self._variants.get(key) or self._past_budget(key)
-                self._variants[key] = variant
+        variant = self._known_variant(key)
         if variant is None:
             with self._lock, _compiling(), _gc_paused():
                 variant = self._variants.get(key)
@@ -219,11 +215,7 @@ class QnnGraph:
         plan = self._plan
         assert isinstance(plan, _buckets.BucketPlan)
         key = ("bucket", *bucket)
-        variant = self._variants.get(key)
-        if variant is None and self._over_budget():
-            with self._lock:
-                variant = self._variants.get(key) or self._past_budget(key)
-                self._variants[key] = variant
+        variant = self._known_variant(key)
         if variant is None:
             with self._lock, _compiling(), _gc_paused():
                 variant = self._variants.get(key)
@@ -252,6 +244,16 @@ class QnnGraph:
         logger.info("qnn backend: %s; compiling exact sizes for this graph", cause)
         self._plan = cause
         return _NOT_NEUTRAL
+
+    def _known_variant(self, key: tuple[object, ...]) -> Any:
+        """The variant compiled for ``key``; past the recompile budget a new dynamic size gets the PyTorch one;
+        None when ``key`` is still to be compiled."""
+        variant = self._variants.get(key)
+        if variant is None and self._sym_positions and self._over_budget():
+            with self._lock:
+                variant = self._variants.get(key) or self._past_budget(key)
+                self._variants[key] = variant
+        return variant
 
     def _over_budget(self) -> bool:
         compiled = [v for v in self._variants.values() if not isinstance(v, _Eager) or v.report.reason != _BUDGET]

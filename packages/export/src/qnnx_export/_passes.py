@@ -142,9 +142,18 @@ class QnnPass(InPlacePass):
         """Rewrite ``graph`` in place; return True when something changed."""
         raise NotImplementedError
 
-    def find_defects(self, graph: ir.Graph) -> list[str]:  # pragma: no cover - abstract
-        """Return a description of every occurrence of the defect still in ``graph``."""
-        raise NotImplementedError
+    def match(self, node: ir.Node) -> Any:
+        """For a pass that matches node by node: what :meth:`rewrite` needs for ``node``, or None."""
+        return None
+
+    def matched(self, graph: ir.Graph) -> list[tuple[ir.Node, Any]]:
+        """Every node of ``graph`` with its :meth:`match`, taken before any rewrite."""
+        return [(n, m) for n in list(graph) if (m := self.match(n)) is not None]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        """Return a description of every occurrence of the defect still in ``graph`` (by default: the nodes
+        :meth:`match` still finds)."""
+        return [n.name or n.op_type for n, _ in self.matched(graph)]
 
     def ensures(self, model: ir.Model) -> None:
         left = self.find_defects(model.graph)
@@ -588,7 +597,7 @@ class FoldHighRankTranspose(QnnPass):
     name = "fold_high_rank_transpose"
     defect = "rank-6 tensors are refused by QNN HTP (Swin window partition)"
 
-    def _match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
+    def match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
         if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
             return None
         src = node.inputs[0]
@@ -610,16 +619,10 @@ class FoldHighRankTranspose(QnnPass):
             return None
         return first, merged_shape, merged_perm
 
-    def find_defects(self, graph: ir.Graph) -> list[str]:
-        return [n.name or "Transpose" for n in graph if self._match(n) is not None]
-
     def rewrite(self, graph: ir.Graph) -> bool:
         names = _Names(graph, "qnnx_rank")
         changed = False
-        for node in [n for n in graph if self._match(n) is not None]:
-            match = self._match(node)
-            assert match is not None
-            first, merged_shape, merged_perm = match
+        for node, (first, merged_shape, merged_perm) in self.matched(graph):
             x = cast(ir.Value, first.inputs[0])  # _match read its shape
             target = _add_initializer(graph, names("shape"), np.array(merged_shape, dtype=np.int64))
             flat = _new_value(names("merged"), x.dtype, merged_shape)
@@ -656,8 +659,7 @@ class SafeSoftmaxWithoutInf(QnnPass):
     name = "safe_softmax_without_inf"
     defect = "Equal(x, -inf) is never true on QNN HTP (no infinities): fully masked attention rows come back wrong"
 
-    @staticmethod
-    def _match(node: ir.Node) -> ir.Value | None:
+    def match(self, node: ir.Node) -> ir.Value | None:
         """The -inf operand of an Equal(ReduceMax(x), -inf) that selects between 0 and Softmax(x), or None."""
         if node.op_type != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
             return None
@@ -673,15 +675,10 @@ class SafeSoftmaxWithoutInf(QnnPass):
                 return limit
         return None
 
-    def find_defects(self, graph: ir.Graph) -> list[str]:
-        return [n.name or "Equal" for n in graph if self._match(n) is not None]
-
     def rewrite(self, graph: ir.Graph) -> bool:
         names = _Names(graph, "qnnx_safe_softmax")
         changed = False
-        for node in [n for n in graph if self._match(n) is not None]:
-            limit = self._match(node)
-            assert limit is not None
+        for node, limit in self.matched(graph):
             stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
             dtype = cast(ir.DataType, cast(ir.Value, stat).dtype)  # _match checked the statistic's float dtype
             threshold = _add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy()))
@@ -707,8 +704,7 @@ class FuseSoftplus(QnnPass):
     name = "fuse_softplus"
     defect = "log1p(exp(z)) overflows fp16 on QNN HTP for z > 11 (silent wrong output)"
 
-    @staticmethod
-    def _match(log_node: ir.Node) -> ir.Value | None:
+    def match(self, log_node: ir.Node) -> ir.Value | None:
         """The ``z`` of a Log(Add(Exp(z), 1)) ending at ``log_node``, or None."""
         if log_node.op_type != "Log" or log_node.domain not in ("", "ai.onnx"):
             return None
@@ -729,14 +725,11 @@ class FuseSoftplus(QnnPass):
                 return exp.inputs[0]
         return None
 
-    def find_defects(self, graph: ir.Graph) -> list[str]:
-        return [n.name or "Log" for n in graph if self._match(n) is not None]
-
     def rewrite(self, graph: ir.Graph) -> bool:
         names = _Names(graph, "qnnx_softplus")
         changed = False
-        for log_node in [n for n in graph if self._match(n) is not None]:
-            z, out = self._match(log_node), log_node.outputs[0]
+        for log_node, z in self.matched(graph):
+            out = log_node.outputs[0]
             assert z is not None
             new = _new_value(names("out"), out.dtype, _shape(out))
             graph.insert_after(log_node, ir.Node("", "Softplus", [z], outputs=[new]))
@@ -851,8 +844,7 @@ class LogSigmoidToSoftplus(QnnPass):
     name = "logsigmoid_to_softplus"
     defect = "Log(Sigmoid(x)) on QNN HTP loses the small sigmoid values (silent wrong output)"
 
-    @staticmethod
-    def _match(log_node: ir.Node) -> ir.Node | None:
+    def match(self, log_node: ir.Node) -> ir.Node | None:
         if log_node.op_type != "Log" or log_node.domain not in ("", "ai.onnx"):
             return None
         sig = log_node.inputs[0].producer() if log_node.inputs[0] is not None else None
@@ -860,15 +852,10 @@ class LogSigmoidToSoftplus(QnnPass):
             return None
         return sig
 
-    def find_defects(self, graph: ir.Graph) -> list[str]:
-        return [n.name or "Log" for n in graph if self._match(n) is not None]
-
     def rewrite(self, graph: ir.Graph) -> bool:
         names = _Names(graph, "qnnx_logsigmoid")
         changed = False
-        for log_node in [n for n in graph if self._match(n) is not None]:
-            sig = self._match(log_node)
-            assert sig is not None
+        for log_node, sig in self.matched(graph):
             x, out = cast(ir.Value, sig.inputs[0]), log_node.outputs[0]  # Sigmoid has its one input
             neg_x = _new_value(names("neg"), x.dtype, _shape(x))
             soft = _new_value(names("softplus"), x.dtype, _shape(x))
