@@ -1,4 +1,4 @@
-"""qnnx-opcheck's verdicts against the live QNN EP on attribute-complete cases (tools/opcheck_conformance.py).
+"""qnnx-opcheck's verdicts against the live QNN EP on attribute-complete cases (tools/opcheck/conformance.py).
 
 The one outcome that must never happen: opcheck vouches for a node ("supported") that QNN HTP computes wrongly or
 that crashes. CI runs a few families in full; the whole set (about 480 cases) is the opt-in slow test.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "opcheck_conformance.py"
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "opcheck" / "conformance.py"
 
 
 def _run(tmp_path: Path, only: str, timeout: float) -> dict:

@@ -13,8 +13,6 @@ settings.register_profile("dev", max_examples=30, deadline=None)
 settings.register_profile("ci", max_examples=30, derandomize=True, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-REPO = Path(__file__).resolve().parents[3]
-TOOLS = REPO / "tools"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 

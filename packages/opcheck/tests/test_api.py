@@ -66,7 +66,7 @@ def test_unknown_backend_raises_value_error_naming_choices(bad: object) -> None:
     with pytest.raises(errors.UnknownBackendError) as info:
         oc.check_model(unary("Relu"), bad)  # type: ignore[arg-type]
     assert isinstance(info.value, ValueError)
-    assert isinstance(info.value, errors.OpcheckError)
+    assert isinstance(info.value, errors.QnnxOpcheckError)
     assert "htp" in str(info.value) and "gpu" in str(info.value)
 
 

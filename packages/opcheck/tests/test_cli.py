@@ -67,17 +67,55 @@ def test_exit_1_when_unsupported(bad: Path) -> None:
     "args",
     [
         ("--backend", "tpu"),
+        ("--device", "tpu"),
         ("--onnxruntime-qnn", "banana"),
         ("--soc-model", "sixty"),
+        ("--soc-model", "-3"),
         ("--json", "--markdown"),
         ("--no-such-flag",),
     ],
 )
 def test_exit_2_on_usage_errors(good: Path, args: tuple[str, ...]) -> None:
-    """Bad options exit 2 with a message on stderr."""
+    """Bad options exit 2 with a message on stderr and nothing on stdout."""
     r = _run(str(good), *args)
     assert r.returncode == 2
-    assert r.stderr.strip()
+    assert "qnnx-opcheck: error:" in r.stderr
+    assert r.stdout == "" or "--json" in args  # with --json the error is also a JSON document on stdout
+
+
+def test_a_bad_version_lists_each_table_release_once(good: Path) -> None:
+    """--onnxruntime-qnn abc names the accepted form and every release with a table, each once."""
+    r = _run(str(good), "--onnxruntime-qnn", "abc")
+    assert r.returncode == 2
+    releases = sorted({t.onnxruntime_qnn for t in oc.available_tables()})
+    line = next(x for x in r.stderr.splitlines() if "error:" in x)
+    assert "MAJOR.MINOR[.PATCH]" in line
+    assert all(line.count(v) == 1 for v in releases), line
+
+
+def test_a_negative_soc_model_is_refused_naming_the_accepted_values(good: Path) -> None:
+    """--soc-model -3 exits 2 (it used to be accepted with a note), naming numbers and chip names."""
+    r = _run(str(good), "--soc-model", "-3")
+    assert r.returncode == 2
+    assert "non-negative QNN SoC number" in r.stderr and "SM8650" in r.stderr
+
+
+@pytest.mark.parametrize(("spelling", "number"), [("SM8650", 57), ("sc8380xp", 60), ("x-elite", 60), ("57", 57)])
+def test_soc_model_takes_chip_names_and_numbers(good: Path, spelling: str, number: int) -> None:
+    """--soc-model accepts QNN numbers and chip names as qnnx-detect does (the table probed for 60 serves 57)."""
+    r = _run(str(good), "--soc-model", spelling, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["soc_model"] == 60
+    assert number == 60 or any(f"soc_model {number}" in n for n in doc["notes"])
+
+
+def test_device_is_the_name_and_backend_still_works(good: Path) -> None:
+    """--device npu|htp|gpu, as in qnnx-detect and the backend; --backend is the former name of the same flag."""
+    for flag, value, table in (("--device", "npu", "htp"), ("--device", "GPU", "gpu"), ("--backend", "htp", "htp")):
+        r = _run(str(good), flag, value, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["backend"] == table
 
 
 def test_missing_model_argument_is_usage_error() -> None:
@@ -144,12 +182,20 @@ def test_json_schema(bad: Path) -> None:
 
 
 def test_json_error_document(tmp_path: Path) -> None:
-    """With --json, an unreadable model also prints a JSON error document and exits 3."""
+    """With --json, an unreadable model and a usage error print one JSON error document of the same shape on
+    stdout (type, message, fix, exit code), the human line on stderr."""
     p = tmp_path / "empty.onnx"
     p.write_bytes(b"")
-    r = _run(str(p), "--json")
-    assert r.returncode == 3
-    assert json.loads(r.stdout)["error"]["exit_code"] == 3
+    for args, code, kind in (
+        ((str(p), "--json"), 3, "ModelLoadError"),
+        ((str(p), "--json", "--soc-model", "x"), 2, "UsageError"),
+    ):
+        r = _run(*args)
+        assert r.returncode == code
+        error = json.loads(r.stdout)["error"]
+        assert set(error) == {"type", "message", "fix", "exit_code"}
+        assert (error["type"], error["exit_code"]) == (kind, code) and error["fix"]
+        assert f"qnnx-opcheck: error: {error['message']}" in r.stderr
 
 
 def test_markdown(bad: Path) -> None:
@@ -160,7 +206,7 @@ def test_markdown(bad: Path) -> None:
 
 
 def test_gpu_backend(good: Path) -> None:
-    """--backend gpu checks against the GPU table."""
+    """--backend gpu (the former name of --device) checks against the GPU table."""
     r = _run(str(good), "--backend", "gpu", "--json", "--onnxruntime-qnn", "2.7.0")
     assert json.loads(r.stdout)["backend"] == "gpu"
 

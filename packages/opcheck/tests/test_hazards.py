@@ -295,7 +295,7 @@ def test_qdq_relu_is_supported_as_quantized_op() -> None:
 
 
 def test_qdq_erf_is_unsupported() -> None:
-    """DQ -> Erf -> Q is unsupported (Erf has no QNN builder)."""
+    """DQ -> Erf -> Q is unsupported (Erf has no QNN builder), and its DQ and Q go to the CPU EP with it."""
     m = model(
         [
             node("DequantizeLinear", ["x", "s", "z"], ["d"]),
@@ -306,7 +306,10 @@ def test_qdq_erf_is_unsupported() -> None:
         ["y"],
         [const("s", 0.02), const("z", 128, np.uint8)],
     )
-    assert [v.op_type for v in _check(m).unsupported] == ["Erf"]
+    rep = _check(m)
+    assert [v.op_type for v in rep.unsupported] == ["DequantizeLinear", "Erf", "QuantizeLinear"]
+    assert _by_name(rep)["erf"].kind == "rejected"
+    assert all("node unit of Erf 'erf'" in (v.reason or "") for v in rep.unsupported if v.op_type != "Erf")
 
 
 def test_dropout_in_inference_graph_is_removed() -> None:

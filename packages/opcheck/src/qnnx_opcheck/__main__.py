@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from qnnx_opcheck._check import check_model
 from qnnx_opcheck._report import OpCheckReport
+from qnnx_opcheck._tables import available_tables
 from qnnx_opcheck._version import __version__
-from qnnx_opcheck.errors import InvalidVersionError, ModelLoadError, OpcheckError, UnknownBackendError
+from qnnx_opcheck.errors import InvalidVersionError, ModelLoadError, QnnxOpcheckError, UnknownBackendError
 
 __all__ = ["main"]
 
+PROG = "qnnx-opcheck"
 EXIT_SUPPORTED = 0
 EXIT_UNSUPPORTED = 1
 EXIT_USAGE = 2
@@ -25,30 +30,112 @@ EXIT_UNREADABLE = 3
 
 _EPILOG = """\
 examples:
-  qnnx-opcheck model.onnx                         # HTP (NPU), installed onnxruntime-qnn or newest table
-  qnnx-opcheck model.onnx --backend gpu --json
-  qnnx-opcheck model.onnx --onnxruntime-qnn 2.6.0 --soc-model 60 --problems-only
+  qnnx-opcheck model.onnx                         # NPU (HTP), installed onnxruntime-qnn or newest table
+  qnnx-opcheck model.onnx --device gpu --json
+  qnnx-opcheck model.onnx --onnxruntime-qnn 2.6.0 --soc-model SM8650 --problems-only
 
 exit codes:
   0  every node is supported (hazards allowed: they run, with a documented caveat)
   1  at least one node is unsupported
-  2  usage error (bad option, unknown backend, bad version string)
-  3  the model cannot be read (missing, empty, not ONNX, invalid)
+  2  usage error (bad option or value: device, version, SoC)
+  3  error: the model cannot be read (missing, empty, not ONNX, invalid) or the tables are missing
+
+errors: one line on stderr; with --json, also {"error": {"type", "message", "fix", "exit_code"}} on stdout
 """
+
+# QNN soc_model numbers of the chip names qnnx-detect and the qnn backend accept: a copy of qnnx-detection's SoC
+# table (the qnnx leaves do not import each other; the repository's integration tests check that the copy
+# matches). Names compare case-insensitively, ignoring spaces, '-' and '_'.
+_SOC_NAMES: dict[int, tuple[str, ...]] = {
+    30: ("SM8350", "Snapdragon 888", "snapdragon888"),
+    36: ("SM8450", "Snapdragon 8 Gen 1", "8gen1", "snapdragon8gen1"),
+    39: ("SA8295P", "Snapdragon SA8295P (automotive)", "sa8295"),
+    42: ("SM8475", "Snapdragon 8+ Gen 1", "8+gen1", "8plusgen1", "snapdragon8+gen1"),
+    43: ("SM8550", "Snapdragon 8 Gen 2", "8gen2", "snapdragon8gen2"),
+    52: ("SA8775P", "Snapdragon SA8775P (automotive)", "sa8775"),
+    57: ("SM8650", "Snapdragon 8 Gen 3", "8gen3", "snapdragon8gen3"),
+    60: ("SC8380XP", "Snapdragon X Elite", "xelite", "snapdragonxelite", "x1e", "x1elite"),
+    69: ("SM8750", "Snapdragon 8 Elite", "8elite", "snapdragon8elite"),
+    87: ("SM8850", "Snapdragon 8 Elite Gen 5", "8elitegen5", "snapdragon8elitegen5"),
+    88: ("SC8480XP", "Snapdragon X2 Elite", "x2elite", "snapdragonx2elite", "x2e"),
+}
+_DEVICES = {"npu": "htp", "htp": "htp", "gpu": "gpu"}
+
+
+def _spelling(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name).lower()
+
+
+def soc_model(text: str) -> int:
+    """``--soc-model``: a QNN SoC number (``60``) or a chip name (``SM8650``, ``SC8380XP``, ``x-elite``)."""
+    value = text.strip()
+    if value.isdecimal() and value.isascii():
+        return int(value)
+    wanted = _spelling(value)
+    for number, names in _SOC_NAMES.items():
+        if wanted and wanted in map(_spelling, names):
+            return number
+    accepted = ", ".join(names[0] for names in _SOC_NAMES.values())
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a SoC; accepted: a non-negative QNN SoC number (e.g. 60) or a chip name: {accepted}"
+    )
+
+
+def _device(text: str) -> str:
+    device = _DEVICES.get(text.strip().lower())
+    if device is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a QNN device; accepted: npu (alias htp), gpu")
+    return device
+
+
+def _version(text: str) -> str:
+    """``--onnxruntime-qnn``: MAJOR.MINOR[.PATCH]; other strings are a usage error naming the tables there are."""
+    if re.fullmatch(r"\d+\.\d+(\.\d+)?", text.strip()):
+        return text.strip()
+    releases = sorted({t.onnxruntime_qnn for t in available_tables()}, key=lambda v: tuple(map(int, v.split("."))))
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not an onnxruntime-qnn version; accepted: MAJOR.MINOR[.PATCH] (releases with a table: "
+        f"{', '.join(releases)})"
+    )
+
+
+class _UsageError(Exception):
+    """A bad command line (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise _UsageError(message)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnnx-opcheck",
-        description="Check, node by node, whether a QNN backend (HTP/NPU or GPU) can run an ONNX model.",
+    p = _Parser(
+        prog=PROG,
+        description="Check, node by node, whether a QNN device (NPU/HTP or GPU) can run an ONNX model.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("model", help="path of the .onnx file (external data is not needed)")
-    p.add_argument("--backend", default="htp", help="htp (alias npu) or gpu; default htp")
-    p.add_argument("--onnxruntime-qnn", dest="version", metavar="VERSION", help="release to check against")
-    p.add_argument("--soc-model", type=int, metavar="N", help="HTP SoC model, e.g. 60 (Snapdragon X Elite)")
+    p.add_argument(
+        "--device",
+        "--backend",
+        dest="device",
+        type=_device,
+        default="htp",
+        metavar="DEVICE",
+        help="npu (alias htp; the default) or gpu; --backend is the former name",
+    )
+    p.add_argument(
+        "--onnxruntime-qnn", dest="version", type=_version, metavar="VERSION", help="release to check against"
+    )
+    p.add_argument(
+        "--soc-model",
+        type=soc_model,
+        metavar="SOC",
+        help="HTP SoC: a QNN SoC number or a chip name, e.g. 60 or SC8380XP (Snapdragon X Elite), SM8650",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--markdown", action="store_true", help="print the per-node table as Markdown")
@@ -93,28 +180,56 @@ def _markdown(report: OpCheckReport, problems_only: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``--help``)."""
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        report = check_model(args.model, args.backend, onnxruntime_qnn=args.version, soc_model=args.soc_model)
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        return _error("--json" in argv, "UsageError", str(exc), f"see `{PROG} --help`", EXIT_USAGE)
+    except SystemExit as exc:  # --help, --version
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        report = check_model(args.model, args.device, onnxruntime_qnn=args.version, soc_model=args.soc_model)
     except (UnknownBackendError, InvalidVersionError) as exc:
-        return _fail(args, exc, EXIT_USAGE)
+        return _error(args.json, type(exc).__name__, *_message_and_fix(exc), EXIT_USAGE)
     except ModelLoadError as exc:
-        return _fail(args, exc, EXIT_UNREADABLE)
-    except OpcheckError as exc:  # a broken installation (missing table)
-        return _fail(args, exc, EXIT_UNREADABLE)
+        fix = "pass the path of a readable .onnx file (its external data is not needed)"
+        return _error(args.json, type(exc).__name__, _message_and_fix(exc)[0], fix, EXIT_UNREADABLE)
+    except QnnxOpcheckError as exc:  # a broken installation (missing table)
+        message, named = _message_and_fix(exc)
+        return _error(args.json, type(exc).__name__, message, named or "reinstall qnnx-opcheck", EXIT_UNREADABLE)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        _out(json.dumps(report.to_dict(), indent=2))
     elif args.markdown:
-        print(_markdown(report, args.problems_only))
+        _out(_markdown(report, args.problems_only))
     else:
-        print(_text(report, args.problems_only))
+        _out(_text(report, args.problems_only))
     return EXIT_SUPPORTED if report.supported else EXIT_UNSUPPORTED
 
 
-def _fail(args: argparse.Namespace, exc: Exception, code: int) -> int:
-    print(f"qnnx-opcheck: error: {exc}", file=sys.stderr)
-    if args.json:
-        print(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": code}}, indent=2))
+def _out(text: str) -> None:
+    """Print to stdout; a reader that left (``| head``) is not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # keep Python from failing again on the flush at exit
+        os.close(devnull)
+
+
+def _message_and_fix(exc: Exception) -> tuple[str, str | None]:
+    """An error's message, and the fix it names after "Fix:" (None when it names none)."""
+    text = str(exc).strip()
+    head, sep, fix = text.partition(" Fix: ")
+    return (head, fix.rstrip(".") or None) if sep else (text, None)
+
+
+def _error(as_json: bool, kind: str, message: str, fix: str | None, code: int) -> int:
+    """Report an error: one line on stderr (and the fix); with --json, one JSON document on stdout too."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    if fix:
+        print(f"{PROG}: fix: {fix}", file=sys.stderr)
+    if as_json:
+        _out(json.dumps({"error": {"type": kind, "message": message, "fix": fix, "exit_code": code}}, indent=2))
     return code
 
 

@@ -9,6 +9,7 @@ import math
 from importlib import metadata
 from typing import Any, cast
 
+import attrs
 import onnx
 
 from qnnx_opcheck._model import GraphFacts, ModelInput, NodeView, load_model, read_facts
@@ -50,6 +51,9 @@ _KIND_TEXT = {
     "unverified": "support is documented for float only; this dtype is unverified on this backend",
 }
 _FLOATS = ("float32", "float16", "bfloat16")
+# QuantizeLinear/DequantizeLinear in either domain onnxruntime's quantizer writes: the QNN EP takes both alike.
+_QDQ_DOMAINS = ("", "com.microsoft")
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 # onnx.TensorProto element types of floats (FLOAT, DOUBLE, FLOAT16, BFLOAT16): a Cast to another type truncates.
 _FLOAT_ELEM_TYPES = (1, 11, 10, 16)
 # Ops whose output is finite (or bool) for an infinite input: an infinity stops there, as a -inf mask does in
@@ -214,6 +218,34 @@ class _Checker:
     def _is_const(self, name: str) -> bool:
         return bool(name) and name in self.f.constants
 
+    def _is_static(self, name: str) -> bool:
+        """A constant, or the DequantizeLinear of one (a quantized weight: QNN takes it as a static tensor)."""
+        return self._is_const(name) or self._quantized_constant(name) is not None
+
+    def _quantized_constant(self, name: str) -> NodeView | None:
+        """The DequantizeLinear (ONNX or com.microsoft) that produces ``name`` from a constant, else None."""
+        producer = self._producer(name) if name else None
+        if producer is None or producer.op_type != "DequantizeLinear" or producer.domain not in _QDQ_DOMAINS:
+            return None
+        return producer if producer.input and self._is_const(producer.input[0]) else None
+
+    def _weight_class(self, node: NodeView) -> str | None:
+        """The quantized weights a QDQ node reads, as the probe names them: the element type of each constant
+        DequantizeLinear input other than an int32 bias, ``/per_channel`` when its scale has more than one element
+        (sorted, comma-joined); None when the node reads no quantized constant."""
+        classes = set()
+        for name in node.input:
+            dq = self._quantized_constant(name)
+            if dq is None:
+                continue
+            elem = self._dtype(dq.input[0])
+            if elem is None or elem == "int32":
+                continue
+            scale = self._shape(dq.input[1]) if len(dq.input) > 1 else ()
+            channels = math.prod(d for d in scale if isinstance(d, int)) if scale else 1
+            classes.add(elem + ("/per_channel" if channels > 1 else ""))
+        return ",".join(sorted(classes)) or None
+
     def _const_value(self, name: str) -> Any:
         return self.f.const_values.get(name) if name else None
 
@@ -241,10 +273,10 @@ class _Checker:
                     if self._attr(node, name) not in allowed:
                         return False
             elif key == "const_inputs":
-                if not all(i < len(node.input) and self._is_const(node.input[i]) for i in arg):
+                if not all(i < len(node.input) and self._is_static(node.input[i]) for i in arg):
                     return False
             elif key == "dynamic_inputs":
-                if not all(i < len(node.input) and node.input[i] and not self._is_const(node.input[i]) for i in arg):
+                if not all(i < len(node.input) and node.input[i] and not self._is_static(node.input[i]) for i in arg):
                     return False
             elif key == "input_dtype":
                 idx, allowed = arg
@@ -296,7 +328,58 @@ class _Checker:
                         reason=f"opcheck could not evaluate this node ({type(exc).__name__}: {exc})",
                     )
                 )
+        return self._with_node_units(out)
+
+    def _with_node_units(self, verdicts: list[NodeVerdict]) -> list[NodeVerdict]:
+        """Q/DQ nodes share the fate of the QDQ op they wrap: the QNN EP takes a DequantizeLinear -> op ->
+        QuantizeLinear group as one unit, so when it refuses the op, the DequantizeLinear nodes that feed only
+        refused ops and the QuantizeLinear nodes after it go to the CPU EP too (onnxruntime-qnn 2.7.0, measured)."""
+        refused = {
+            i for i, v in enumerate(verdicts) if v.status == "unsupported" and self.f.nodes[i].op_type not in _QDQ_OPS
+        }
+        if not refused:
+            return verdicts
+        out = list(verdicts)
+        for i, node in enumerate(self.f.nodes):
+            if out[i].status != "supported" or node.op_type not in _QDQ_OPS or node.domain not in _QDQ_DOMAINS:
+                continue
+            if node.op_type == "DequantizeLinear":
+                users = self.f.consumers.get(node.output[0], ()) if node.output else ()
+                owner = users[0] if users and all(u in refused for u in users) else None
+                source = self.f.producers.get(node.input[0]) if node.input else None
+                if not users and source is not None and out[source].status == "unsupported":
+                    # A lone DequantizeLinear at a graph output after a refused unit: QNN declines it.
+                    owner = self.f.producers.get(self.f.nodes[source].input[0])
+                    owner = owner if owner in refused else None
+            else:
+                owner = self.f.producers.get(node.input[0]) if node.input else None
+                owner = owner if owner in refused else None
+            if owner is not None:
+                out[i] = self._in_refused_unit(out[i], out[owner], self.f.nodes[owner])
+        # A lone QuantizeLinear of a graph input that feeds only refused units: QNN declines it too.
+        for i, node in enumerate(self.f.nodes):
+            if node.op_type != "QuantizeLinear" or out[i].status != "supported" or not node.input:
+                continue
+            if node.input[0] in self.f.producers or not node.output:
+                continue
+            users = self.f.consumers.get(node.output[0], ())
+            if users and all(out[u].status == "unsupported" and self.f.nodes[u].op_type in _QDQ_OPS for u in users):
+                dq_users = [c for u in users for c in self.f.consumers.get(self.f.nodes[u].output[0], ())]
+                owner = next((c for c in dq_users if c in refused), None)
+                if owner is not None:
+                    out[i] = self._in_refused_unit(out[i], out[owner], self.f.nodes[owner])
         return out
+
+    @staticmethod
+    def _in_refused_unit(verdict: NodeVerdict, owner: NodeVerdict, op: NodeView) -> NodeVerdict:
+        return attrs.evolve(
+            verdict,
+            status="unsupported",
+            kind="rejected",
+            reason=f"part of the QDQ node unit of {op.op_type} '{owner.node_name}', which QNN does not take: the unit "
+            "falls back to the CPU EP as a whole",
+            evidence=owner.evidence,
+        )
 
     def _verdict(self, index: int, node: NodeView) -> NodeVerdict:
         name = node.name or f"n{index}"
@@ -332,7 +415,12 @@ class _Checker:
                 return "removed", p["reason"], p.get("evidence"), None
 
         p = self._pattern("qdq_constant_dequantize")
-        if p is not None and node.op_type == "DequantizeLinear" and domain == "" and self._is_const(node.input[0]):
+        if (
+            p is not None
+            and node.op_type == "DequantizeLinear"
+            and domain in _QDQ_DOMAINS
+            and self._is_const(node.input[0])
+        ):
             return "fused", p["reason"], p.get("evidence"), self._dtype(node.input[0])
 
         kind, reason, evidence, dtype = self._op_decision(node, domain)
@@ -407,19 +495,60 @@ class _Checker:
             return "unknown_op", f"no {where} entry matches this {node.op_type} node", entry.get("evidence"), dtype
         if dtype is None:
             return self._unknown_dtype(node, variants[0], entry)
-        for key in (qdq, dtype):
-            if key is None:
-                continue
-            for v in variants:
-                cell = v["dtypes"].get(key)
-                if cell is not None:
-                    return self._from_cell(node, v, key, cell, entry)
+        if qdq is not None:
+            decided = self._qdq_decision(node, variants, qdq, entry)
+            if decided is not None:
+                return decided
+        for v in variants:
+            cell = v["dtypes"].get(dtype)
+            if cell is not None:
+                return self._from_cell(node, v, dtype, cell, entry)
         allowed = sorted(k for k, c in variants[0]["dtypes"].items() if c["status"] == "supported")
         return (
             "unlisted_dtype",
             f"{node.op_type} on {dtype} is not in the {where}; supported dtypes: {', '.join(allowed) or 'none'}",
             entry.get("evidence"),
             dtype,
+        )
+
+    def _qdq_decision(
+        self, node: NodeView, variants: list[dict[str, Any]], qdq: str, entry: dict[str, Any]
+    ) -> tuple[str, str | None, str | None, str | None] | None:
+        """The verdict of a node in QDQ form (``qdq`` = ``qdq_<activation type>``) from the cells measured for
+        that activation type and the node's quantized weights; None when no cell speaks of this form and the
+        node's float dtype decides."""
+        # Only the first matching variant speaks for the node: a specific condition (Conv3d, 5-D Unsqueeze...) was
+        # probed apart because it behaves apart, so the plain variant's QDQ cells do not cover it.
+        v = variants[0]
+        cells = v["dtypes"]
+        where = f"QNN {self.t.backend} table (onnxruntime-qnn {self.t.onnxruntime_qnn})"
+        cell = cells.get(qdq)
+        if cell is None:
+            float_cell = cells.get("float32")
+            if float_cell is None or float_cell["status"] != "supported":
+                return None
+            return (
+                "unverified",
+                f"{node.op_type} in QDQ form ({qdq}) was not probed in the {where}; it runs on QNN in float",
+                entry.get("evidence"),
+                qdq,
+            )
+        weights = self._weight_class(node)
+        measured = cell.get("weights")
+        if weights is None or measured is None or measured == weights:
+            # The weights measured, or no quantized constant here, or none in the probed form (Add of two
+            # activations: a constant operand is quantized as an activation): the activation type decides.
+            return self._from_cell(node, v, qdq, cell, entry)
+        specific = cells.get(f"{qdq}/w={weights}")
+        if specific is not None:
+            return self._from_cell(node, v, f"{qdq}/w={weights}", specific, entry)
+        probed = sorted({measured, *(k.split("/w=", 1)[1] for k in cells if k.startswith(f"{qdq}/w="))})
+        return (
+            "unverified",
+            f"{node.op_type} on {qdq} with {weights} weights was not measured in the {where} (measured: "
+            f"{', '.join(probed)} weights)",
+            entry.get("evidence"),
+            qdq,
         )
 
     def _from_cell(
@@ -747,7 +876,7 @@ class _Checker:
         return bool(memo[name])
 
     def _is_avgpool_defect(self, index: int, node: NodeView) -> bool:
-        """AveragePool conditions QNN HTP computes wrongly (measured by tools/opcheck_conformance.py): a partial
+        """AveragePool conditions QNN HTP computes wrongly (measured by tools/opcheck/conformance.py): a partial
         last window under ceil_mode, count_include_pad with padding (or at rank 5), a pad of half the kernel or
         more; an unknown input shape counts as a defect, since the conditions cannot be ruled out."""
         shape = self._shape(node.input[0]) if node.input else None

@@ -379,7 +379,9 @@ def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str 
             _log.warning("could not inline local functions (%s); checking function call nodes as they are", exc)
             out_notes.append(f"local functions could not be inlined ({exc}); their call nodes are checked as ops")
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(
+            _standard_qdq(model), check_type=False, strict_mode=False, data_prop=True
+        )
     except Exception as exc:  # a partial result is fine; unknown dtypes are handled conservatively
         _log.info("shape inference failed (%s); dtypes of intermediate values are unknown", exc)
         out_notes.append(f"onnx shape inference failed ({exc}); dtypes of intermediate values are unknown")
@@ -447,6 +449,25 @@ def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str 
         symbolic_inputs=symbolic,
         notes=tuple(out_notes),
     )
+
+
+# onnxruntime's quantizer writes these in the com.microsoft domain for 16-bit types below opset 21 (and keeps them
+# when it upgrades the model to 21 itself). They compute what the ONNX ops compute, and the QNN EP takes them as
+# such (onnxruntime-qnn 2.7.0, measured); ONNX has no schema for them, so shape inference would stop there.
+_CONTRIB_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def _standard_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy of it whose com.microsoft QuantizeLinear/DequantizeLinear nodes are in the ONNX domain,
+    so that shape inference types the values after them (the float a DequantizeLinear gives back)."""
+    if not any(n.domain == "com.microsoft" and n.op_type in _CONTRIB_QDQ for n in model.graph.node):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.domain == "com.microsoft" and node.op_type in _CONTRIB_QDQ:
+            node.domain = ""
+    return copy
 
 
 def _folds(node: NodeView, constants: set[str], static_shapes: set[str]) -> bool:

@@ -1,6 +1,6 @@
 """Errors raised by qnnx_opcheck.
 
-Every error derives from :class:`OpcheckError` and from the builtin that matches the misuse, so
+Every error derives from :class:`QnnxOpcheckError` and from the builtin that matches the misuse, so
 ``except ValueError`` keeps working for callers that do not know this package.
 
 An unsupported operator is a normal result (see :class:`qnnx_opcheck.OpCheckReport`); it becomes an
@@ -19,18 +19,18 @@ if TYPE_CHECKING:
 __all__ = [
     "InvalidVersionError",
     "ModelLoadError",
-    "OpcheckError",
+    "QnnxOpcheckError",
     "TableError",
     "UnknownBackendError",
     "UnsupportedOperatorsError",
 ]
 
 
-class OpcheckError(Exception):
+class QnnxOpcheckError(Exception):
     """Root of every error raised by qnnx_opcheck."""
 
 
-class UnknownBackendError(OpcheckError, ValueError):
+class UnknownBackendError(QnnxOpcheckError, ValueError):
     """The backend name is not one of the accepted names."""
 
     def __init__(self, backend: object, accepted: Sequence[str]) -> None:
@@ -42,7 +42,7 @@ class UnknownBackendError(OpcheckError, ValueError):
         )
 
 
-class InvalidVersionError(OpcheckError, ValueError):
+class InvalidVersionError(QnnxOpcheckError, ValueError):
     """An onnxruntime-qnn version string could not be parsed."""
 
     def __init__(self, version: object, known: Sequence[str]) -> None:
@@ -54,7 +54,7 @@ class InvalidVersionError(OpcheckError, ValueError):
         )
 
 
-class ModelLoadError(OpcheckError, ValueError):
+class ModelLoadError(QnnxOpcheckError, ValueError):
     """The input is not a readable, valid ONNX model."""
 
     def __init__(self, source: str, cause: str) -> None:
@@ -66,11 +66,11 @@ class ModelLoadError(OpcheckError, ValueError):
         )
 
 
-class TableError(OpcheckError, RuntimeError):
+class TableError(QnnxOpcheckError, RuntimeError):
     """A packaged operator table is missing or malformed (a broken installation)."""
 
 
-class UnsupportedOperatorsError(OpcheckError, ValueError):
+class UnsupportedOperatorsError(QnnxOpcheckError, ValueError):
     """One or more nodes cannot run on the chosen QNN backend. Lists all of them."""
 
     def __init__(self, verdicts: Sequence[NodeVerdict], backend: str, onnxruntime_qnn: str) -> None:
@@ -88,3 +88,21 @@ class UnsupportedOperatorsError(OpcheckError, ValueError):
             "or choose another backend; `qnnx-opcheck model.onnx` shows the full table."
         )
         super().__init__("\n".join(lines))
+
+
+# Former names, kept for one minor release: importing them warns.
+_RENAMED = {"OpcheckError": "QnnxOpcheckError"}
+
+
+def __getattr__(name: str) -> type[Exception]:
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(
+            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

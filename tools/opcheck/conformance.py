@@ -1,6 +1,6 @@
 """Check qnnx-opcheck's HTP verdicts against the live QNN EP on attribute-complete cases.
 
-The probe tables (tools/opcheck_probe.py) were measured with default attributes and constant inputs. This tool
+The probe tables (tools/opcheck/probe.py) were measured with default attributes and constant inputs. This tool
 builds the conditions users actually hit, op family by op family: every meaningful attribute value (Resize modes,
 coordinate and nearest modes, fractional scales; AveragePool pads, ceil_mode, count_include_pad; ConvTranspose
 pads and output_shape; negative indices; select_last_index), constant vs runtime inputs, the opsets the exporters
@@ -14,9 +14,9 @@ put a silently wrong (or fatal) node on the NPU. A ``supported`` verdict on a ``
 session attempt before falling back; an ``unsupported`` verdict on a ``right`` case is coverage left on the table.
 
 Usage (about 4 minutes on the 2-core bench):
-    python tools/opcheck_conformance.py                 # all cases, summary on stdout
-    python tools/opcheck_conformance.py --only Resize   # cases whose name contains a string
-    python tools/opcheck_conformance.py --json out.json
+    python tools/opcheck/conformance.py                 # all cases, summary on stdout
+    python tools/opcheck/conformance.py --only Resize   # cases whose name contains a string
+    python tools/opcheck/conformance.py --json out.json
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def _child(path: str, out_path: str, soc_model: str) -> None:
     sys.path.insert(0, str(HERE))
     import onnxruntime as ort
     import onnxruntime_qnn as oq
-    import opcheck_probe as probe
+    import probe
 
     blob = np.load(path + ".npz")
     feeds = {k: blob[k] for k in blob.files}
@@ -337,7 +337,7 @@ def verdict(case: Case, onnxruntime_qnn: str | None, soc_model: int) -> tuple[bo
 
     try:
         report = qnnx_opcheck.check_model(case.model, "htp", onnxruntime_qnn=onnxruntime_qnn, soc_model=soc_model)
-    except qnnx_opcheck.errors.OpcheckError as exc:
+    except qnnx_opcheck.errors.QnnxOpcheckError as exc:
         return False, f"opcheck error: {exc}"
     reason = next((f"{v.op_type}: {v.kind}" for v in report.unsupported), "")
     return report.supported, reason
@@ -362,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--record",
         action="store_true",
-        help="also write tools/opcheck_data/conformance-htp-<onnxruntime-qnn>-soc<N>.json, the measured "
-        "conditions tools/opcheck_tables.py builds the tables' measured_conditions from",
+        help="also write tools/opcheck/data/conformance-htp-<onnxruntime-qnn>-soc<N>.json, the measured "
+        "conditions tools/opcheck/tables.py builds the tables' measured_conditions from",
     )
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         from importlib import metadata
 
         version = metadata.version("onnxruntime-qnn")
-        out = HERE / "opcheck_data" / f"conformance-htp-{version}-soc{args.soc_model}.json"
+        out = HERE / "data" / f"conformance-htp-{version}-soc{args.soc_model}.json"
         meta = {
             "onnxruntime_qnn": version,
             "onnxruntime": metadata.version("onnxruntime"),
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         slim = [{k: r[k] for k in ("case", "keys", "outcome", "err") if k in r} for r in rows]
         out.write_text(json.dumps({"provenance": meta, "cases": slim}, indent=1) + "\n")
-        print(f"wrote {out.relative_to(HERE.parent)}")
+        print(f"wrote {out.relative_to(HERE.parent.parent)}")
     bad = [r for r in rows if r["class"] in ("supported_but_wrong", "supported_but_crash")]
     for r in bad:
         print(f"SUPPORTED BUT {r['outcome'].upper()}: {r['case']} ({r.get('err', r.get('rc'))})")

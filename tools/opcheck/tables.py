@@ -1,7 +1,7 @@
 """Build qnnx_opcheck's packaged operator tables from raw probe results and documented facts.
 
 Inputs:
-  tools/opcheck_data/htp-<version>-soc<N>.raw.json   written by tools/opcheck_probe.py (the live HTP EP)
+  tools/opcheck/data/htp-<version>-soc<N>.raw.json   written by tools/opcheck/probe.py (the live HTP EP)
   the curated facts below (release notes, documented GPU support, lab evidence for multi-node hazards)
 
 Outputs (packages/opcheck/src/qnnx_opcheck/tables/):
@@ -10,13 +10,14 @@ Outputs (packages/opcheck/src/qnnx_opcheck/tables/):
                               arrived later)
   gpu-<version>.json          "documented": the GPU backend cannot initialize without an Adreno GPU
 
-Then run tools/gen_operators_doc.py to refresh docs/operators.md.
+Then run tools/opcheck/gen_operators_doc.py to refresh docs/operators.md.
 
-    python tools/opcheck_tables.py
+    python tools/opcheck/tables.py
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
@@ -25,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-import opcheck_cases as cases  # noqa: E402
+import cases  # noqa: E402
 
-OUT = HERE.parent / "packages" / "opcheck" / "src" / "qnnx_opcheck" / "tables"
-DATA = HERE / "opcheck_data"
+OUT = ROOT / "packages" / "opcheck" / "src" / "qnnx_opcheck" / "tables"
+DATA = HERE / "data"
 SCHEMA = 1
 # Probe results with a larger error (max abs error / max |reference|) than this are numerically wrong,
 # not fp16 rounding: HTP float math is fp16 (~1e-3 relative).
@@ -125,16 +127,12 @@ def build_probed(raw: dict[str, Any]) -> dict[str, Any]:
                 "op_type": v.op,
                 "opset": [_first_opset(v.op, v.domain), None],
                 "type_from": TYPE_FROM.get(v.op, "input:0"),
-                "evidence": f"{tag}: tools/opcheck_probe.py, one child process per case, CPU fallback disabled",
+                "evidence": f"{tag}: tools/opcheck/probe.py, one child process per case, CPU fallback disabled",
                 "variants": [],
                 "also_probed": [],
             },
         )
-        cells = {}
-        for dtype, r in results[v.name].items():
-            c = _cell(r, f"{tag}, case {v.name}/{dtype}")
-            if c is not None:
-                cells[dtype] = c
+        cells = _variant_cells(results[v.name], tag, v.name)
         if is_extra:
             entry["also_probed"].append({"name": v.name, "dtypes": {k: c["status"] for k, c in cells.items()}})
             continue
@@ -161,8 +159,9 @@ def build_probed(raw: dict[str, Any]) -> dict[str, Any]:
         "provenance": {
             "summary": f"Probed on the live QNN EP: {meta['platform']}, onnxruntime-qnn {ver} (QAIRT {meta.get('qairt')}), "
             f"onnxruntime {meta['onnxruntime']}, soc_model {soc}, {meta['date']}; {meta['cases']} cases in {meta['seconds']} s.",
-            "tool": "tools/opcheck_probe.py + tools/opcheck_tables.py",
+            "tool": "tools/opcheck/probe.py + tools/opcheck/tables.py",
             **{k: meta[k] for k in ("onnxruntime", "onnx", "platform", "date", "seconds", "cases")},
+            **({"qdq_tooling": meta["qdq_tooling"]} if "qdq_tooling" in meta else {}),
         },
         "notes": [
             "HTP computes float32 graphs in float16 (expect ~1e-3 relative error; large values saturate at 65504).",
@@ -170,6 +169,74 @@ def build_probed(raw: dict[str, Any]) -> dict[str, Any]:
         "patterns": patterns,
         "ops": dict(sorted(ops.items())),
     }
+
+
+def _variant_cells(results: dict[str, Any], tag: str, name: str) -> dict[str, Any]:
+    """One variant's cells. A QDQ case records the weights the quantization tooling wrote: the plain
+    ``qdq_<activation>`` cell keeps them as ``weights``, and other weights go to ``qdq_<activation>/w=<weights>``
+    (the key the checker computes from a node). Requests that wrote the same weights agree or the failing
+    outcome is kept."""
+    cells: dict[str, Any] = {}
+    for dtype, r in sorted(results.items(), key=lambda kv: ("/" in kv[0], kv[0])):
+        c = _cell(r, f"{tag}, case {name}/{dtype}")
+        if c is None:
+            continue
+        if not dtype.startswith("qdq_"):
+            cells[dtype] = c
+            continue
+        act = dtype.split("/")[0]
+        weights = r.get("weights")
+        if weights is not None:
+            c["weights"] = weights
+        base = cells.get(act)
+        key = act if base is None or base.get("weights") == weights else f"{act}/w={weights}"
+        old = cells.get(key)
+        if old is None or (old["status"] == "supported" and c["status"] != "supported"):
+            cells[key] = c
+    return cells
+
+
+def derive_qdq(table: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """``table`` (a release probed before QDQ cases were quantized by onnxruntime's tooling) with the QDQ cells
+    and the com.microsoft Q/DQ entries of ``measured``, each marked as derived. Where the release's own probe of
+    the older, hand-written QDQ form failed, that failure is kept: a fallback is cheaper than a wrong verdict."""
+    t = copy.deepcopy(table)
+    src = f"onnxruntime-qnn {measured['onnxruntime_qnn']}"
+    note = f"derived for {t['onnxruntime_qnn']} from the {src} QDQ probe (not probed in this release)"
+    for key, entry in measured["ops"].items():
+        mine = t["ops"].get(key)
+        if mine is None:
+            if key.startswith("com.microsoft::") and entry["op_type"] in ("QuantizeLinear", "DequantizeLinear"):
+                mine = t["ops"][key] = copy.deepcopy(entry)
+                mine["evidence"] = f"{note}: {entry['evidence']}"
+                for variant in mine["variants"]:
+                    for cell in variant["dtypes"].values():
+                        cell["evidence"] = f"{note}: {cell['evidence']}"
+            continue
+        by_name = {v["name"]: v for v in mine["variants"]}
+        for variant in entry["variants"]:
+            target = by_name.get(variant["name"])
+            if target is None:
+                continue
+            old = {k: c for k, c in target["dtypes"].items() if k.startswith("qdq_")}
+            for k in old:
+                del target["dtypes"][k]
+            for k, cell in variant["dtypes"].items():
+                if not k.startswith("qdq_"):
+                    continue
+                new = copy.deepcopy(cell)
+                new["evidence"] = f"{note}: {cell['evidence']}"
+                own = old.get(k)
+                if own is not None and own["status"] != "supported" and new["status"] == "supported":
+                    new = dict(
+                        own,
+                        evidence=f"{note}, except that this release's own probe of a hand-written QDQ form gave "
+                        f"{own['status']}, which is kept ({own['evidence']})",
+                    )
+                target["dtypes"][k] = new
+    t["provenance"]["qdq"] = f"QDQ cells {note}"
+    t["notes"] = [*t.get("notes", []), f"QDQ verdicts are {note}."]
+    return t
 
 
 def _max_rank(entry: dict[str, Any]) -> None:
@@ -328,7 +395,7 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "reason": "QNN HTP averages wrongly when ceil_mode adds a last window hanging over the end of an axis, with "
         "count_include_pad and padding (or at rank 5), and with a pad of half the kernel or more.",
         "fix": "pool without ceil_mode, or with count_include_pad=False",
-        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py, 96 AveragePool cases over "
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck/conformance.py, 96 AveragePool cases over "
         "rank 3-5, kernel 2-3, stride 1-2, pads 0-1, ceil_mode, count_include_pad): each of these conditions gave "
         "errors of 0.87-1.2 of the output's max or a wrong shape; the other cases were within 1.3e-3. avg_pool3d "
         "of x[2, 3, 3, 4, 4] with count_include_pad and no padding: 0.45",
@@ -372,7 +439,7 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "kind": "wrong_result",
         "ops": ["GatherElements", "ScatterElements"],
         "reason": "QNN HTP reads negative element indices wrongly; indices computed at run time may be negative.",
-        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py): GatherElements and "
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck/conformance.py): GatherElements and "
         "ScatterElements with runtime indices in [-4, -1]: off by 1.0 and 1.04 of the output's max; the same "
         "indices as constants, and non-negative runtime indices: right (2.2e-4)",
     }
@@ -383,7 +450,7 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "inputs": {"Slice": [1, 2, 3, 4], "Tile": [1], "Expand": [1]},
         "reason": "QNN HTP takes this op only when its shape-like inputs (starts/ends/axes/steps, repeats, shape) "
         "are constants; with runtime values the EP refuses the node.",
-        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py): Slice, Tile and Expand "
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck/conformance.py): Slice, Tile and Expand "
         "with runtime parameters refused at session creation; with constants right (3.7e-4)",
     }
     p["convtranspose_dilation"] = {
@@ -391,7 +458,7 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "kind": "rejected",
         "ops": ["ConvTranspose"],
         "reason": "QNN HTP refuses ConvTranspose with a dilation above 1.",
-        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck_conformance.py): dilations [2, 2] refused "
+        "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck/conformance.py): dilations [2, 2] refused "
         "at session creation; pads, strides, output_padding and output_shape right (7.1e-4)",
     }
     p["int64_saturation"] = {
@@ -405,7 +472,7 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
 
 
 def _measured_conditions() -> dict[str, Any] | None:
-    """The condition classes tools/opcheck_conformance.py measured (newest onnxruntime-qnn on record): op ->
+    """The condition classes tools/opcheck/conformance.py measured (newest onnxruntime-qnn on record): op ->
     {class -> worst outcome}. The checker vouches for a class only when every case of it was right."""
     files = sorted(
         DATA.glob("conformance-htp-*-soc*.json"),
@@ -435,7 +502,7 @@ def _measured_conditions() -> dict[str, Any] | None:
         "reason": "the op's behaviour on QNN HTP depends on its attributes and shapes; only condition classes "
         "measured right are vouched for",
         "evidence": f"conformance htp {meta['onnxruntime_qnn']} soc{meta['soc_model']} {meta['date']} "
-        f"(tools/opcheck_conformance.py, one child process per case, compared with the CPU EP within "
+        f"(tools/opcheck/conformance.py, one child process per case, compared with the CPU EP within "
         f"{meta['tolerance']:g} of the output's max): {summary}",
     }
 
@@ -665,24 +732,30 @@ def write(table: dict[str, Any]) -> Path:
     path = OUT / name
     path.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     n_cells = sum(len(v["dtypes"]) for e in table["ops"].values() for v in e["variants"])
-    print(f"wrote {path.relative_to(HERE.parent)}: {len(table['ops'])} ops, {n_cells} cells, source {table['source']}")
+    print(f"wrote {path.relative_to(ROOT)}: {len(table['ops'])} ops, {n_cells} cells, source {table['source']}")
     return path
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     raws = sorted(DATA.glob("htp-*-soc*.raw.json"))
     if not raws:
-        print("no raw probe results in tools/opcheck_data; run tools/opcheck_probe.py first", file=sys.stderr)
+        print("no raw probe results in tools/opcheck/data; run tools/opcheck/probe.py first", file=sys.stderr)
         return 1
     probed: dict[str, dict[str, Any]] = {}
     for path in raws:
         raw = json.loads(path.read_text())
         table = build_probed(raw)
-        write(table)
         if table["soc_model"] == 60:
             probed[table["onnxruntime_qnn"]] = table
+        else:
+            write(table)
     newest = max(probed, key=lambda v: tuple(map(int, v.split("."))))
+    for version, table in list(probed.items()):
+        if version != newest and not table["provenance"].get("qdq_tooling"):
+            probed[version] = derive_qdq(table, probed[newest])
+        write(probed[version])
     for version in ("2.4.0", "2.5.0", "2.6.0", "2.7.0"):
         if version not in probed:
             below = [v for v in probed if v < version]

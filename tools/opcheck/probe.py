@@ -2,7 +2,7 @@
 
 Every (op variant, dtype) case runs in its own child process, because some cases crash the process
 (Unsqueeze on int64 data segfaults inside onnxruntime-qnn 2.7.0). Each child builds one tiny model
-(tools/opcheck_cases.py), creates a session with ``session.disable_cpu_ep_fallback=1`` and an explicit
+(tools/opcheck/cases.py), creates a session with ``session.disable_cpu_ep_fallback=1`` and an explicit
 ``soc_model``, runs it, and compares the output with the ORT CPU EP.
 
 Outcome codes written per case:
@@ -15,11 +15,12 @@ Outcome codes written per case:
   timeout          the child did not finish within --case-timeout
 
 Usage (about 5 minutes with --jobs 2 on the 2-core bench):
-    python tools/opcheck_probe.py --soc-model 60 --jobs 2
-    python tools/opcheck_probe.py --only Add,Unsqueeze --dtypes int64     # a quick look
-    python tools/opcheck_tables.py                                        # raw -> package tables + docs
+    python tools/opcheck/probe.py --soc-model 60 --jobs 2
+    python tools/opcheck/probe.py --only Add,Unsqueeze --dtypes int64     # a quick look
+    python tools/opcheck/probe.py --dtypes qdq --merge                     # QDQ cases only, into the raw file
+    python tools/opcheck/tables.py                                        # raw -> package tables + docs
 
-Writes tools/opcheck_data/htp-<onnxruntime-qnn version>-soc<N>.raw.json.
+Writes tools/opcheck/data/htp-<onnxruntime-qnn version>-soc<N>.raw.json.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import opcheck_cases as cases  # noqa: E402
+import cases  # noqa: E402
 
 
 def _quiet_fds(log_path: str) -> tuple[int, int]:
@@ -167,6 +168,8 @@ def child(case: str, dtype: str, soc_model: str, out_path: str, backend: str) ->
     os.unlink(log)
     if result["status"] == "rejected":
         result["reason"] = _reasons(text)
+    if built.weights is not None:  # QDQ cases: the quantized weights the tooling wrote
+        result["weights"] = built.weights
     Path(out_path).write_text(json.dumps(result))
 
 
@@ -201,8 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel children (at most 2 on the bench)")
     parser.add_argument("--case-timeout", type=float, default=120.0)
     parser.add_argument("--only", default="", help="comma-separated variant names")
-    parser.add_argument("--dtypes", default="", help="comma-separated dtype keys")
-    parser.add_argument("--out", default="", help="raw JSON path (default tools/opcheck_data/...)")
+    parser.add_argument(
+        "--dtypes",
+        default="",
+        help="comma-separated dtype keys (a key starting with qdq also selects its weight variants)",
+    )
+    parser.add_argument("--out", default="", help="raw JSON path (default tools/opcheck/data/...)")
     parser.add_argument("--merge", action="store_true", help="merge the cases run into the existing raw file")
     args = parser.parse_args(argv)
     if args.child:
@@ -215,14 +222,23 @@ def main(argv: list[str] | None = None) -> int:
     for v in cases.VARIANTS:
         if only and v.name not in only:
             continue
-        dts = list(v.dtypes) + (list(cases.QDQ_DTYPES) if v.qdq else [])
+        dts = list(v.dtypes) + (cases.qdq_keys(v) if v.qdq else [])
+        written: set[tuple[str, str | None]] = set()  # (activation key, weights the tooling wrote)
         for dt in dts:
-            if want and dt not in want:
+            if want and not any(dt == w or (w.startswith("qdq") and dt.startswith(w)) for w in want):
                 continue
-            if cases.build(v, dt) is None:
+            built = cases.build(v, dt)
+            if built is None:
                 skipped.setdefault(v.name, []).append(dt)
-            else:
-                todo.append((v.name, dt))
+                continue
+            if dt.startswith("qdq_"):
+                # The tooling ignores some requests (per-channel LayerNormalization, int8 PRelu slopes): a
+                # request that writes weights already probed for this activation type is not run again.
+                form = (dt.split("/")[0], built.weights)
+                if form in written:
+                    continue
+                written.add(form)
+            todo.append((v.name, dt))
     for p in cases.PATTERNS:
         if not only or f"pattern:{p}" in only:
             todo.append((f"pattern:{p}", "float32"))
@@ -267,16 +283,17 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.date.today().isoformat(),
             "seconds": round(elapsed, 1),
             "cases": len(todo),
-            "tool": "tools/opcheck_probe.py",
+            "tool": "tools/opcheck/probe.py",
         },
         "skipped_invalid": skipped,
         "results": {k: dict(sorted(v.items())) for k, v in sorted(results.items())},
     }
-    out = (
-        Path(args.out)
-        if args.out
-        else HERE / "opcheck_data" / f"{args.backend}-{qnn_version}-soc{args.soc_model}.raw.json"
-    )
+    out = Path(args.out) if args.out else HERE / "data" / f"{args.backend}-{qnn_version}-soc{args.soc_model}.raw.json"
+    if any(d.startswith("qdq_") for _, d in todo):
+        raw["meta"]["qdq_tooling"] = (
+            f"QDQ cases quantized by onnxruntime {onnxruntime.__version__}'s QNN tooling "
+            "(get_qnn_qdq_config + quantize, calibrated on the probe inputs)"
+        )
     if args.merge and out.exists():
         old = json.loads(out.read_text())
         for case, per_dtype in raw["results"].items():
@@ -285,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         old["meta"]["cases"] = sum(len(v) for v in old["results"].values())
         old["meta"]["seconds"] = round(old["meta"]["seconds"] + elapsed, 1)
         old["meta"].setdefault("supplements", []).append({"date": raw["meta"]["date"], "cases": len(todo)})
+        if "qdq_tooling" in raw["meta"]:
+            old["meta"]["qdq_tooling"] = raw["meta"]["qdq_tooling"]
         raw = old
     elif only or want:
         out = out.with_suffix(".partial.json")

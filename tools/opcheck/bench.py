@@ -1,7 +1,7 @@
 """Benchmark qnnx_opcheck.check_model on a large graph (speed lives here, never in tests).
 
-    python tools/opcheck_bench.py                 # 10,000-node chain with external weights, 5 runs
-    python tools/opcheck_bench.py --nodes 50000
+    python tools/opcheck/bench.py                 # 10,000-node chain with external weights, 5 runs
+    python tools/opcheck/bench.py --nodes 50000
 
 Prints the median and best wall time of check_model (load without weights + inline + shape inference +
 verdicts) and of its stages.

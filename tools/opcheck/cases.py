@@ -1,12 +1,18 @@
-"""Probe cases for tools/opcheck_probe.py: one small ONNX model per (op variant, dtype).
+"""Probe cases for tools/opcheck/probe.py: one small ONNX model per (op variant, dtype).
 
 Each :class:`Variant` names an ONNX op, the model opset, the inputs, and a ``when`` condition that tells
 qnnx_opcheck when the variant's results apply to a node (the checker takes the first variant whose
 condition matches). The variant list is the source of the generated HTP tables; hazards that no
-single-op probe can show live in :data:`PATTERNS` (multi-node probes) and in
-``tools/opcheck_curated.py``.
+single-op probe can show live in :data:`PATTERNS` (multi-node probes) and in the curated patterns of
+tools/opcheck/tables.py.
 
-This module is imported by the probe and by the live-table tests; it needs numpy and onnx only.
+QDQ cases are not written by hand: the float variant is quantized by onnxruntime's QNN quantization tooling
+(``get_qnn_qdq_config`` + ``quantize``, calibrated on the probe's own inputs), so each case is the form that
+tooling writes for that op: float graph input -> Q -> DQ -> op -> Q -> DQ, 8-bit weights (u8, or what the key
+asks), int32 biases, the fixed Sigmoid/Tanh output ranges of 16-bit activations, per-channel axes.
+
+This module is imported by the probe and by the live-table tests; it needs numpy and onnx, and onnxruntime for the
+QDQ cases.
 """
 
 from __future__ import annotations
@@ -20,9 +26,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 # Dtype keys used in the tables. "qdq_uint8"/"qdq_uint16" mean: the op's float inputs come from
-# DequantizeLinear and its output goes to QuantizeLinear (the QDQ form QNN HTP runs quantized).
+# DequantizeLinear and its output goes to QuantizeLinear (the QDQ form QNN HTP runs quantized), with uint8
+# per-tensor weights (the QNN tooling's default; a16w8 is qdq_uint16). "qdq_<act>/w=<type>[/per_channel]" asks
+# for other weights (ops with constant weights only); the table keys cells by the weights the tooling wrote.
 PLAIN_DTYPES = ("float32", "float16", "int32", "int64", "uint8", "bool")
 QDQ_DTYPES = ("qdq_uint8", "qdq_uint16")
+QDQ_WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16")
+DEFAULT_WEIGHT_TYPE = "uint8"
+# The opset QDQ cases are written at: 16-bit QuantizeLinear/DequantizeLinear are standard ONNX from opset 21.
+QDQ_OPSET = 21
 ELEM = {
     "float32": TensorProto.FLOAT,
     "float16": TensorProto.FLOAT16,
@@ -196,9 +208,10 @@ BINARY = [
     "Or",
     "Xor",
 ]
-QDQ_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
+QDQ_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Equal", "Greater", "Less"}
 REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2"]
 REDUCE += ["ReduceLogSumExp", "ReduceSumSquare"]
+QDQ_REDUCE = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}
 RANK6_OPS = ["Add", "Relu", "Transpose", "Reshape", "Concat", "Softmax", "ReduceSum", "Slice", "Gather"]
 
 
@@ -219,11 +232,17 @@ def _variants() -> list[Variant]:
         if op == "Dropout":
             attrs = {}
         add(Variant(op, op, inputs, attrs, qdq=op in QDQ_UNARY))
-    add(Variant("Softmax_axis1", "Softmax", (D(X),), {"axis": 1}, when={"attr": {"axis": [1, -2]}}))
+    add(Variant("Softmax_axis1", "Softmax", (D(X),), {"axis": 1}, when={"attr": {"axis": [1, -2]}}, qdq=True))
     add(Variant("Gelu", "Gelu", (D(X),), opset=20, qdq=True))
     add(
         Variant(
-            "Gelu_tanh", "Gelu", (D(X),), {"approximate": "tanh"}, opset=20, when={"attr": {"approximate": ["tanh"]}}
+            "Gelu_tanh",
+            "Gelu",
+            (D(X),),
+            {"approximate": "tanh"},
+            opset=20,
+            when={"attr": {"approximate": ["tanh"]}},
+            qdq=True,
         )
     )
     add(Variant("Swish", "Swish", (D(X),), opset=24))
@@ -232,31 +251,40 @@ def _variants() -> list[Variant]:
         attrs = _attrs_mod if op == "Mod" else (_attrs_bitshift if op == "BitShift" else {})
         add(Variant(op, op, (D(X, domain="nz"), D(X, domain="nz")), attrs, qdq=op in QDQ_BINARY))
     add(Variant("PRelu", "PRelu", (D(X), CT((4,))), qdq=True))
-    add(Variant("Where", "Where", (D(X, "bool"), D(X), D(X)), when={}))
-    add(Variant("Clip", "Clip", (D(X), C(lambda t: np.array(1, NP[t])), C(lambda t: np.array(3, NP[t])))))
+    add(Variant("Where", "Where", (D(X, "bool"), D(X), D(X)), when={}, qdq=True))
+    add(Variant("Clip", "Clip", (D(X), C(lambda t: np.array(1, NP[t])), C(lambda t: np.array(3, NP[t]))), qdq=True))
     for op in REDUCE:
-        add(Variant(op, op, (D(X, domain="pos"), C(_i64(1))), {"keepdims": 1}, opset=18, qdq=op == "ReduceMean"))
+        add(Variant(op, op, (D(X, domain="pos"), C(_i64(1))), {"keepdims": 1}, opset=18, qdq=op in QDQ_REDUCE))
     add(Variant("ArgMax", "ArgMax", (D(X),), {"axis": 1}))
     add(Variant("ArgMin", "ArgMin", (D(X),), {"axis": 1}))
     add(Variant("TopK", "TopK", (D(X), C(_i64(2))), n_out=2))
     add(Variant("CumSum", "CumSum", (D(X), C(np.array(1, np.int64)))))
     # Shape and layout family.
     add(Variant("Transpose", "Transpose", (D(X),), {"perm": [0, 2, 1]}, qdq=True))
-    add(Variant("Flatten", "Flatten", (D(X),), {"axis": 1}))
+    add(Variant("Flatten", "Flatten", (D(X),), {"axis": 1}, qdq=True))
     add(Variant("Reshape", "Reshape", (D(X), C(_i64(6, 4))), qdq=True))
-    add(Variant("Squeeze", "Squeeze", (D((2, 1, 4)), C(_i64(1)))))
+    add(Variant("Squeeze", "Squeeze", (D((2, 1, 4)), C(_i64(1))), qdq=True))
     add(Variant("Unsqueeze_rank0", "Unsqueeze", (D(()), C(_i64(0))), when={"rank": [0, 0]}))
     add(Variant("Unsqueeze_rank1", "Unsqueeze", (D((3,)), C(_i64(0))), when={"rank": [1, 1]}))
     add(Variant("Unsqueeze_out5d", "Unsqueeze", (D((2, 3, 4, 5)), C(_i64(2))), when={"output_rank": [5, 64]}))
-    add(Variant("Unsqueeze", "Unsqueeze", (D(X), C(_i64(1)))))
-    add(Variant("Expand", "Expand", (D((1, 3, 4)), C(_i64(2, 3, 4)))))
-    add(Variant("Tile", "Tile", (D(X), C(_i64(1, 2, 1)))))
+    add(Variant("Unsqueeze", "Unsqueeze", (D(X), C(_i64(1))), qdq=True))
+    add(Variant("Expand", "Expand", (D((1, 3, 4)), C(_i64(2, 3, 4))), qdq=True))
+    add(Variant("Tile", "Tile", (D(X), C(_i64(1, 2, 1))), qdq=True))
     slice_in = (C(_i64(0)), C(_i64(4)), C(_i64(2)))
-    add(Variant("Slice_step2", "Slice", (D(X), *slice_in, C(_i64(2))), when={"const_input_not_all": [4, 1]}))
-    add(Variant("Slice", "Slice", (D(X), C(_i64(1)), C(_i64(3)), C(_i64(2)), C(_i64(1)))))
-    add(Variant("Split", "Split", (D(X), C(_i64(2, 2))), {"axis": 2}, n_out=2))
+    add(Variant("Slice_step2", "Slice", (D(X), *slice_in, C(_i64(2))), when={"const_input_not_all": [4, 1]}, qdq=True))
+    add(Variant("Slice", "Slice", (D(X), C(_i64(1)), C(_i64(3)), C(_i64(2)), C(_i64(1))), qdq=True))
+    add(Variant("Split", "Split", (D(X), C(_i64(2, 2))), {"axis": 2}, n_out=2, qdq=True))
     add(Variant("Concat", "Concat", (D(X), D(X)), {"axis": 1}, qdq=True))
-    add(Variant("Gather_dynidx", "Gather", (D(X), D((2,), "int64", "idx")), {"axis": 1}, when={"dynamic_inputs": [1]}))
+    add(
+        Variant(
+            "Gather_dynidx",
+            "Gather",
+            (D(X), D((2,), "int64", "idx")),
+            {"axis": 1},
+            when={"dynamic_inputs": [1]},
+            qdq=True,
+        )
+    )
     add(
         Variant(
             "Gather_i32idx",
@@ -289,16 +317,21 @@ def _variants() -> list[Variant]:
             "Pad_edge", "Pad", (D(X), C(_i64(0, 0, 1, 0, 0, 1))), {"mode": "edge"}, when={"attr": {"mode": ["edge"]}}
         )
     )
-    add(Variant("Pad", "Pad", (D(X), C(_i64(0, 0, 1, 0, 0, 1)))))
+    add(Variant("Pad", "Pad", (D(X), C(_i64(0, 0, 1, 0, 0, 1))), qdq=True))
     img = (1, 4, 4, 4)
     sc = C(np.array([1, 1, 2, 2], np.float32))
     add(
         Variant(
-            "Resize_nearest", "Resize", (D(img), EMPTY, sc), {"mode": "nearest"}, when={"attr": {"mode": ["nearest"]}}
+            "Resize_nearest",
+            "Resize",
+            (D(img), EMPTY, sc),
+            {"mode": "nearest"},
+            when={"attr": {"mode": ["nearest"]}},
+            qdq=True,
         )
     )
     add(Variant("Resize_cubic", "Resize", (D(img), EMPTY, sc), {"mode": "cubic"}, when={"attr": {"mode": ["cubic"]}}))
-    add(Variant("Resize_linear", "Resize", (D(img), EMPTY, sc), {"mode": "linear"}))
+    add(Variant("Resize_linear", "Resize", (D(img), EMPTY, sc), {"mode": "linear"}, qdq=True))
     add(Variant("DepthToSpace", "DepthToSpace", (D(img),), {"blocksize": 2}, qdq=True))
     add(Variant("SpaceToDepth", "SpaceToDepth", (D(img),), {"blocksize": 2}, qdq=True))
     add(Variant("Shape", "Shape", (D(X),)))
@@ -332,13 +365,13 @@ def _variants() -> list[Variant]:
     add(Variant("MatMul_constW", "MatMul", (D(X), CT((4, 5))), when={"const_inputs": [1]}, qdq=True))
     add(Variant("MatMul", "MatMul", (D(X), D((2, 4, 5))), qdq=True))
     add(Variant("Gemm", "Gemm", (D((2, 3)), CT((3, 4)), CT((4,))), qdq=True))
-    add(Variant("Conv1d", "Conv", (D((1, 3, 8)), CT((4, 3, 3)), CT((4,))), when={"rank": [3, 3]}))
+    add(Variant("Conv1d", "Conv", (D((1, 3, 8)), CT((4, 3, 3)), CT((4,))), when={"rank": [3, 3]}, qdq=True))
     add(Variant("Conv3d", "Conv", (D((1, 3, 4, 4, 4)), CT((4, 3, 3, 3, 3)), CT((4,))), when={"rank": [5, 5]}))
     add(Variant("Conv", "Conv", (D((1, 3, 8, 8)), CT((4, 3, 3, 3)), CT((4,))), qdq=True))
     add(Variant("ConvTranspose", "ConvTranspose", (D((1, 3, 4, 4)), CT((3, 4, 3, 3))), qdq=True))
     bn = tuple(CT((3,), domain="pos") for _ in range(4))
-    add(Variant("BatchNormalization", "BatchNormalization", (D((1, 3, 4, 4)), *bn)))
-    add(Variant("InstanceNormalization", "InstanceNormalization", (D((1, 3, 4, 4)), CT((3,)), CT((3,)))))
+    add(Variant("BatchNormalization", "BatchNormalization", (D((1, 3, 4, 4)), *bn), qdq=True))
+    add(Variant("InstanceNormalization", "InstanceNormalization", (D((1, 3, 4, 4)), CT((3,)), CT((3,))), qdq=True))
     add(Variant("LayerNormalization", "LayerNormalization", (D(X), CT((4,)), CT((4,))), {"axis": -1}, qdq=True))
     gn = (D((1, 4, 4, 4)), CT((4,)), CT((4,)))
     add(
@@ -360,7 +393,7 @@ def _variants() -> list[Variant]:
             when={"dynamic_inputs": [1]},
         )
     )
-    add(Variant("GroupNormalization", "GroupNormalization", gn, {"num_groups": 2}))
+    add(Variant("GroupNormalization", "GroupNormalization", gn, {"num_groups": 2}, qdq=True))
     add(
         Variant(
             "GroupNormalization_x1", "GroupNormalization", (D((2, 32, 8, 8)), CT((32,)), CT((32,))), {"num_groups": 8}
@@ -374,18 +407,18 @@ def _variants() -> list[Variant]:
         Variant("GroupNormalization_x4", "GroupNormalization", (D((1, 4, 4, 4)), CT((4,)), CT((4,))), {"num_groups": 1})
     )
     add(Variant("RMSNormalization", "RMSNormalization", (D(X), CT((4,))), {"axis": -1}, opset=23))
-    add(Variant("LpNormalization", "LpNormalization", (D(X),), {"axis": -1, "p": 2}))
+    add(Variant("LpNormalization", "LpNormalization", (D(X),), {"axis": -1, "p": 2}, qdq=True))
     add(Variant("LRN", "LRN", (D((1, 3, 4, 4)),), {"size": 3}))
     pool = {"kernel_shape": [2, 2]}
     add(Variant("MaxPool3d", "MaxPool", (D((1, 2, 4, 4, 4)),), {"kernel_shape": [2, 2, 2]}, when={"rank": [5, 5]}))
     add(Variant("MaxPool", "MaxPool", (D((1, 3, 4, 4)),), pool, qdq=True))
     add(Variant("AveragePool", "AveragePool", (D((1, 3, 4, 4)),), pool, qdq=True))
     add(Variant("GlobalAveragePool", "GlobalAveragePool", (D((1, 3, 4, 4)),), qdq=True))
-    add(Variant("GlobalMaxPool", "GlobalMaxPool", (D((1, 3, 4, 4)),)))
+    add(Variant("GlobalMaxPool", "GlobalMaxPool", (D((1, 3, 4, 4)),), qdq=True))
     add(Variant("LpPool", "LpPool", (D((1, 3, 4, 4)),), {**pool, "p": 2}))
     add(Variant("GridSample", "GridSample", (D((1, 2, 4, 4)), D((1, 3, 3, 2), domain="unit"))))
     qkv = tuple(D((1, 2, 4, 8)) for _ in range(3))
-    add(Variant("Attention", "Attention", qkv, opset=23))
+    add(Variant("Attention", "Attention", qkv, opset=23, qdq=True))
     lstm = (D((3, 2, 4)), CT((1, 16, 4)), CT((1, 16, 4)))
     add(Variant("LSTM", "LSTM", lstm, {"hidden_size": 4}))
     add(Variant("GRU", "GRU", (D((3, 2, 4)), CT((1, 12, 4)), CT((1, 12, 4))), {"hidden_size": 4}))
@@ -397,6 +430,12 @@ def _variants() -> list[Variant]:
         )
     )
     add(Variant("DequantizeLinear", "DequantizeLinear", (D(X), C(np.array(0.05, np.float32)), "ZP"), dtypes=qtypes))
+    # The com.microsoft forms onnxruntime's quantizer writes for 16-bit types below opset 21 (and keeps when it
+    # upgrades the model to 21 itself).
+    ms_q = (D(X, "float32"), C(np.array(0.05, np.float32)), "ZP")
+    add(Variant("QuantizeLinear_ms", "QuantizeLinear", ms_q, dtypes=qtypes, domain="com.microsoft"))
+    ms_dq = (D(X), C(np.array(0.05, np.float32)), "ZP")
+    add(Variant("DequantizeLinear_ms", "DequantizeLinear", ms_dq, dtypes=qtypes, domain="com.microsoft"))
     # Rank limits: the same op at rank 6 (float32 only).
     r6 = (1, 2, 1, 2, 1, 3)
     for op in RANK6_OPS:
@@ -446,18 +485,22 @@ def _random(shape: tuple[int, ...], dtype: str, domain: str, rng: np.random.Gene
 
 @dataclasses.dataclass
 class Built:
-    """A built probe model and the feeds to run it with."""
+    """A built probe model, the feeds to run it with and (QDQ cases) the class of its quantized weights."""
 
     model: onnx.ModelProto
     feeds: dict[str, np.ndarray]
+    weights: str | None = None
 
 
 def build(variant: Variant, dtype: str, seed: int = 0) -> Built | None:
-    """Build the single-op model for ``variant`` at ``dtype``; None when it is not valid ONNX."""
+    """Build the single-op model for ``variant`` at ``dtype``; None when it is not valid ONNX.
+
+    A QDQ key (``qdq_uint8``, ``qdq_uint16/w=int8/per_channel``...) quantizes the float32 model with onnxruntime's
+    QNN tooling (see :func:`quantize_variant`).
+    """
+    if dtype.startswith("qdq_"):
+        return quantize_variant(variant, dtype, seed)
     rng = np.random.default_rng(seed)
-    qdq = dtype.startswith("qdq_")
-    qtype = dtype[4:] if qdq else None
-    base = "float32" if qdq else dtype
     if variant.op in ("QuantizeLinear", "DequantizeLinear"):
         return _build_qdq_node(variant, dtype, rng)
     nodes: list[onnx.NodeProto] = []
@@ -465,94 +508,205 @@ def build(variant: Variant, dtype: str, seed: int = 0) -> Built | None:
     graph_inputs: list[onnx.ValueInfoProto] = []
     feeds: dict[str, np.ndarray] = {}
     names: list[str] = []
-    scale = np.array(0.02 if qtype == "uint8" else 0.0002, np.float32)
-    zp_val = 128 if qtype == "uint8" else 32768
     for i, spec in enumerate(variant.inputs):
         name = f"in{i}"
         if spec == EMPTY:
             names.append("")
             continue
         if isinstance(spec, D):
-            dt = spec.dtype or base
-            arr = _random(spec.shape, dt, spec.domain, rng)
-            if qdq and spec.dtype is None:
-                # The form ORT's quantizer writes: float graph input -> Q -> DQ -> op -> Q -> DQ -> float output.
-                # (A DQ fed straight by a graph input makes the QNN EP reject some data-movement ops, e.g.
-                # Transpose, that it takes inside real QDQ graphs.)
-                graph_inputs.append(helper.make_tensor_value_info(name + "_f", TensorProto.FLOAT, spec.shape))
-                feeds[name + "_f"] = arr
-                inits += [
-                    numpy_helper.from_array(scale, name + "_s"),
-                    numpy_helper.from_array(np.array(zp_val, NP[qtype]), name + "_z"),
-                ]
-                nodes.append(
-                    helper.make_node(
-                        "QuantizeLinear", [name + "_f", name + "_s", name + "_z"], [name + "_q"], name=name + "_ql"
-                    )
-                )
-                nodes.append(
-                    helper.make_node(
-                        "DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name], name=name + "_dq"
-                    )
-                )
-            else:
-                graph_inputs.append(helper.make_tensor_value_info(name, ELEM[dt], spec.shape))
-                feeds[name] = arr
-            names.append(name)
+            dt = spec.dtype or dtype
+            graph_inputs.append(helper.make_tensor_value_info(name, ELEM[dt], spec.shape))
+            feeds[name] = _random(spec.shape, dt, spec.domain, rng)
         elif isinstance(spec, CT):
-            arr = _random(spec.shape, base, spec.domain, rng)
-            if qdq:
-                q = np.clip(np.round(arr / scale) + zp_val, 0, 255 if qtype == "uint8" else 65535).astype(NP[qtype])
-                inits += [numpy_helper.from_array(q, name + "_q"), numpy_helper.from_array(scale, name + "_s")]
-                inits.append(numpy_helper.from_array(np.array(zp_val, NP[qtype]), name + "_z"))
-                nodes.append(
-                    helper.make_node(
-                        "DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name], name=name + "_dq"
-                    )
-                )
-            else:
-                inits.append(numpy_helper.from_array(arr, name))
-            names.append(name)
+            inits.append(numpy_helper.from_array(_random(spec.shape, dtype, spec.domain, rng), name))
         elif isinstance(spec, C):
-            val = spec.value(base) if callable(spec.value) else spec.value
+            val = spec.value(dtype) if callable(spec.value) else spec.value
             inits.append(numpy_helper.from_array(np.asarray(val), name))
-            names.append(name)
         else:
             raise ValueError(spec)
+        names.append(name)
     outs = [f"out{j}" for j in range(variant.n_out)]
-    op_outs = [o + "_f" for o in outs] if qdq else outs
-    attrs = variant.attrs_for(base)
-    nodes.append(helper.make_node(variant.op, names, op_outs, name="probe", domain=variant.domain, **attrs))
-    if qdq:
-        for o in outs:
-            inits += [
-                numpy_helper.from_array(scale, o + "_s"),
-                numpy_helper.from_array(np.array(zp_val, NP[qtype]), o + "_z"),
-            ]
-            nodes.append(helper.make_node("QuantizeLinear", [o + "_f", o + "_s", o + "_z"], [o + "_q"], name=o + "_ql"))
-            nodes.append(helper.make_node("DequantizeLinear", [o + "_q", o + "_s", o + "_z"], [o], name=o + "_dq"))
+    nodes.append(
+        helper.make_node(variant.op, names, outs, name="probe", domain=variant.domain, **variant.attrs_for(dtype))
+    )
     graph = helper.make_graph(
         nodes, "probe", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outs], inits
     )
     return _finish(graph, variant.opset, feeds)
 
 
+def has_weights(variant: Variant) -> bool:
+    """Whether the variant has a constant float input (a weight) whose quantized type is worth probing."""
+    return any(isinstance(spec, CT) for spec in variant.inputs)
+
+
+def qdq_keys(variant: Variant) -> list[str]:
+    """The QDQ dtype keys probed for ``variant``: both activation types with the default uint8 weights, and for
+    ops with weights every other weight type, per tensor and per channel."""
+    keys = list(QDQ_DTYPES)
+    if has_weights(variant):
+        for act in QDQ_DTYPES:
+            for weight in QDQ_WEIGHT_TYPES:
+                for per_channel in (False, True):
+                    if (weight, per_channel) != (DEFAULT_WEIGHT_TYPE, False):
+                        keys.append(f"{act}/w={weight}" + ("/per_channel" if per_channel else ""))
+    return keys
+
+
+def parse_qdq_key(key: str) -> tuple[str, str, bool]:
+    """``"qdq_uint16/w=int8/per_channel"`` -> ``("uint16", "int8", True)``; ``"qdq_uint8"`` -> uint8 weights."""
+    act, _, rest = key.partition("/")
+    weight, per_channel = DEFAULT_WEIGHT_TYPE, False
+    if rest:
+        parts = rest.split("/")
+        weight = parts[0].removeprefix("w=")
+        per_channel = "per_channel" in parts[1:]
+    return act.removeprefix("qdq_"), weight, per_channel
+
+
+def weight_class(model: onnx.ModelProto, node_name: str = "probe") -> str | None:
+    """The quantized weights a node of a QDQ model reads: the element type of each constant DequantizeLinear
+    input other than an int32 bias, with ``/per_channel`` when its scale has more than one element (sorted,
+    comma-joined); None when the node has no quantized constant input. qnnx_opcheck computes the same class."""
+    inits = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node = next(n for n in model.graph.node if n.name == node_name)
+    classes = set()
+    for name in node.input:
+        dq = producers.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            continue
+        elem = onnx.helper.tensor_dtype_to_np_dtype(inits[dq.input[0]].data_type).name
+        if elem == "int32":
+            continue
+        scale = inits.get(dq.input[1])
+        channels = int(np.prod(scale.dims)) if scale is not None else 1
+        classes.add(elem + ("/per_channel" if channels > 1 else ""))
+    return ",".join(sorted(classes)) or None
+
+
+def quantize_variant(variant: Variant, key: str, seed: int = 0) -> Built | None:
+    """The float32 model of ``variant`` quantized by onnxruntime's QNN tooling as ``key`` asks; None when the
+    float model is not valid, the tooling fails, or it does not wrap the op in DequantizeLinear/QuantizeLinear."""
+    if variant.op in ("QuantizeLinear", "DequantizeLinear"):
+        return None
+    float_variant = dataclasses.replace(variant, opset=max(variant.opset, QDQ_OPSET))
+    built = build(float_variant, "float32", seed)
+    if built is None:
+        return None
+    result = _quantized(float_variant, built, key, seed, prefix=False)
+    if result is None and variant.op in _REMOVABLE_ACTIVATIONS:
+        # The tooling quantizes a Relu/Clip only after a quantized op: probe it behind Mul(x, 1).
+        result = _quantized(float_variant, built, key, seed, prefix=True)
+    return result
+
+
+# Activations onnxruntime's quantizer leaves in float unless a quantized op feeds them.
+_REMOVABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
+
+
+def _with_prefix(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its first graph input passed through Mul(x, 1.0) before the probe op."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    x = m.graph.input[0].name
+    for node in m.graph.node:
+        node.input[:] = [f"{x}_pre" if i == x else i for i in node.input]
+    m.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), "pre_one"))
+    m.graph.node.insert(0, helper.make_node("Mul", [x, "pre_one"], [f"{x}_pre"], name="pre"))
+    return m
+
+
+def _quantized(variant: Variant, built: Built, key: str, seed: int, *, prefix: bool) -> Built | None:
+    import logging
+    import tempfile
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    act, weight, per_channel = parse_qdq_key(key)
+    # Calibration on a few draws of the same input domains (the first is the probe's own feeds).
+    samples = [built.feeds] + [b.feeds for k in (1, 2, 3) if (b := build(variant, "float32", seed + k))]
+    qtype = {
+        "uint8": QuantType.QUInt8,
+        "int8": QuantType.QInt8,
+        "uint16": QuantType.QUInt16,
+        "int16": QuantType.QInt16,
+    }
+
+    class _Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._it = iter(samples)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the tooling warns about pre-processing on every call
+    try:
+        with tempfile.TemporaryDirectory(prefix="opcheck-qdq-") as tmp:
+            src, out = f"{tmp}/float.onnx", f"{tmp}/qdq.onnx"
+            onnx.save(_with_prefix(built.model) if prefix else built.model, src)
+            config = get_qnn_qdq_config(
+                src,
+                _Reader(),
+                activation_type=qtype[act],
+                weight_type=qtype[weight],
+                per_channel=per_channel,
+                # A lone Relu/Clip is otherwise dropped into the output range, as after a Conv.
+                keep_removable_activations=True,
+            )
+            # Data-movement ops (Transpose, Reshape, MaxPool...) are quantized only next to quantized neighbours;
+            # the probe op has none, and in real QDQ graphs it does.
+            config.extra_options["ForceQuantizeNoInputCheck"] = True
+            quantize(src, out, config)
+            model = onnx.load(out)
+    except Exception:
+        return None
+    finally:
+        root.setLevel(level)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    consumers = {i: n for n in model.graph.node for i in n.input}
+    op = next((n for n in model.graph.node if n.name == "probe"), None)
+    if op is None:
+        return None
+    first = producers.get(op.input[0]) if op.input else None
+    last = consumers.get(op.output[0])
+    float_in = first is not None and first.op_type == "DequantizeLinear"
+    if not float_in and variant.op == "Where":  # the condition is bool; the data inputs carry the type
+        first = producers.get(op.input[1])
+        float_in = first is not None and first.op_type == "DequantizeLinear"
+    float_out = built.model.graph.output[0].type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16)
+    if not float_in or (float_out and (last is None or last.op_type != "QuantizeLinear")):
+        return None
+    return Built(model, built.feeds, weights=weight_class(model))
+
+
 def _build_qdq_node(variant: Variant, dtype: str, rng: np.random.Generator) -> Built | None:
     """Relu -> QuantizeLinear -> DequantizeLinear -> Sigmoid: a Q/DQ pair inside a float graph.
 
     A lone Q or DQ between graph input and output is declined by the QNN EP (graph-I/O quantization is
-    meant to be offloaded), which says nothing about Q/DQ inside real QDQ models; this form does.
+    meant to be offloaded), which says nothing about Q/DQ inside real QDQ models; this form does. Both Q and DQ
+    are in the variant's domain (ONNX or com.microsoft).
     """
     zp = np.array(0 if dtype.startswith("int") else 8, NP[dtype])
     inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(zp, "z")]
     feeds = {"x": rng.uniform(-2, 4, size=X).astype(np.float32)}
     inp = helper.make_tensor_value_info("x", TensorProto.FLOAT, X)
+    dom = variant.domain
     nodes = [
         helper.make_node("Relu", ["x"], ["r"], name="relu"),
-        helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q"], name="probe_q"),
-        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="probe_dq"),
+        helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q"], name="probe_q", domain=dom),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="probe_dq", domain=dom),
         helper.make_node("Sigmoid", ["d"], ["out0"], name="sigmoid"),
     ]
+    if dom:
+        # ONNX has no schema for com.microsoft ops (no strict inference or full check): type the output directly.
+        out = helper.make_tensor_value_info("out0", TensorProto.FLOAT, X)
+        graph = helper.make_graph(nodes, "probe", [inp], [out], inits)
+        opsets = [helper.make_opsetid("", variant.opset), helper.make_opsetid(dom, 1)]
+        return Built(helper.make_model(graph, opset_imports=opsets, ir_version=10), feeds)
     graph = helper.make_graph(nodes, "probe", [inp], [helper.make_empty_tensor_value_info("out0")], inits)
     return _finish(graph, variant.opset, feeds)
 
@@ -759,8 +913,20 @@ def _pattern_qdq_conv_int32_bias() -> Built:
     )
 
 
+def _pattern_qdq_contrib() -> Built:
+    """Gemm at opset 20 quantized a16w8 by onnxruntime's QNN tooling, which then writes com.microsoft Q/DQ."""
+    gemm = next(v for v in VARIANTS if v.name == "Gemm")
+    variant = dataclasses.replace(gemm, opset=20)
+    built = build(variant, "float32")
+    quantized = _quantized(variant, built, "qdq_uint16", 0, prefix=False) if built is not None else None
+    if quantized is None or not any(n.domain == "com.microsoft" for n in quantized.model.graph.node):
+        raise RuntimeError("onnxruntime's quantizer no longer writes com.microsoft Q/DQ at opset 20")
+    return quantized
+
+
 PATTERNS: dict[str, Callable[[], Built]] = {
     "qdq_conv_int32_bias": _pattern_qdq_conv_int32_bias,
+    "qdq_contrib_domain": _pattern_qdq_contrib,
     "gelu_erf_div": lambda: _pattern_gelu_erf(False),
     "gelu_erf_mul": lambda: _pattern_gelu_erf(True),
     "add_const1_layernorm": lambda: _pattern_add_const_ln("Add"),
