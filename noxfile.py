@@ -57,11 +57,31 @@ def _pytest(session: nox.Session, *extra: str) -> None:
     session.run("pytest", "integration-tests", "-p", "no:cacheprovider", *marker, *extra, *session.posargs, env=env)
 
 
+# The gates' tools, pinned: another ruff may format differently, another mypy may find new things.
+RUFF = "ruff==0.17.6"
+MYPY = "mypy==2.4.1"
+
+
+def _lint(session: nox.Session) -> None:
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "tools/check_layers.py")
+
+
+def _typecheck(session: nox.Session) -> None:
+    for name in PACKAGES:
+        session.run("mypy", f"packages/{name}/src")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The CI gate: every package's tests and the end-to-end tests on the real QNN HTP simulator."""
+    """The CI gate: lint, the layering rule and mypy first (seconds), then every package's tests and the end-to-end
+    tests on the real QNN HTP simulator."""
     _install(session)
+    session.install(RUFF, MYPY)
     _versions(session)
+    _lint(session)
+    _typecheck(session)
     _pytest(session)
 
 
@@ -74,20 +94,17 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff lint and format check, and the layering rule (leaves never import each other)."""
-    session.install("ruff>=0.6")
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("python", "tools/check_layers.py")
+    """ruff lint and format check, and the layering rule (leaves never import each other); part of `tests`."""
+    session.install(RUFF)
+    _lint(session)
 
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy on every package's src/ (configuration in the root pyproject.toml)."""
+    """mypy on every package's src/ (configuration in the root pyproject.toml); part of `tests`."""
     _install(session)
-    session.install("mypy")
-    for name in PACKAGES:
-        session.run("mypy", f"packages/{name}/src")
+    session.install(MYPY)
+    _typecheck(session)
 
 
 @nox.session(python=PYTHON, default=False)
@@ -110,11 +127,14 @@ def slow(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
-    """Opt-in: the benchmark harness (qnnx vs raw ORT, eager, OpenVINO and Inductor); writes docs/benchmarks.md."""
+    """Opt-in: the benchmark harness (qnnx vs raw ORT, eager, OpenVINO and Inductor, then generation with a KV cache,
+    then float against quantized graphs); writes docs/benchmarks.md."""
     _install(session)
     session.install("openvino", "matplotlib")
     _versions(session)
     session.run("python", "tools/bench/run.py", *session.posargs)
+    session.run("python", "tools/bench/generation.py")  # these two append their sections to docs/benchmarks.md
+    session.run("python", "tools/bench/quantization.py")
 
 
 @nox.session(python=PYTHON, default=False)

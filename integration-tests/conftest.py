@@ -15,10 +15,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: long-running; deselected in the default CI run")
-
-
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles from scratch and sees only its own compile reports."""

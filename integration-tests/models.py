@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -53,3 +54,91 @@ def randomize_batchnorm(model: nn.Module) -> nn.Module:
 
 def transformer_layer() -> nn.Module:
     return nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.1, batch_first=True)
+
+
+class _Field(nn.Module):
+    """A Hugging Face model whose compiled function returns one tensor of its output (``key``)."""
+
+    def __init__(self, model: nn.Module, key: str) -> None:
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(x), self.key)
+
+
+# kind -> (config class, model class, config fields, output field, input shape; int inputs are token ids)
+_TINY_HF = {
+    "resnet": (
+        "ResNetConfig",
+        "ResNetModel",
+        {"embedding_size": 16, "hidden_sizes": [16, 32], "depths": [1, 1], "layer_type": "basic"},
+        "pooler_output",
+        (1, 3, 32, 32),
+    ),
+    "mobilenet_v2": (
+        "MobileNetV2Config",
+        "MobileNetV2Model",
+        {"depth_multiplier": 0.35},
+        "pooler_output",
+        (1, 3, 32, 32),
+    ),
+    "convnext": (
+        "ConvNextConfig",
+        "ConvNextModel",
+        {"num_stages": 2, "hidden_sizes": [16, 32], "depths": [1, 1]},
+        "pooler_output",
+        (1, 3, 32, 32),
+    ),
+    "vit": (
+        "ViTConfig",
+        "ViTModel",
+        {
+            "image_size": 32,
+            "patch_size": 8,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "attn_implementation": "eager",
+        },
+        "last_hidden_state",
+        (1, 3, 32, 32),
+    ),
+    "bert": (
+        "BertConfig",
+        "BertModel",
+        {
+            "vocab_size": 128,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+        },
+        "last_hidden_state",
+        (1, 16),
+    ),
+}
+
+
+def tiny_hf(kind: str) -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
+    """A tiny random-init Hugging Face model (no download) of ``kind``, and a maker of its inputs by seed (token ids
+    for text models, normal images otherwise)."""
+    import transformers
+
+    config_cls, model_cls, fields, key, shape = _TINY_HF[kind]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields))
+    if kind == "mobilenet_v2":  # HF's init shrinks activations ~50x per layer: He init keeps them at unit scale
+        for module in model.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_in", nonlinearity="relu")
+    text = "vocab_size" in fields
+
+    def make(seed: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        if text:
+            return torch.randint(1, fields["vocab_size"], shape, generator=generator)
+        return torch.randn(shape, generator=generator)
+
+    return _Field(model, key).eval(), make

@@ -243,6 +243,25 @@ def test_weights_changed_after_compile_are_picked_up(change):
     assert len(qnnx_backend.compile_reports()) == 2
 
 
+def test_modules_of_one_structure_compiled_apart_compile_once_each():
+    """Two layers of the same structure compiled apart share Dynamo's graph, which passes each layer's weights:
+    alternating calls reuse each layer's program (one compile per layer), and each gives its own layer's result.
+    A layer whose weights are then updated in place is compiled again, once."""
+    first, second = MLP().eval(), MLP().eval()
+    compiled = [torch.compile(m, backend="qnn", options=NPU_STRICT) for m in (first, second)]
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            for module, fn in zip((first, second), compiled, strict=True):
+                assert_close_fp16(fn(x), module(x))
+        assert len(qnnx_backend.compile_reports()) == 2
+        _update_in_place(first.net[0])
+        for _ in range(2):
+            for module, fn in zip((first, second), compiled, strict=True):
+                assert_close_fp16(fn(x), module(x))
+    assert len(qnnx_backend.compile_reports()) == 3
+
+
 class _Embed(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -15,6 +15,7 @@ import qnnx_backend
 pytest.importorskip("transformers")
 
 NEW_TOKENS = 32
+EOS = 2  # the models' eos_token_id
 
 
 def _model(kind: str, attention: str) -> torch.nn.Module:
@@ -73,13 +74,22 @@ def test_static_cache_generation_runs_on_qnn_and_agrees_with_eager(kind: str, at
         reference = model(sequence).logits[0]  # teacher forcing: eager on the sequence qnnx generated
     reports = qnnx_backend.compile_reports()
     assert len(reports) == 2 and all(r.on_qnn for r in reports), [r.summary() for r in reports]
-    start = prompt.shape[1]
-    for step, logits in enumerate(out.logits):
+    _assert_agrees_by_teacher_forcing(out, reference, prompt.shape[1])
+
+
+def _assert_agrees_by_teacher_forcing(out: object, reference: torch.Tensor, start: int) -> None:
+    """Each step's token is eager's pick (or within fp16 noise of it), and its logits match eager's (run on the
+    sequence qnnx generated). ``min_new_tokens`` keeps generate() from picking the end-of-sequence token: it is
+    no candidate here either."""
+    sequence = out.sequences  # type: ignore[attr-defined]
+    for step, logits in enumerate(out.logits):  # type: ignore[attr-defined]
         got = logits[0].double()
         ref = reference[start - 1 + step].double()
         token = int(sequence[0, start + step])
         scale = float(ref.abs().max())
-        assert float(ref.max() - ref[token]) <= 1e-2 * scale, f"step {step}: token {token} is not eager's pick"
+        candidates = ref.clone()
+        candidates[EOS] = -torch.inf
+        assert float(candidates.max() - ref[token]) <= 1e-2 * scale, f"step {step}: token {token} is not eager's pick"
         assert float((got - ref).abs().max()) <= 5e-2 * scale, f"step {step}: logits off"
         assert float(torch.nn.functional.cosine_similarity(got, ref, dim=0)) >= 0.999, f"step {step}: cosine"
 
@@ -131,7 +141,37 @@ def test_compile_for_generation_helper() -> None:
     assert torch.equal(got, eager)
     reports = qnnx_backend.compile_reports()
     assert reports and all(r.on_qnn for r in reports), [r.summary() for r in reports]
-    assert len(reports) == 3  # prefill of 6 tokens, decode, prefill of 4 tokens: decode was not compiled again
+    assert len(reports) == 2  # prompts of 6 and 4 tokens share the 16-token prefill graph; one decode graph
+
+
+def test_prompts_of_many_lengths_share_a_few_prefill_graphs() -> None:
+    """Prompts of 3 to 20 tokens compile one prefill graph per bucket (16 and 32 tokens; 16 tokens take the 32 one,
+    as at least one token is padding) plus one decode graph, all
+    on QNN, and every prompt's generation agrees with eager by teacher forcing; the padding never shows in the
+    returned sequence."""
+    from qnnx_backend.hf import compile_for_generation
+
+    model = _model("qwen2", "sdpa")
+    compile_for_generation(model, max_cache_len=64, options={"soc_model": 60})
+    eager_forward = model._qnnx_eager_forward
+    for length in (3, 7, 11, 16, 20):
+        prompt = torch.randint(3, 128, (1, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            out = model.generate(
+                prompt,
+                max_new_tokens=12,
+                min_new_tokens=12,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            assert torch.equal(out.sequences[:, :length], prompt)
+            assert out.sequences.shape == (1, length + 12)
+            reference = eager_forward(input_ids=out.sequences).logits[0]
+        _assert_agrees_by_teacher_forcing(out, reference, length)
+    reports = qnnx_backend.compile_reports()
+    assert all(r.on_qnn for r in reports), [r.summary() for r in reports]
+    assert sorted(r.input_shapes[0][1] for r in reports) == [1, 16, 32], [r.input_shapes[0] for r in reports]
 
 
 def test_compile_for_generation_refuses_what_is_not_a_generation_model() -> None:

@@ -126,3 +126,32 @@ def test_corrupted_cached_context_is_detected_and_rebuilt(tmp_path):
     again = run()
     assert again["cache"] == "miss" and again["err"] < 2e-2
     assert run()["cache"] == "hit"
+
+
+def test_a_context_whose_load_kills_the_process_is_quarantined_and_rebuilt(tmp_path):
+    """A process that dies while loading a cached context (a native crash in the EP) leaves the store's loading
+    marker behind: the next process quarantines that entry and compiles again instead of crashing too."""
+    script = tmp_path / "cached.py"
+    script.write_text(_CACHE_SCRIPT)
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text(
+        "import os, qnnx_backend._session as s\n"
+        "real = s.create_for_device\n"
+        "def dies(model, *a, **k):\n"
+        "    if str(model).endswith('model_ctx.onnx'):\n"
+        "        os._exit(3)  # as a native crash would: no Python clean-up\n"
+        "    return real(model, *a, **k)\n"
+        "s.create_for_device = dies\n" + _CACHE_SCRIPT
+    )
+    cache = tmp_path / "cache"
+
+    def run(path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(path), str(cache)], capture_output=True, text=True, timeout=300)
+
+    assert json.loads(run(script).stdout.strip().splitlines()[-1])["cache"] == "miss"
+    assert run(crashing).returncode == 3
+    again = run(script)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["cache"] == "miss"  # rebuilt, not loaded
+    assert any(p.name.endswith(".json") for p in cache.glob("*/quarantine/*"))  # with its reason
+    assert json.loads(run(script).stdout.strip().splitlines()[-1])["cache"] == "hit"

@@ -63,6 +63,22 @@ _RETURNED: dict[str, Any] = {}  # label -> what the first wrapped call returned
 _MISSING_HOOKS: list[str] = []
 
 
+# Garbage collections during the first call: (start, end) perf_counter seconds. A full collection of a heap that
+# holds torch takes 0.1-0.2 s and lands wherever an allocation crosses the collector's threshold, so a stage's
+# figure can include one by chance: the report shows them apart.
+_GC_PAUSES: list[tuple[float, float]] = []
+_GC_STARTED: list[float] = []
+
+
+def _gc_callback(phase: str, info: dict[str, Any]) -> None:
+    if not _TRACKING[0]:
+        return
+    if phase == "start":
+        _GC_STARTED.append(time.perf_counter())
+    elif _GC_STARTED:
+        _GC_PAUSES.append((_GC_STARTED.pop(), time.perf_counter()))
+
+
 def _event(name: str) -> None:
     t = time.perf_counter()
     rss = hwm = None
@@ -132,11 +148,12 @@ class _PatchOnImport:
 
 
 def _install_qnnx_hooks() -> None:
-    import qnnx_backend
+    import qnnx_backend._backend
 
-    # torch resolves the `qnn` entry point to `qnnx_backend:qnn_backend` when torch.compile first looks it up,
-    # which is after this patch; the other functions are looked up on their module at each call.
-    _wrap(qnnx_backend, "qnn_backend", "backend")
+    # torch resolves the `qnn` entry point to `qnnx_backend._registry:qnn_backend` when torch.compile first looks
+    # it up, which is after this patch; that module takes the function from `qnnx_backend._backend` when torch
+    # imports it. The other functions are looked up on their module at each call.
+    _wrap(qnnx_backend._backend, "qnn_backend", "backend")
 
     def detection(mod: Any) -> None:
         _wrap(mod, "probe", "probe")
@@ -411,6 +428,83 @@ def _ort_qnn_alone(model: Any, inputs: tuple[Any, ...], folder: Path) -> Any:
     return first_call
 
 
+def _aot_save(res: dict[str, Any], model: Any, inputs: tuple[Any, ...], ref: Any, folder: Path) -> dict[str, Any]:
+    """The saving process of the AOT warm start: ``aot_compile`` of the model's forward, its first call (the QNN
+    compile), ``save_compiled_function``; its outputs are kept for the loading process to compare with."""
+    import _models
+    import torch
+
+    options: dict[str, Any] = {"device": "npu", "strict": True, "soc_model": 60, "cache": False}
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():  # the saved guards check the grad mode: the loading process calls under no_grad too
+        t0 = time.perf_counter()
+        try:
+            compiled = torch.compile(_models.call, backend="qnn", fullgraph=True, options=dict(options)).aot_compile(
+                ((model, *inputs), {})
+            )
+        except torch._dynamo.exc.PackageError as exc:
+            # torch 2.13 keeps guards whose derived checks it cannot save (transformers' BERT: the code object of a
+            # decorator's wrapper, the GELU builtin) and then refuses to save them. A user passes a guard filter
+            # that drops them, as here; the loaded function then does not check that code (see the report).
+            res["aot_dropped_guards"] = f"{exc}"
+            options["guard_filter_fn"] = _serializable_guards
+            t0 = time.perf_counter()
+            compiled = torch.compile(_models.call, backend="qnn", fullgraph=True, options=options).aot_compile(
+                ((model, *inputs), {})
+            )
+        t1 = time.perf_counter()
+        out = compiled(model, *inputs)
+        t2 = time.perf_counter()
+        compiled.save_compiled_function(str(folder / "model.qnnx"))
+        t3 = time.perf_counter()
+    torch.save(_leaves(out), folder / "outputs.pt")
+    res.update(
+        aot_compile_s=t1 - t0,
+        first_call_s=t2 - t1,
+        save_s=t3 - t2,
+        aot_file_bytes=(folder / "model.qnnx").stat().st_size,
+        accuracy=_accuracy(out, ref),
+        process_s=time.perf_counter() - _T_START,
+    )
+    return res
+
+
+def _serializable_guards(entries: Any) -> list[bool]:
+    """A ``guard_filter_fn`` that keeps every guard torch can save: not global, and neither it nor a check it
+    derives is of a type ``aot_compile`` cannot serialize (torch 2.13's own filter looks at the first only)."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    bad = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (e.is_global or e.guard_type in bad or bad.intersection(e.derived_guard_types or ())) for e in entries]
+
+
+def _aot_loader(model: Any, path: Path) -> tuple[Any, list[Any]]:
+    """The measured call of the AOT warm start: ``torch.compiler.load_compiled_function`` and the first call of what it
+    returns (the loaded function, for later calls, is appended to the list)."""
+    import torch
+
+    loaded: list[Any] = []
+
+    def load_and_call(*inputs: Any) -> Any:
+        with open(path, "rb") as fh:
+            fn = torch.compiler.load_compiled_function(fh)
+        _event("aot_loaded")
+        loaded.append(lambda *args: fn(model, *args))
+        return fn(model, *inputs)
+
+    return load_and_call, loaded
+
+
+def _same_outputs(got: Any, saved: list[Any]) -> dict[str, Any]:
+    """Whether the loaded function's outputs are bit-identical to those of the process that compiled and saved it."""
+    leaves = _leaves(got)
+    if len(leaves) != len(saved):
+        return {"identical": False, "error": f"{len(leaves)} outputs, the saving process had {len(saved)}"}
+    diff = max(((a.double() - b.double()).abs().max().item() for a, b in zip(leaves, saved) if a.numel()), default=0.0)
+    same = all(a.shape == b.shape and a.dtype == b.dtype and bool((a == b).all()) for a, b in zip(leaves, saved))
+    return {"identical": same, "max_abs_diff": diff}
+
+
 # --- the measurement -----------------------------------------------------------------------------------------------
 
 
@@ -424,6 +518,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     imports["torch"] = time.perf_counter() - t
+    t = time.perf_counter()
+    import torch._dynamo  # torch.compile and load_compiled_function import it before any call: not in a figure
+
+    imports["torch._dynamo"] = time.perf_counter() - t
     if kind == "qnnx":
         t = time.perf_counter()
         import qnnx_backend
@@ -445,7 +543,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     with torch.no_grad():
         ref = model(*inputs)
 
-    if kind == "qnnx":
+    aot = spec["variant"] == "qnnx-aot"
+    if aot and spec["phase"] == "save":
+        return _aot_save(res, model, inputs, ref, Path(spec["cache_dir"]))
+    if aot:
+        compiled, loaded = _aot_loader(model, Path(spec["cache_dir"]) / "model.qnnx")
+    elif kind == "qnnx":
         options = {"device": "npu", "strict": True, "cache": True, "cache_dir": spec["cache_dir"], "soc_model": 60}
         compiled = torch.compile(model, backend="qnn", options=options)
     elif kind == "openvino":
@@ -465,14 +568,19 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     _TRACKING[0] = _reset_peak_rss()
     res["peak_reset"] = _TRACKING[0]
     res["maxrss_before_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    import gc
+
+    gc.callbacks.append(_gc_callback)
     with torch.no_grad():
         _event("call_start")
         out = compiled(*inputs)
         _event("call_end")
     _TRACKING[0] = False
+    gc.callbacks.remove(_gc_callback)
     t0 = _EVENTS[0][1]
     res["first_call_s"] = _EVENTS[-1][1] - t0
     res["events"] = [(name, t - t0, rss, hwm) for name, t, rss, hwm in _EVENTS]
+    res["gc_pauses"] = [(a - t0, b - t0) for a, b in _GC_PAUSES]
     res["maxrss_after_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     base = _EVENTS[0][2]
     if res["peak_reset"] and base is not None:
@@ -482,11 +590,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         res["rss_baseline_kib"] = res["maxrss_before_kib"]
         res["peak_kib"] = res["maxrss_after_kib"]
     res["peak_delta_bytes"] = (res["peak_kib"] - res["rss_baseline_kib"]) * 1024
-    import gc
-
     gc.collect()
     res["rss_after_gc_kib"] = _rss_hwm_kib()[0]
     res["accuracy"] = _accuracy(out, ref)
+    if aot:
+        res["aot_file_bytes"] = (Path(spec["cache_dir"]) / "model.qnnx").stat().st_size
+        res["aot_vs_saver"] = _same_outputs(out, torch.load(Path(spec["cache_dir"]) / "outputs.pt"))
+        compiled = loaded[0]
 
     if kind == "qnnx":
         reports = qnnx_backend.compile_reports()

@@ -200,6 +200,17 @@ def build(name: str, batch: int) -> tuple[nn.Module, tuple[Any, ...]]:
     return model, inputs(batch, torch.Generator().manual_seed(SEED + 2))
 
 
+def call(model: nn.Module, *inputs: Any) -> Any:
+    """The model's forward as a function: what ``aot_compile`` saves (the documented recipe for a module: the module
+    is an argument, its weights are frozen into the saved file).
+
+    A transformers ``ModelOutput`` comes back as its tuple: torch 2.13 cannot load a saved function that builds one
+    (its bytecode refers to the ``collections`` module of the saving process).
+    """
+    out = model(*inputs)
+    return out.to_tuple() if hasattr(out, "to_tuple") else out
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers (what a frozen export carries as initializers)."""
     seen: set[int] = set()

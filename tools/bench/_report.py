@@ -6,6 +6,7 @@ and raw ORT in the same process) and the median of those per-run ratios is repor
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -14,6 +15,8 @@ from typing import Any
 
 TARGETS = {
     "warm_cold": 0.15,
+    "aot_cold": 0.15,
+    "qnnx_host_s": 0.15,
     "warm_cold_host": 0.15,
     "warm_cold_qnnx_part": 0.15,
     "qnnx_ov_cold": 1.0,
@@ -163,6 +166,11 @@ def _qnnx_part(res: dict[str, Any]) -> float:
     return stages(res)["compile_total"]  # type: ignore[return-value]
 
 
+def _qnnx_host(res: dict[str, Any]) -> float:
+    """qnnx's host work in the first call, above Dynamo and the ORT+QNN floor (see :func:`stages`)."""
+    return stages(res)["qnnx_host"]  # type: ignore[return-value]
+
+
 def _host(res: dict[str, Any]) -> float:
     """The first call without its first ``run()``: what the simulator's slowness does not inflate."""
     run = stages(res)["first_run"]
@@ -221,7 +229,35 @@ def stages(res: dict[str, Any]) -> dict[str, float | None]:
     out["compile_total"] = span("compile_enter", "compile_exit")
     out["first_run"] = span("compile_exit", "call_end")
     out["first_call"] = res.get("first_call_s")
+    # Garbage-collector pauses: where a full collection lands is chance (see _child._GC_PAUSES).
+    pauses = res.get("gc_pauses")
+    out["gc"] = sum(b - a for a, b in pauses) if pauses is not None else None
+    # qnnx's own host work: the first call without Dynamo (before and after the backend call), the QNN session
+    # (graph finalization, or loading a context), the first run and the collector's pauses in what remains, i.e.
+    # above Dynamo and the ORT+QNN floor.
+    parts = ("dynamo_before", "dynamo_after", "session", "first_run")
+    if out["first_call"] is not None and all(out[k] is not None for k in parts):
+        host_gc = _gc_within(res, m, ("backend_enter", "backend_exit"), ("compile_enter", "compile_exit"))
+        host_gc -= _gc_within(res, m, ("session_enter", "session_exit"))
+        out["qnnx_host"] = out["first_call"] - sum(out[k] or 0.0 for k in parts) - host_gc
+    else:
+        out["qnnx_host"] = None
+    # The AOT warm start: torch.compiler.load_compiled_function (sessions from the saved contexts), then the call.
+    out["aot_load"] = span("call_start", "aot_loaded")
+    if out["aot_load"] is not None:  # no compile step: the first session and the first run from the call's events
+        out["session"] = span("session_enter", "session_exit")
+        out["first_run"] = span("aot_loaded", "call_end")
     return out
+
+
+def _gc_within(res: dict[str, Any], marks: dict[str, Any], *spans: tuple[str, str]) -> float:
+    """Seconds of garbage-collector pauses inside the given (start event, end event) spans of the first call."""
+    total = 0.0
+    for a, b in spans:
+        if a in marks and b in marks:
+            lo, hi = marks[a][1], marks[b][1]
+            total += sum(max(0.0, min(hi, end) - max(lo, start)) for start, end in res.get("gc_pauses") or ())
+    return total
 
 
 # Memory spans of a first call: (key, label, first event, last event).
@@ -302,6 +338,9 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
             "qnnx_cold_s": cells.value("qnnx", "cold", model, batch, _first),
             "qnnx_warm_s": cells.value("qnnx", "warm", model, batch, _first),
             "warm_cold": cells.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _first),
+            "qnnx_aot_s": cells.value("qnnx-aot", "warm", model, batch, _first),
+            "aot_cold": cells.ratio(("qnnx-aot", "warm"), ("qnnx", "cold"), model, batch, _first),
+            "qnnx_host_s": cells.value("qnnx", "cold", model, batch, _qnnx_host),
             "warm_cold_host": cells.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _host),
             "warm_cold_qnnx_part": cells.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _qnnx_part),
             "openvino_cold_s": cells.value("openvino", "cold", model, batch, _first),
@@ -331,13 +370,44 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "targets": verdicts}
 
 
+# Sections that other tools write at the end of benchmarks.md, each between its own markers (generation.py:
+# ``<!-- generation:start -->`` ... ``<!-- generation:end -->``; quantization.py likewise).
+_SECTION = re.compile(r"<!-- ([a-z0-9_-]+):start -->.*?<!-- \1:end -->", re.DOTALL)
+
+
+def kept_sections(text: str) -> str:
+    """Every marked section of an existing benchmarks.md, markers included, in order ("" when it has none)."""
+    return "\n\n".join(m.group(0) for m in _SECTION.finditer(text))
+
+
+def write_section(md: Path, name: str, body: str) -> str:
+    """Put ``body`` between the ``name`` markers of ``md`` (in place of what is there, or appended), and return
+    the section with its markers."""
+    section = f"<!-- {name}:start -->\n{body}\n<!-- {name}:end -->"
+    text = md.read_text() if md.exists() else "# qnnx benchmarks\n"
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start in text and end in text:
+        text = text[: text.index(start)] + section + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    md.write_text(text)
+    return section
+
+
 def write(data: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Write benchmarks.md and benchmarks.png into ``out``; returns the summary."""
+    """Write benchmarks.md and benchmarks.png into ``out``; returns the summary.
+
+    The sections other tools wrote into benchmarks.md between their markers (``<!-- generation:start -->`` and
+    ``<!-- generation:end -->`` from generation.py, and the like) are kept at the end of the new file.
+    """
     summary = summarize(data)
     cells = Cells(data["results"])
     png = out / "benchmarks.png"
     plotted = _plot(cells, png)
-    (out / "benchmarks.md").write_text("\n".join(_markdown(data, cells, summary, png.name if plotted else None)) + "\n")
+    md = out / "benchmarks.md"
+    kept = kept_sections(md.read_text(encoding="utf-8")) if md.exists() else ""
+    text = "\n".join(_markdown(data, cells, summary, png.name if plotted else None)) + "\n"
+    md.write_text(text + ("\n" + kept + "\n" if kept else ""), encoding="utf-8")
     return summary
 
 
@@ -367,6 +437,7 @@ def _markdown(data: dict[str, Any], cells: Cells, summary: dict[str, Any], png: 
     L += _targets_section(summary)
     L += _reading_lines(cells)
     L += _first_call_section(cells)
+    L += _aot_section(cells)
     L += _steady_section(cells)
     L += _memory_section(cells)
     L += _stage_section(cells)
@@ -460,6 +531,24 @@ def _reading_lines(cells: Cells) -> list[str]:
             + (f" ({', '.join(over)})" if over else "")
             + ": there no backend built on ONNX Runtime and QNN can meet the cold target on this machine."
         )
+    aot = [
+        (m, b, v, st)
+        for m, b in cells.configs
+        if (v := cells.ratio(("qnnx-aot", "warm"), ("qnnx", "cold"), m, b, _first)) is not None
+        and (st := _aot_floor_share(cells, m, b)) is not None
+    ]
+    if aot:
+        lines.append(
+            f"- Loading a saved function (AOT) takes {min(a[2] for a in aot):.2f}-{max(a[2] for a in aot):.2f} of the "
+            "cold first call, with no Dynamo trace; ONNX Runtime's part of it (loading the contexts into QNN "
+            f"sessions and the first run) is {min(a[3] for a in aot):.0%}-{max(a[3] for a in aot):.0%}."
+        )
+    host = [(m, b, v) for m, b in cells.configs if (v := cells.value("qnnx", "cold", m, b, _qnnx_host)) is not None]
+    if host:
+        lines.append(
+            f"- qnnx's own host work in a cold first call (no Dynamo, no QNN session, no run) is "
+            f"{min(h[2] for h in host):.2f}-{max(h[2] for h in host):.2f} s: see the last column of the stage table."
+        )
     stub = [
         v for m, b in cells.configs if (v := cells.value("qnnx", "warm", m, b, _overhead("run_stubbed"))) is not None
     ]
@@ -473,9 +562,23 @@ def _reading_lines(cells: Cells) -> list[str]:
     return lines if len(lines) > 3 else []
 
 
+def _aot_floor_share(cells: Cells, model: str, batch: int) -> float | None:
+    """Median share of the AOT warm start spent in its QNN sessions and first run."""
+
+    def share(res: dict[str, Any]) -> float | None:
+        st = stages(res)
+        if st["session"] is None or st["first_run"] is None or not st["first_call"]:
+            return None
+        return (st["session"] + st["first_run"]) / st["first_call"]
+
+    return cells.value("qnnx-aot", "warm", model, batch, share)
+
+
 def _targets_section(summary: dict[str, Any]) -> list[str]:
     names = {
         "warm_cold": "qnnx warm first call / cold first call",
+        "aot_cold": "qnnx AOT warm start (load a saved function + first call) / cold first call",
+        "qnnx_host_s": "qnnx host work in a cold first call above Dynamo and ORT+QNN, in seconds",
         "warm_cold_host": "the same without the first `run()` (host-side work only; not the issue's target)",
         "warm_cold_qnnx_part": "the same for qnnx's compile step only, without Dynamo (not the issue's target)",
         "qnnx_ov_cold": "qnnx cold first call / OpenVINO cold first call (no cache)",
@@ -587,6 +690,93 @@ def _first_call_section(cells: Cells) -> list[str]:
         "decomposes it for export). ◐ some aten ops of the graph stayed in PyTorch between OpenVINO partitions.",
         "",
     ]
+
+
+def _aot_section(cells: Cells) -> list[str]:
+    """The AOT warm start beside the cache-only warm start, each against the cold first call of the same run."""
+    rows = []
+    for model, batch in cells.configs:
+        c = cells
+        measured = c.runs("qnnx-aot", "warm", model, batch)
+        if not (measured or c.failure("qnnx-aot", "warm", model, batch) or c.failure("qnnx-aot", "save", model, batch)):
+            continue
+        identical = [r.get("aot_vs_saver", {}).get("identical") for r in measured.values()]
+        saves = c.runs("qnnx-aot", "save", model, batch).values()
+        dropped = "ᵍ" if any(r.get("aot_dropped_guards") for r in saves) else ""
+        same = "–" if not identical else ("yes" if all(identical) else "**no**")
+        rows.append(
+            [
+                model,
+                str(batch),
+                _cell(c, "qnnx", "cold", model, batch, _first),
+                _cell(c, "qnnx", "warm", model, batch, _first),
+                _f(c.ratio(("qnnx", "warm"), ("qnnx", "cold"), model, batch, _first)),
+                _aot_cell(c, model, batch, _first) + dropped,
+                _verdict(c.ratio(("qnnx-aot", "warm"), ("qnnx", "cold"), model, batch, _first), TARGETS["aot_cold"]),
+                _aot_cell(c, model, batch, lambda r: stages(r)["aot_load"]),
+                _aot_cell(c, model, batch, lambda r: stages(r)["session"]),
+                _aot_cell(c, model, batch, lambda r: stages(r)["first_run"]),
+                same,
+                _mb(c.value("qnnx-aot", "save", model, batch, lambda r: r["aot_file_bytes"])),
+                _f(c.value("qnnx-aot", "save", model, batch, lambda r: r["aot_compile_s"] + r["first_call_s"])),
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "## Warm start without Dynamo: a saved compiled function (AOT)",
+        "",
+        "*AOT warm*: a new process loads a function saved with `torch.compile(call, backend='qnn', fullgraph=True,",
+        "options=...).aot_compile(((model, x), {}))` and `save_compiled_function` (`call(model, *x)` runs the model),",
+        "with `torch.compiler.load_compiled_function`, and makes the first call: no Dynamo trace, no export, no",
+        "operator check; the QNN sessions come from the compiled contexts in the file. Measured from the start of",
+        "`load_compiled_function` to the first output; imports (torch, torch._dynamo, qnnx_backend) excluded, as",
+        "for every first call here. *cache warm*: the warm first call above (Dynamo traces again, the context",
+        "comes from the context cache). Both ratios are to the cold first call of the same run. *load*:",
+        "`load_compiled_function` (it creates the sessions; *QNN session* is the first of them); *first run*: the",
+        "first call of the loaded function. *identical*: its outputs are bit-identical to those of the process",
+        "that compiled and saved it. *save*: `aot_compile` and the first call (the QNN compile) in the saving",
+        "process.",
+        "",
+        *_table(
+            [
+                "model",
+                "batch",
+                "qnnx cold",
+                "cache warm",
+                "cache warm/cold",
+                "AOT warm",
+                "AOT/cold (<= 0.15)",
+                "load",
+                "QNN session",
+                "first run",
+                "identical",
+                "file MiB",
+                "save s",
+            ],
+            rows,
+        ),
+        "",
+        *(_DROPPED_GUARDS_NOTE if any("ᵍ" in row[5] for row in rows) else []),
+    ]
+
+
+_DROPPED_GUARDS_NOTE = [
+    "ᵍ torch 2.13 refused to save the function with its guards (`PackageError: ID_MATCH guard cannot be",
+    "serialized`: for transformers' BERT, guards on the code object of a decorator's wrapper and on the GELU",
+    "builtin). The saving process then passed `options={'guard_filter_fn': ...}` keeping every guard torch can",
+    "save, as a user must for such a model: the loaded function does not check that transformers' code is the",
+    "same. `call` returns a `ModelOutput` as its tuple: torch 2.13 cannot load a saved function that builds one.",
+    "",
+]
+
+
+def _aot_cell(cells: Cells, model: str, batch: int, get: Callable[[dict], Any]) -> str:
+    v = cells.value("qnnx-aot", "warm", model, batch, get)
+    if v is None:
+        failed = cells.failure("qnnx-aot", "warm", model, batch) or cells.failure("qnnx-aot", "save", model, batch)
+        return "failed" if failed else "–"
+    return _f(v)
 
 
 def _overhead(kind: str) -> Callable[[dict], float]:
@@ -796,7 +986,10 @@ def _stage_section(cells: Cells) -> list[str]:
         "(the export stage includes the first import of torch.onnx/onnxscript; *QNN session* is graph",
         "finalization plus writing the context on a miss, loading the context on a hit); *other*: the rest of the",
         "compile (cache key, versions, single-flight lock, staging and publishing the entry); *first run*: the first",
-        "`run()` and the conversion of outputs.",
+        "`run()` and the conversion of outputs. *GC pauses*: the garbage collector's pauses during the call, inside",
+        "the stages before them (a full collection of a heap holding torch takes 0.1-0.2 s and lands wherever an",
+        "allocation crosses its threshold). *qnnx host work*: the first call without Dynamo (trace and after the",
+        "backend), the QNN session, the first run and GC pauses: qnnx's own work above Dynamo and the ORT+QNN floor.",
         "",
     ]
     for phase in ("cold", "warm"):
@@ -808,12 +1001,21 @@ def _stage_section(cells: Cells) -> list[str]:
             per = [stages(r) for r in runs.values()]
             med = {k: _median(p.get(k) for p in per) for k in per[0]}
             ngraphs = max(len(r.get("graphs") or ()) for r in runs.values())
-            rows.append([model, str(batch), str(ngraphs), _f(med["first_call"])] + [_f(med[k]) for k, _ in STAGES])
+            rows.append(
+                [model, str(batch), str(ngraphs), _f(med["first_call"])]
+                + [_f(med[k]) for k, _ in STAGES]
+                + [_f(med["gc"]), _f(med["qnnx_host"])]
+            )
         if rows:
             lines += [
                 f"**{phase}** ({'empty cache: export, check, compile, write the context' if phase == 'cold' else 'context cache hit: load the context'})",
                 "",
-                *_table(["model", "batch", "graphs", "first call"] + [label for _, label in STAGES], rows),
+                *_table(
+                    ["model", "batch", "graphs", "first call"]
+                    + [label for _, label in STAGES]
+                    + ["GC pauses (in the stages)", "qnnx host work (<= 0.15)"],
+                    rows,
+                ),
                 "",
             ]
     return lines
@@ -911,8 +1113,9 @@ def _method_section(data: dict[str, Any], args: dict[str, Any]) -> list[str]:
         + f". Batches {', '.join(map(str, args['batches']))} (mlp_large: 1). float32, `.eval()`, under "
         "`torch.no_grad()`.",
         "- One child process per measurement (`tools/bench/_child.py`), one after the other. Per run and model x",
-        "  batch, in this order: qnnx cold, qnnx warm (+ steady state), ORT+QNN alone (the exported model's QNN",
-        "  session and first run, `_child._ort_qnn_alone`), OpenVINO cold without a cache; and in the",
+        "  batch, in this order: qnnx cold, qnnx warm (+ steady state), qnnx AOT save (`aot_compile`, first call,",
+        "  `save_compiled_function`) and AOT warm (`load_compiled_function` + first call), ORT+QNN alone (the",
+        "  exported model's QNN session and first run, `_child._ort_qnn_alone`), OpenVINO cold without a cache; and in the",
         f"  first {comparison} of the {runs} run(s) also OpenVINO cold with `model_caching`, OpenVINO warm (+ steady",
         "  state), Inductor cold, Inductor warm (+ steady state): they are context, not targets, and Inductor's cold",
         "  compile alone takes 20-60 s per model on 2 cores. Each run starts from empty caches (a new qnnx",
@@ -928,6 +1131,10 @@ def _method_section(data: dict[str, Any], args: dict[str, Any]) -> list[str]:
         + f"{args['steady_seconds']} s in all (at least 3 calls each). Not call by call: right after a simulator run",
         "  its 11 threads keep spinning, and an eager call squeezed in then took 128 ms instead of 0.5 ms (CNN).",
         "- Peak memory: see its section. Weight bytes: parameters and buffers of the PyTorch model.",
+        "- Children read the bytecode of the qnnx packages from a cache the harness fills first (`PYTHONPYCACHEPREFIX`",
+        "  in its work folder), as an installed qnnx has its `.pyc` files: compiling this repository's editable",
+        "  sources in every process would add 0.15-0.2 s to each first call. Every process imports `torch` and",
+        "  `torch._dynamo` before its measured call (listed under [Imports](#imports)).",
         "- The stage breakdown wraps `qnnx_backend.qnn_backend`, `QnnGraph._compile`, `qnnx_detection.probe` and",
         "  `.create_session`, `qnnx_export.fingerprint` and `.export` and `qnnx_opcheck.check_model` (patched right",
         "  after their lazy import, so no import moves out of the first call) with timestamps and RSS readings at the",
@@ -976,6 +1183,7 @@ def _plot(cells: Cells, path: Path) -> bool:
         [
             ("qnnx cold", series("qnnx", "cold", _first)),
             ("qnnx warm", series("qnnx", "warm", _first)),
+            ("qnnx AOT warm", series("qnnx-aot", "warm", _first)),
             ("OpenVINO cold", series("openvino", "cold", _first)),
             ("OpenVINO+cache warm", series("openvino-cache", "warm", _first)),
             ("Inductor cold", series("inductor", "cold", _first)),

@@ -1,7 +1,8 @@
 """qnnx benchmark harness: torch.compile(backend="qnn") against raw ONNX Runtime, eager PyTorch, OpenVINO and Inductor.
 
 Every figure comes from a fresh process (one child process per measurement, see _child.py); each run measures every
-model x batch for qnnx (cold, warm) and OpenVINO (cold), runs repeat ``--runs`` times, so that each figure is a median
+model x batch for qnnx (cold, warm, AOT save and AOT warm start, ONNX Runtime + QNN alone) and OpenVINO (cold), runs
+repeat ``--runs`` times, so that each figure is a median
 over runs and each ratio pairs figures from the same run. OpenVINO with ``model_caching`` and Inductor are measured in
 the first ``--comparison-runs`` runs only (Inductor's cold compile alone takes 20-60 s per model on 2 cores). Results go to ``<out>/benchmarks.json``, ``benchmarks.md`` and
 ``benchmarks.png``. The JSON is rewritten after every child, so an interrupted run still leaves its data;
@@ -259,6 +260,10 @@ def _plan(args: argparse.Namespace, run: int) -> list[dict[str, Any]]:
         if "qnnx" in args.backends:
             add("qnnx", "cold", "qnnx")
             add("qnnx", "warm", "qnnx", steady=True, **steady)
+            # The AOT warm start: one process saves the compiled forward (aot_compile + save_compiled_function),
+            # the next loads it (load_compiled_function) and makes the first call, with no Dynamo trace.
+            add("qnnx-aot", "save", "aot")
+            add("qnnx-aot", "warm", "aot")
             add("ortqnn", "cold", "ortqnn")  # ONNX Runtime + QNN alone on the same ONNX model: the floor
         if "openvino" in args.backends:
             add("openvino", "cold", None)
@@ -271,10 +276,36 @@ def _plan(args: argparse.Namespace, run: int) -> list[dict[str, Any]]:
     return plan
 
 
+def child_environment(work: Path) -> dict[str, str]:
+    """The environment of every child process.
+
+    Bytecode is cached in ``<work>/pycache``: an installed qnnx has its ``.pyc`` files (pip compiles them), while the
+    editable install of this repository under ``PYTHONDONTWRITEBYTECODE=1`` would compile every qnnx module from
+    source in each process (0.15-0.2 s of a first call on this machine) and make the first calls slower than a
+    user's. The probe cache goes to the work folder too, so no run reads what another left.
+    """
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    env["QNNX_PROBE_CACHE_DIR"] = str(work / "probe-cache")
+    return env
+
+
+def precompile(work: Path) -> None:
+    """Write the bytecode of the qnnx packages into ``<work>/pycache`` before the first child (see child_environment)."""
+    sources = sorted(str(p) for p in (ROOT / "packages").glob("*/src"))
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", *sources],
+        env=child_environment(work),
+        check=False,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def _run_child(spec: dict[str, Any], work: Path, run: int, timeout: float) -> dict[str, Any]:
     tag = f"r{run}-{spec['model']}-b{spec['batch']}"
     cache_root = work / tag
-    env = dict(os.environ)
+    env = child_environment(work)
     # Inductor's on-disk caches (FX graph, AOTAutograd, compiled C++) live here: a fresh folder per run and model
     # makes its cold compile really cold, and its warm process reuses what its cold process left.
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root / "inductor")
@@ -327,6 +358,12 @@ def _describe(res: dict[str, Any]) -> str:
         extra += f" overhead={res['host_overhead']['run_stubbed']['median_us']:.0f}us"
     if res.get("steady"):
         extra += " steady " + " ".join(f"{k}={v['median_ms']:.2f}ms" for k, v in res["steady"].items())
+    if "save_s" in res:
+        extra += f" aot_compile={res['aot_compile_s']:.2f}s save={res['save_s']:.2f}s"
+    if "aot_file_bytes" in res:
+        extra += f" file={res['aot_file_bytes'] / 2**20:.1f}MB"
+    if "aot_vs_saver" in res:
+        extra += f" identical_to_saver={res['aot_vs_saver'].get('identical')}"
     mem = res.get("peak_delta_bytes", 0) / 2**20
     return f"{head} first={res['first_call_s']:.2f}s mem=+{mem:.0f}MB{extra} ({res['wall_s']:.0f}s)"
 
@@ -376,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     total = sum(len(_plan(args, r)) for r in range(args.runs))
     print(f"qnnx bench: {args.runs} run(s), {total} processes; work dir {work}", flush=True)
+    precompile(work)
     t_all = time.perf_counter()
     last_wall: dict[tuple[str, str, str, int], float] = {}
     try:
@@ -388,6 +426,15 @@ def main(argv: list[str] | None = None) -> int:
                 data["results"].append(res)
                 print(_describe(res), flush=True)
                 json_path.write_text(json.dumps(data, indent=1, default=str))
+                if spec["variant"] == "qnnx-aot" and spec["phase"] == "save" and not res.get("ok"):
+                    # Nothing to load: record the loading process as failed for the same reason, without running it.
+                    for queued in [q for q in queue if q["variant"] == "qnnx-aot" and q["model"] == spec["model"]]:
+                        if queued["batch"] == spec["batch"]:
+                            queue.remove(queued)
+                            why = res.get("error", "?").splitlines()[0]
+                            skipped = {"spec": dict(queued, run=run), "ok": False, "wall_s": 0.0}
+                            data["results"].append(skipped | {"error": f"not run: the saving process failed ({why})"})
+                            print(_describe(data["results"][-1]), flush=True)
                 if spec["variant"] == "openvino" and not res.get("ok"):
                     # openvino 2026.4 + torch 2.13: the default path (make_fx on fake tensors inside the backend)
                     # breaks Dynamo's guards on BatchNorm models; its aot_autograd path works. Measure that too, so

@@ -18,7 +18,7 @@ def test_defaults_are_documented_values():
     """With no options the backend tries NPU -> GPU -> eager, not strict, no fp16 conversion, no cache."""
     opts = BackendOptions.from_mapping(None)
     assert (opts.device, opts.strict, opts.fp16, opts.cache, opts.cache_dir) == ("auto", False, False, False, None)
-    assert opts.soc_model is None and opts.partition == "whole" and opts.verify is False
+    assert opts.soc_model is None and opts.partition == "auto" and opts.verify is False
 
 
 @given(st.text(min_size=1, max_size=12).filter(lambda k: k not in VALID))
@@ -105,7 +105,7 @@ def test_mode_other_than_default_is_refused():
             "strict": st.booleans(),
             "fp16": st.booleans(),
             "verify": st.booleans(),
-            "partition": st.sampled_from(["whole", "mixed"]),
+            "partition": st.sampled_from(["auto", "whole", "mixed"]),
             "verify_rtol": st.floats(1e-6, 1.0),
         },
     )
@@ -175,3 +175,19 @@ def test_cache_size_cap_from_option_and_environment(monkeypatch: pytest.MonkeyPa
         BackendOptions.from_mapping({"cache_max_bytes": 2**30})
     monkeypatch.setenv("QNNX_CACHE_MAX_BYTES", "1048576")
     assert BackendOptions.from_mapping({"cache": True}).cache_max_bytes == 2**20
+
+
+@given(partition=st.sampled_from(["auto", "whole", "mixed"]), strict=st.booleans())
+def test_partition_auto_is_whole_under_strict_only(partition: str, strict: bool) -> None:
+    """Property: partition='auto' splits unless strict (then it is 'whole'); 'whole' and 'mixed' mean themselves,
+    and the resolved mode is what the context-cache key records."""
+    opts = BackendOptions.from_mapping({"partition": partition, "strict": strict})
+    expected = "whole" if partition == "auto" and strict else partition
+    assert opts.resolved_partition == expected
+    assert opts.cache_material()["partition"] == expected
+
+
+def test_bad_partition_names_the_accepted_values() -> None:
+    """partition='split' is refused with the three accepted values."""
+    with pytest.raises(InvalidOptionsError, match="'auto', 'whole', 'mixed'"):
+        BackendOptions.from_mapping({"partition": "split"})

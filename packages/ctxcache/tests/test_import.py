@@ -33,11 +33,11 @@ def test_public_surface_is_sorted_and_complete() -> None:
 
 
 def test_errors_subclass_builtins() -> None:
-    """Every public error derives from CtxCacheError and the matching builtin."""
+    """Every public error derives from QnnxCtxcacheError and the matching builtin."""
     from qnnx_ctxcache import errors
 
-    assert issubclass(errors.UnhashableKeyError, errors.CtxCacheError)
+    assert issubclass(errors.UnhashableKeyError, errors.QnnxCtxcacheError)
     assert issubclass(errors.UnhashableKeyError, ValueError)
     assert issubclass(errors.BuildOutputError, RuntimeError)
-    assert issubclass(errors.InvalidStoreOptionsError, ValueError)
+    assert issubclass(errors.InvalidOptionsError, ValueError)
     assert issubclass(errors.NotACacheRootError, ValueError)

@@ -29,9 +29,9 @@ from qnnx_ctxcache import _archive
 from qnnx_ctxcache.__main__ import main
 from qnnx_ctxcache.errors import (
     ArchiveError,
-    CtxCacheError,
     EntryNotFoundError,
-    InvalidStoreOptionsError,
+    InvalidOptionsError,
+    QnnxCtxcacheError,
     StoreNotWritableError,
 )
 from qnnx_ctxcache.testing import FakeBuild, forget_verified
@@ -322,7 +322,7 @@ def test_pack_unknown_or_ambiguous_key_is_a_clear_error(shipped: Shipped, tmp_pa
     assert "qnnx-ctxcache ls" in str(caught.value)
     assert "Fix:" in str(caught.value)
     assert isinstance(caught.value, LookupError)
-    assert isinstance(caught.value, CtxCacheError)
+    assert isinstance(caught.value, QnnxCtxcacheError)
     with pytest.raises(EntryNotFoundError, match="is not a cache key") as caught:
         shipped.source.pack(tmp_path / "x.tar", ["zz"])
     assert caught.value.matches is None
@@ -401,7 +401,7 @@ def test_compression_option(shipped: Shipped, tmp_path: Path) -> None:
     assert (tmp_path / "b.bin").read_bytes()[:2] == b"\x1f\x8b"
     assert shipped.source.pack(tmp_path / "c.tar.gz", compression="none").compression == "none"
     assert len(_store(tmp_path / "other").unpack(tmp_path / "c.tar.gz").added) == 3
-    with pytest.raises(InvalidStoreOptionsError, match=r"\('auto', 'gz', 'none'\), got 'zip'"):
+    with pytest.raises(InvalidOptionsError, match=r"\('auto', 'gz', 'none'\), got 'zip'"):
         shipped.source.pack(tmp_path / "d.zip", compression="zip")
 
 
@@ -417,8 +417,8 @@ def test_unpack_needs_a_writable_store(shipped: Shipped, tmp_path: Path) -> None
 
 # ------------------------------------------------------------------------------------------ refusals
 def test_error_classes() -> None:
-    """ArchiveError is a CtxCacheError and a ValueError."""
-    assert issubclass(ArchiveError, CtxCacheError)
+    """ArchiveError is a QnnxCtxcacheError and a ValueError."""
+    assert issubclass(ArchiveError, QnnxCtxcacheError)
     assert issubclass(ArchiveError, ValueError)
 
 
@@ -746,14 +746,14 @@ def test_cli_human_output(shipped: Shipped, tmp_path: Path, capsys: pytest.Captu
     assert (code, out.startswith("added 3, already present 0, skipped 0")) == (0, True)
 
 
-def test_cli_refusals_exit_1(
+def test_cli_refusals_exit_3(
     shipped: Shipped,
     dest: cc.ContextStore,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A damaged archive, an unknown key or a read-only cache exit 1 with the problem and the fix on stderr."""
+    """A damaged archive, an unknown key or a read-only cache exit 3 with the problem and the fix on stderr."""
     raw = bytearray(shipped.tar.read_bytes())
     name, offset, size = _spans(shipped.tar)[-1]
     raw[offset + size // 2] ^= 1
@@ -761,20 +761,20 @@ def test_cli_refusals_exit_1(
     bad.write_bytes(bytes(raw))
     before = _listing(dest.root)
     code, out, err = _run(capsys, "--root", str(dest.root), "unpack", str(bad))
-    assert (code, out) == (1, "")
+    assert (code, out) == (3, "")
     assert "refusing archive" in err
     assert name in err
-    assert "Fix:" in err
+    assert "qnnx-ctxcache: fix: copy the archive again" in err
     code, out, err = _run(capsys, "--root", str(dest.root), "unpack", str(bad), "--json")
-    assert (code, json.loads(out)["type"]) == (1, "ArchiveError")
+    assert (code, json.loads(out)["error"]["type"]) == (3, "ArchiveError")
     assert _listing(dest.root) == before
     code, _, err = _run(capsys, "--root", str(shipped.source.root), "pack", str(tmp_path / "x.tar"), "ffffffff")
-    assert code == 1
+    assert code == 3
     assert "'ffffffff'" in err
     assert not (tmp_path / "x.tar").exists()
     monkeypatch.setenv("QNNX_CTXCACHE_MODE", "readonly")
     code, _, err = _run(capsys, "--root", str(dest.root), "unpack", str(shipped.tar))
-    assert code == 1
+    assert code == 3
     assert "'readonly'" in err
 
 

@@ -13,7 +13,7 @@ from _cc_helpers import key_for
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache import _fs
-from qnnx_ctxcache.errors import BuildOutputError, InvalidStoreOptionsError
+from qnnx_ctxcache.errors import BuildOutputError, InvalidOptionsError
 from qnnx_ctxcache.testing import FakeBuild, write_fake_context
 
 
@@ -329,12 +329,12 @@ def _null():  # type: ignore[no-untyped-def]
 
 
 def test_options_are_validated_with_helpful_messages() -> None:
-    """Bad StoreOptions values raise InvalidStoreOptionsError naming the field and accepted values."""
-    with pytest.raises(InvalidStoreOptionsError, match="max_size_bytes"):
+    """Bad StoreOptions values raise InvalidOptionsError naming the field and accepted values."""
+    with pytest.raises(InvalidOptionsError, match="max_size_bytes"):
         cc.StoreOptions(max_size_bytes=-1)
-    with pytest.raises(InvalidStoreOptionsError, match="readonly"):
+    with pytest.raises(InvalidOptionsError, match="readonly"):
         cc.StoreOptions(mode="fast")
-    with pytest.raises(InvalidStoreOptionsError, match="StoreOptions"):
+    with pytest.raises(InvalidOptionsError, match="StoreOptions"):
         cc.ContextStore("/tmp/x", options={"max_size_bytes": 1})  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         cc.StoreOptions(10)  # type: ignore[misc]

@@ -50,6 +50,7 @@ def test_json_report_and_exit_0_when_the_npu_is_usable() -> None:
         "soc_name",
         "htp_arch",
         "soc_source",
+        "reused",
     }
     assert (npu["device"], npu["available"], npu["is_simulator"], npu["soc_model"]) == ("npu", True, True, 60)
     assert (gpu["device"], gpu["available"]) == ("gpu", False)
@@ -137,3 +138,24 @@ def test_closed_pipe_is_not_an_error() -> None:
     proc.stderr.close()
     assert proc.wait(timeout=120) == 1
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("spelling", ["SM8650", "57", "snapdragon-8-gen-3"])
+def test_soc_model_flag_takes_numbers_and_chip_names(spelling: str) -> None:
+    """--soc-model probes the simulator as that SoC, like QNNX_SOC_MODEL (and overrides it)."""
+    result = run_cli("--soc-model", spelling, "--json", env={"QNNX_DISABLE": "1", "QNNX_SOC_MODEL": "60"})
+    assert result.returncode == 1, result.stderr  # QNN disabled: the report still resolves the SoC
+    assert json.loads(result.stdout)["overrides"]["soc_model"] == 57
+
+
+def test_bad_soc_model_is_a_usage_error_with_one_json_error_shape() -> None:
+    """--soc-model banana exits 2 naming the accepted values on stderr; with --json the same error is one JSON
+    document on stdout (type, message, fix, exit code), as in qnnx-opcheck and qnnx-ctxcache."""
+    result = run_cli("--soc-model", "banana")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "qnnx-detect: error:" in result.stderr and "SM8650" in result.stderr
+    result = run_cli("--soc-model", "-1", "--json")
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert set(error) == {"type", "message", "fix", "exit_code"}
+    assert (error["type"], error["exit_code"]) == ("UsageError", 2) and "negative" in error["message"]

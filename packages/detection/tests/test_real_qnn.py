@@ -15,7 +15,7 @@ import qnnx_detection as qd
 from qnnx_detection._tiny_model import tiny_add_model
 from qnnx_detection.errors import (
     InvalidDeviceError,
-    InvalidOptionError,
+    InvalidOptionsError,
     QnnxDetectionError,
     SessionCreationError,
 )
@@ -104,12 +104,12 @@ def test_provider_options() -> None:
 
 def test_provider_options_reports_every_problem() -> None:
     """Overriding backend_path, a contradicting soc_model and a bad value are all reported in one error."""
-    with pytest.raises(InvalidOptionError) as info:
+    with pytest.raises(InvalidOptionsError) as info:
         qd.provider_options("npu", soc_model=60, extra={"backend_path": "/x.so", "soc_model": "69", "vtcm_mb": 1.5})  # type: ignore[dict-item]
     assert isinstance(info.value, ValueError)
     assert len(info.value.problems) == 3
     assert "backend_path" in str(info.value)
-    with pytest.raises(InvalidOptionError, match="soc_model=-1"):
+    with pytest.raises(InvalidOptionsError, match="soc_model=-1"):
         qd.provider_options("npu", soc_model=-1)
 
 
@@ -197,9 +197,9 @@ def test_create_session_rejects_misuse_before_touching_qnn() -> None:
     """cpu as a device, non-model objects and a fallback key in session_config are errors naming the fix."""
     with pytest.raises(InvalidDeviceError):
         qd.create_session(tiny_add_model(), "cpu", soc_model=SOC)
-    with pytest.raises(InvalidOptionError, match="model must be"):
+    with pytest.raises(InvalidOptionsError, match="model must be"):
         qd.create_session(123, "npu", soc_model=SOC)  # type: ignore[arg-type]
-    with pytest.raises(InvalidOptionError, match="allow_cpu_fallback"):
+    with pytest.raises(InvalidOptionsError, match="allow_cpu_fallback"):
         qd.create_session(
             tiny_add_model(), "npu", soc_model=SOC, session_config={"session.disable_cpu_ep_fallback": "0"}
         )

@@ -246,6 +246,8 @@ def test_mutated_placeholders_are_recorded_and_liftable() -> None:
     assert lifted is not None and lifted.exportable
     assert not set(lifted.param_indices) & set(cap.analysis.mutated_indices)
     assert set(cap.analysis.mutated_indices) <= set(lifted.user_indices)
+    # The structural reading (no example values, so no guard on symbolic sizes) agrees with analyze().
+    assert qe.written_arguments(cap.gm) == cap.analysis.mutated_indices
 
 
 def test_lift_mutations_refuses_other_problems() -> None:

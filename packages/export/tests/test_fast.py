@@ -16,7 +16,7 @@ from qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_
 from torch.utils._pytree import tree_flatten
 
 import qnnx_export as qe
-from qnnx_export.errors import ExportError, OptionsError
+from qnnx_export.errors import ExportError, InvalidOptionsError
 
 FAST = qe.ExportOptions(exporter="fast")
 TORCH_ONNX = qe.ExportOptions(exporter="torch.onnx")
@@ -364,8 +364,8 @@ def test_index_and_bitwise_forms_outside_the_translator_decline(name: str) -> No
 
 
 def test_bogus_exporter_option_names_accepted_values() -> None:
-    """An unknown exporter name is an OptionsError listing "auto", "fast" and "torch.onnx"."""
-    with pytest.raises(OptionsError, match="bogus") as info:
+    """An unknown exporter name is an InvalidOptionsError listing "auto", "fast" and "torch.onnx"."""
+    with pytest.raises(InvalidOptionsError, match="bogus") as info:
         qe.ExportOptions(exporter="bogus")
     assert all(name in str(info.value) for name in ("'auto'", "'fast'", "'torch.onnx'"))
 

@@ -195,6 +195,22 @@ EXAMPLES: dict[str, _Example] = {
         lambda x, i, s: aten.index_copy.default(x, 1, i, s), (2, 6, 3), lambda: torch.randperm(6)[:2], (2, 2, 3)
     ),
     "aten.copy.default": _ex(lambda x, s: aten.copy.default(x, s), (3, 6), (1, 6)),
+    "aten.fill.Scalar": _ex(lambda x: aten.fill.Scalar(x, 2.5), (3, 6)),
+    "aten.fill.Tensor": _ex(lambda x, v: aten.fill.Tensor(x, v), (3, 6), lambda: torch.tensor(1.5)),
+    "aten.slice_scatter.default": _ex(
+        lambda x, s: (aten.slice_scatter.default(x, s, 1, 1, 3), aten.slice_scatter.default(x, s, 1, -2)),
+        (3, 4),
+        (3, 2),
+    ),
+    "aten.select_scatter.default": _ex(lambda x, s: aten.select_scatter.default(x, s, 0, -1), (3, 4), (4,)),
+    "aten.index_put.default": _ex(
+        lambda x, i, j, row, v: (aten.index_put.default(x, [i], row), aten.index_put.default(x, [i, j], v)),
+        (5, 4),
+        lambda: torch.tensor([3, -1]),
+        lambda: torch.tensor([0, 2]),
+        (4,),
+        lambda: torch.tensor(0.5),
+    ),
     # matrix products
     "aten.mm.default": _ex(lambda a, b: aten.mm.default(a, b), _X, (4, 5)),
     "aten.bmm.default": _ex(lambda a, b: aten.bmm.default(a, b), (2, 3, 4), (2, 4, 5)),

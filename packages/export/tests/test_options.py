@@ -6,7 +6,7 @@ import attrs
 import pytest
 
 import qnnx_export as qe
-from qnnx_export.errors import OptionsError, QnnxExportError
+from qnnx_export.errors import InvalidOptionsError, QnnxExportError
 
 
 def test_defaults() -> None:
@@ -30,7 +30,7 @@ def test_keyword_only_and_frozen() -> None:
 @pytest.mark.parametrize("opset", [19, 24, "20", True, 20.0])
 def test_bad_opset(opset: object) -> None:
     """An opset outside [20, 23] or not an int is refused with a ValueError naming it."""
-    with pytest.raises(OptionsError, match="opset") as info:
+    with pytest.raises(InvalidOptionsError, match="opset") as info:
         qe.ExportOptions(opset=opset)  # type: ignore[arg-type]
     assert isinstance(info.value, ValueError)
     assert isinstance(info.value, QnnxExportError)
@@ -38,7 +38,7 @@ def test_bad_opset(opset: object) -> None:
 
 def test_bad_passes_reports_all() -> None:
     """Every unknown and duplicated pass name is reported at once, with the accepted names."""
-    with pytest.raises(OptionsError) as info:
+    with pytest.raises(InvalidOptionsError) as info:
         qe.ExportOptions(passes=("nope", "fuse_erf_gelu", "fuse_erf_gelu", "also_nope"))
     msg = str(info.value)
     assert "nope" in msg and "also_nope" in msg and "duplicated" in msg and "tile_layernorm_broadcast" in msg
@@ -46,7 +46,7 @@ def test_bad_passes_reports_all() -> None:
 
 def test_passes_string_refused() -> None:
     """A bare string for passes is refused (it would be split into characters)."""
-    with pytest.raises(OptionsError, match="tuple"):
+    with pytest.raises(InvalidOptionsError, match="tuple"):
         qe.ExportOptions(passes="fuse_erf_gelu")  # type: ignore[arg-type]
 
 
@@ -59,5 +59,5 @@ def test_passes_list_converted_to_tuple() -> None:
 @pytest.mark.parametrize("value", [-1, 1.5, None])
 def test_bad_threshold(value: object) -> None:
     """A negative or non-int external_data_threshold is refused."""
-    with pytest.raises(OptionsError, match="external_data_threshold"):
+    with pytest.raises(InvalidOptionsError, match="external_data_threshold"):
         qe.ExportOptions(external_data_threshold=value)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ from qnnx_backend import errors
 from qnnx_backend._backend import is_available, qnn_backend
 from qnnx_backend._explain import DeviceExplanation, ExplainReport, GraphExplanation, NodeExplanation, explain
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._report import Attempt, CompileReport, clear_compile_reports, compile_reports
+from qnnx_backend._quantize import calibrate
+from qnnx_backend._report import Attempt, CompileReport, QuantizationReport, clear_compile_reports, compile_reports
 from qnnx_backend._version import __version__
 
 __all__ = [
@@ -19,7 +20,9 @@ __all__ = [
     "ExplainReport",
     "GraphExplanation",
     "NodeExplanation",
+    "QuantizationReport",
     "__version__",
+    "calibrate",
     "clear_compile_reports",
     "compile_reports",
     "errors",

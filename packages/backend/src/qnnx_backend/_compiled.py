@@ -16,11 +16,12 @@ from typing import Any
 
 import attrs
 import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
 
-from qnnx_backend import _buckets, _report
+from qnnx_backend import _aot, _buckets, _report
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._session import DeviceRejected as _DeviceRejected
-from qnnx_backend._session import QnnProgram, build_program
+from qnnx_backend._session import QnnProgram, build_program, recreate_and_run
 from qnnx_backend.errors import (
     QnnDeviceError,
     QnnFallbackWarning,
@@ -82,6 +83,14 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: 
     return static
 
 
+def _writes_arguments(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph updates any of its arguments (inputs or buffers) in place (read from the graph alone: the
+    backend call must not add guards on symbolic sizes)."""
+    import qnnx_export
+
+    return bool(qnnx_export.written_arguments(gm))
+
+
 @attrs.frozen
 class _Eager:
     """Runs the original graph with PyTorch."""
@@ -103,8 +112,8 @@ def _gc_paused() -> Any:
     """Hold off Python's cyclic garbage collector while a graph compiles.
 
     Export and session building allocate many short-lived objects, and every few hundred allocations CPython
-    scans the whole heap, which after ``import torch`` holds millions of objects: measured 0.19 s (MLP) and
-    0.25-0.31 s (tiny BERT) of a cold first call went to collections. Reference counting still frees almost
+    scans the whole heap, which after ``import torch`` holds millions of objects: a noticeable share of a cold
+    first call went to collections (docs/benchmarks.md). Reference counting still frees almost
     everything; the cycles left are collected at the next collection after the compile. The collector's state
     is restored exactly (it stays off if the caller had turned it off), also across threads compiling at once.
     """
@@ -151,11 +160,12 @@ def _compiling() -> Any:
         yield
 
 
-class QnnGraph:
+class QnnGraph(SerializableCallable):
     """The compiled function of one Dynamo graph.
 
     Dynamo calls it with every graph argument (lifted parameters and buffers included). Static graphs are compiled
     when the backend is called; graphs with symbolic sizes compile one static variant per concrete shape on first use.
+    It is serializable (``aot_compile`` and ``save_compiled_function``; see :mod:`qnnx_backend._aot`).
     """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[object], options: BackendOptions) -> None:
@@ -169,9 +179,14 @@ class QnnGraph:
         )
         self._variants: dict[tuple[object, ...], _Eager | _QnnVariant | _Specialized] = {}
         self._budget_warned = False
+        self._examples = _aot.remember(example_inputs)  # weakly: saving compiles a never-called graph from them
         self._plan: _buckets.BucketPlan | str | None = None
         if self._sym_positions and options.buckets is not None:
             self._plan = _buckets.make_plan(gm, example_inputs, self._sym_positions)
+            if not isinstance(self._plan, str) and _writes_arguments(gm):
+                # Padded copies would take the writes, and the eager neutrality check would apply them to the
+                # caller's tensors: such a graph compiles exact sizes.
+                self._plan = "the graph writes in place into its arguments"
             if isinstance(self._plan, str):
                 logger.info("qnn backend: dynamic sizes compile exactly (no buckets): %s", self._plan)
         _LIVE.append(weakref.ref(self))
@@ -183,10 +198,24 @@ class QnnGraph:
         """The report of each static variant compiled so far."""
         return tuple(v.report for v in self._variants.values())
 
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: QnnGraph) -> bytes:
+        """The saved form of ``fn`` (``save_compiled_function``): compiled contexts, frozen model, call plan."""
+        return _aot.serialize(fn)
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        """The callable saved by :meth:`serialize_compile_artifacts`, loaded without Dynamo, export or opcheck."""
+        return _aot.deserialize(data)
+
     def __call__(self, *args: object) -> Any:
         # Compilation happens on the first call of each concrete shape, not inside Dynamo's backend call: Dynamo
         # wraps any exception a backend raises into BackendCompilerFailed (dropping its type), while an exception
         # raised here reaches the user as the QnnDeviceError / UnsupportedGraphError it is.
+        if self._options.quantize is not None:  # calibration, then quantized variants: see _quantize
+            from qnnx_backend._quantize import call_quantizing
+
+            return call_quantizing(self, args)
         key: tuple[object, ...] = ()
         if self._sym_positions:
             key = tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
@@ -198,17 +227,22 @@ class QnnGraph:
                         return served
         variant = self._known_variant(key)
         if variant is None:
-            with self._lock, _compiling(), _gc_paused():
-                variant = self._variants.get(key)
-                if variant is None:
-                    if self._sym_positions:
-                        static = specialize(self._gm, args, self._sym_positions)
-                        rest = [a for i, a in enumerate(args) if i not in self._sym_positions]
-                        variant = _Specialized(self._compile(static, rest), self._sym_positions)
-                    else:
-                        variant = self._compile(self._gm, list(args))
-                    self._variants[key] = variant
+            variant = self._compile_variant(key, args)
         return variant(args)
+
+    def _compile_variant(self, key: tuple[object, ...], args: Sequence[object]) -> Any:
+        """The variant for the sizes ``key``, compiled from ``args`` unless another thread did it first."""
+        with self._lock, _compiling(), _gc_paused():
+            variant = self._variants.get(key)
+            if variant is None:
+                if self._sym_positions:
+                    static = specialize(self._gm, args, self._sym_positions)
+                    rest = [a for i, a in enumerate(args) if i not in self._sym_positions]
+                    variant = _Specialized(self._compile(static, rest), self._sym_positions)
+                else:
+                    variant = self._compile(self._gm, list(args))
+                self._variants[key] = variant
+        return variant
 
     def _call_bucket(self, args: Sequence[object], sizes: tuple[int, ...], bucket: tuple[int, ...]) -> Any:
         """Run the static graph of ``bucket`` on padded arguments and slice the outputs back to ``sizes``."""
@@ -291,14 +325,17 @@ class QnnGraph:
         args: list[object],
         exclude: frozenset[str] = frozenset(),
         bucket: tuple[int, ...] | None = None,
+        calibration: Any = None,
     ) -> _Eager | _QnnVariant:
+        """Compile one static graph along the device chain; ``calibration`` (a ``_quantize.Calibration``) asks for
+        the quantized graph."""
         from qnnx_backend._progress import compile_progress
 
         graph_id = _report.next_graph_id()
         timings: dict[str, float] = {}
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         with compile_progress(graph_id, timings, shapes):
-            return self._compile_graph(gm, args, exclude, graph_id, timings, shapes, bucket)
+            return self._compile_graph(gm, args, exclude, graph_id, timings, shapes, bucket, calibration)
 
     def _compile_graph(
         self,
@@ -309,6 +346,7 @@ class QnnGraph:
         timings: dict[str, float],
         shapes: tuple[tuple[int, ...], ...],
         bucket: tuple[int, ...] | None = None,
+        calibration: Any = None,
     ) -> _Eager | _QnnVariant:
         import qnnx_detection
         import qnnx_export
@@ -367,6 +405,8 @@ class QnnGraph:
         devices = [d for d in ([device] if device != "auto" else CHAIN) if d not in exclude]
         attempts: list[_report.Attempt] = []
         shared: dict[str, Any] = {}  # export result shared across devices of one chain
+        if calibration is not None:
+            shared["calibration"] = calibration
         for pos, dev in enumerate(devices):
             nxt = devices[pos + 1] if pos + 1 < len(devices) else "eager PyTorch"
             t = time.perf_counter()
@@ -380,7 +420,15 @@ class QnnGraph:
                 )
                 continue
             try:
-                program = build_program(gm, args, dev, opts, analysis, shared, timings)
+                quantization = None
+                if "calibration" in shared:
+                    from qnnx_backend import _quantize
+
+                    program, quantization = _quantize.build_program(
+                        gm, args, dev, opts, analysis, shared, timings, graph_id
+                    )
+                else:
+                    program = build_program(gm, args, dev, opts, analysis, shared, timings)
             except _DeviceRejected as exc:
                 attempts.append(
                     _report.Attempt(device=dev, ok=False, reason=exc.cause, seconds=time.perf_counter() - t)
@@ -401,12 +449,14 @@ class QnnGraph:
                 onnx_nodes=program.onnx_nodes,
                 passes_applied=program.passes_applied,
                 placement=program.placement,
+                cpu_nodes=dict(getattr(program, "cpu_nodes", {})),
                 timings=timings,
+                quantization=quantization,
                 **base,
             )
             _report.record(rep)
             logger.info("%s", rep.summary())
-            return _QnnVariant(self, gm, args, program, rep, exclude)
+            return _QnnVariant(self, gm, args, program, rep, exclude, calibration)
         reasons = "; ".join(f"{a.device}: {a.reason}" for a in attempts) or "no QNN device was tried"
         if opts.strict:  # device='auto' with strict: no device of the chain took the graph
             raise QnnDeviceError(device, f"no QNN device could take the graph ({reasons})")
@@ -476,9 +526,11 @@ class _FrozenWeights:
     def changed(self, args: Sequence[object]) -> bool:
         """Whether an argument is another tensor than the one frozen, or was updated in place since (an optimizer
         step, ``load_state_dict``, ``fill_`` under ``no_grad``: each bumps the version counter)."""
-        return any(map(operator.is_not, self._pick(args), self._tensors)) or (
-            list(map(_version_of, self._tensors)) != self._versions
-        )
+        return any(map(operator.is_not, self._pick(args), self._tensors)) or not self.current()
+
+    def current(self) -> bool:
+        """Whether the frozen tensors still hold what was frozen (no in-place update since)."""
+        return list(map(_version_of, self._tensors)) == self._versions
 
 
 class _QnnVariant:
@@ -492,35 +544,44 @@ class _QnnVariant:
         program: QnnProgram,
         report: _report.CompileReport,
         exclude: frozenset[str],
+        calibration: Any = None,
     ) -> None:
         self._owner = owner
+        self._calibration = calibration  # a recompile (weights changed, device rejected) quantizes again
         self._gm = gm
         self._program = program
         self.report = report
         self._exclude = exclude
         self._fallback: _Eager | _QnnVariant | None = None
         self._verified = not owner._options.verify
-        if not self._verified and bool(getattr(program.signature, "writebacks", None)):
+        if not self._verified and program.signature.writes:
             # The guard reruns the graph in eager PyTorch after the QNN run, which would apply the writes twice.
             logger.info("qnn backend: graph %d writes in place; verify is not applied to it", report.graph_id)
+            self._verified = True
+        if report.quantization is not None and report.quantization.used:
+            # Checked against eager PyTorch at compile (SQNR, cosine); verify's fp16-level limits do not apply.
             self._verified = True
         self._lock = threading.Lock()
         # Frozen weights are snapshots: remember which tensors and which versions were frozen, so that an in-place
         # update after compile (optimizer step, load_state_dict, no_grad fill_) triggers a recompile instead of a
         # silently stale result.
         self._frozen = _FrozenWeights(args, program.param_indices)
+        # Programs compiled for other weights of the same graph, still current: Dynamo serves modules of the same
+        # structure compiled apart (one per transformer layer) with one graph, passing each module's weights.
+        self._others: list[tuple[_FrozenWeights, QnnProgram, _report.CompileReport]] = []
 
     def __call__(self, args: Sequence[object]) -> Any:
         if self._fallback is not None:
             return self._fallback(args)
         if self._frozen.changed(args):
             with self._lock, _compiling():
-                if self._frozen.changed(args):
+                if self._frozen.changed(args) and not self._switch_weights(args):
                     logger.info(
                         "qnn backend: weights of graph %d changed since compile; recompiling", self.report.graph_id
                     )
-                    fresh = self._owner._compile(self._gm, list(args), self._exclude)
+                    fresh = self._owner._compile(self._gm, list(args), self._exclude, calibration=self._calibration)
                     if isinstance(fresh, _QnnVariant):
+                        self._keep_current()
                         self._program, self.report, self._frozen = fresh._program, fresh.report, fresh._frozen
                     else:
                         self._fallback = fresh
@@ -538,17 +599,30 @@ class _QnnVariant:
                 return self._reject(args, problem)
         return out
 
+    def _switch_weights(self, args: Sequence[object]) -> bool:
+        """Make current the program compiled earlier for the weights in ``args``, if one is still current."""
+        for k, (frozen, program, report) in enumerate(self._others):
+            if not frozen.changed(args):
+                del self._others[k]
+                self._keep_current()
+                self._program, self.report, self._frozen = program, report, frozen
+                return True
+        return False
+
+    def _keep_current(self) -> None:
+        """Keep the current program for its weights, unless they were updated in place (it is then stale for good);
+        at most ``max_graphs`` programs per graph, the least recently used dropped first."""
+        self._others = [o for o in self._others if o[0].current()]
+        if self._frozen.current():
+            self._others.insert(0, (self._frozen, self._program, self.report))
+        del self._others[max(0, self._owner._options.max_graphs - 1) :]
+
     def _recover(self, args: Sequence[object], exc: Exception) -> Any:
         opts = self._owner._options
-        logger.warning(
-            "qnn backend: graph %d failed at run time on %s (%s); recreating the session once",
-            self.report.graph_id,
-            self.report.device,
-            exc,
-        )
         try:
-            self._program = self._program.recreate()
-            return self._program.run(args)
+            label = f"graph {self.report.graph_id} on {self.report.device}"
+            self._program, out = recreate_and_run(self._program, args, label, exc)
+            return out
         except Exception as again:
             cause = f"run failed twice on {self.report.device}: {again}"
             if opts.strict:
@@ -595,7 +669,9 @@ class _QnnVariant:
             stacklevel=4,
         )
         with _compiling():
-            self._fallback = self._owner._compile(self._gm, list(args), self._exclude | {self.report.device})
+            self._fallback = self._owner._compile(
+                self._gm, list(args), self._exclude | {self.report.device}, calibration=self._calibration
+            )
 
 
 _FELL_BACK = object()

@@ -12,7 +12,8 @@ from typing import Any
 import attrs
 
 from qnnx_backend._options import CHAIN, OPCHECK_BACKEND, BackendOptions, effective_device
-from qnnx_backend._report import DEVICE_LABELS
+from qnnx_backend._report import DEVICE_LABELS, QuantizationReport
+from qnnx_backend._split import CpuPlan, plan_cpu_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,9 @@ class NodeExplanation:
     placement: str | None = None
     """Where ONNX Runtime put it when a session was built: ``QNN``, ``ORT CPU``, or ``fused`` (ORT's graph
     optimizer folded it into a constant or fused it into another node before placement); None when predicted."""
+    cpu_reason: str | None = None
+    """Why the node is pinned to ONNX Runtime's CPU EP when the graph is split (opcheck's reason, or its op type
+    being pinned for another node); None when it is meant for QNN."""
 
 
 @attrs.frozen(kw_only=True)
@@ -61,6 +65,11 @@ class GraphExplanation:
     nodes: tuple[NodeExplanation, ...] = ()
     compiled: bool = False
     """True when a real session was built and ``placement`` comes from ONNX Runtime itself."""
+    quantization: QuantizationReport | None = None
+    """With the ``quantize`` option: the graph quantized on the example inputs alone (its verdicts and placement are
+    those of the QDQ model), with SQNR and cosine against eager PyTorch computed on ONNX Runtime's CPU EP."""
+    cpu_op_types: tuple[str, ...] = ()
+    """Op types pinned to ONNX Runtime's CPU EP when the graph is split between it and QNN (see ``partition``)."""
 
     def nodes_on_qnn(self) -> int:
         """Nodes placed (or predicted) on QNN."""
@@ -70,7 +79,7 @@ class GraphExplanation:
             # Fused nodes were absorbed before placement: they count with QNN when nothing went to the CPU EP.
             on_cpu = any(n.placement == "ORT CPU" for n in self.nodes)
             return sum(1 for n in self.nodes if n.placement == "QNN" or (n.placement == "fused" and not on_cpu))
-        return sum(1 for n in self.nodes if n.verdict != "unsupported")
+        return sum(1 for n in self.nodes if n.cpu_reason is None and n.verdict != "unsupported")
 
 
 @attrs.frozen(kw_only=True)
@@ -116,18 +125,41 @@ class ExplainReport:
             lines.append(head + (f" ({g.reason})" if g.reason else ""))
             if g.passes_applied:
                 lines.append(f"  rewrite passes: {', '.join(g.passes_applied)}")
+            if g.quantization is not None:
+                lines.append(f"  quantized: {g.quantization.summary()} (example inputs, ORT CPU EP)")
             for d in g.devices:
                 state = "takes the graph" if d.accepted else f"rejected: {d.reason}"
                 lines.append(f"  {d.device}: {state}")
+            pinned = [n for n in g.nodes if n.cpu_reason is not None]
+            if g.final_device != "eager" and g.cpu_op_types:
+                on_cpu = (
+                    len(g.nodes) - g.nodes_on_qnn()
+                    if not g.compiled
+                    else sum(n.placement == "ORT CPU" for n in g.nodes)
+                )
+                lines.append(
+                    f"  split: {g.nodes_on_qnn()} ONNX nodes on QNN, {on_cpu} on the ORT CPU EP (pinned op types: "
+                    f"{', '.join(g.cpu_op_types)})"
+                )
             if g.nodes:
                 width = max(len(n.onnx_node) for n in g.nodes)
                 lines.append(f"  {'ONNX node':<{width}}  {'op':<20} {'verdict':<11} {'placed':<8} from PyTorch")
                 for n in g.nodes:
-                    placed = n.placement or ("(pred.)" if g.final_device != "eager" else "-")
+                    placed = n.placement or _predicted(n, g)
                     lines.append(
                         f"  {n.onnx_node:<{width}}  {n.op_type:<20} {n.verdict or '-':<11} {placed:<8} {', '.join(n.fx_nodes) or '-'}"
                     )
+            if g.final_device != "eager" and pinned:
+                lines.append("  on the ORT CPU EP, because:")
+                lines.extend(f"    {n.onnx_node} ({n.op_type}): {n.cpu_reason}" for n in pinned)
         return "\n".join(lines)
+
+
+def _predicted(node: NodeExplanation, graph: GraphExplanation) -> str:
+    """The placement column of a node no session placed: ``QNN?``/``CPU?`` (predicted from opcheck), ``-``."""
+    if graph.final_device == "eager":
+        return "-"
+    return "CPU?" if node.cpu_reason is not None else "QNN?"
 
 
 def _capture(model: Any, example_inputs: Sequence[object]) -> tuple[list[tuple[Any, list[object]]], list[str]]:
@@ -199,9 +231,14 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 )
             )
             continue
+        quantization = None
+        if opts.quantize is not None:
+            from qnnx_backend._quantize import explain_quantized
+
+            exported, quantization = explain_quantized(exported, gm, inputs, opts.quantize, analysis)
         origins = {name: (origin,) for name, origin in exported.node_origins.items()}
         devices: list[DeviceExplanation] = []
-        final, final_report, placement = "eager", None, None
+        final, final_report, placement, final_plan = "eager", None, None, CpuPlan()
         for dev in chain:
             status = probe.backend(dev)
             report = qnnx_opcheck.check_model(exported.structure, OPCHECK_BACKEND[dev], soc_model=soc)
@@ -213,23 +250,29 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                     )
                 )
                 continue
-            if bad and opts.partition == "whole":
+            mode = opts.resolved_partition
+            if bad and mode == "whole":
                 devices.append(
                     DeviceExplanation(
                         device=dev, accepted=False, reason=f"{len(bad)} unsupported node(s)", unsupported=bad
                     )
                 )
                 continue
+            plan = plan_cpu_nodes(exported.structure, report) if mode != "whole" else CpuPlan()
+            if plan and mode == "auto" and not plan.keeps_majority():
+                reason = f"split refused, QNN would keep half of the nodes or fewer: {plan.describe(limit=3)}"
+                devices.append(DeviceExplanation(device=dev, accepted=False, reason=reason, unsupported=bad))
+                continue
             if compile:
                 try:
-                    placement = _placement(StagedModel(exported), dev, soc, opts)
+                    placement = _placement(StagedModel(exported), dev, soc, opts, plan)
                 except Exception as exc:
                     devices.append(
                         DeviceExplanation(device=dev, accepted=False, reason=f"session failed: {exc}", unsupported=bad)
                     )
                     continue
             devices.append(DeviceExplanation(device=dev, accepted=True, unsupported=bad))
-            final, final_report = dev, report
+            final, final_report, final_plan = dev, report, plan
             break
         verdicts = {v.node_name: v for v in final_report.verdicts} if final_report is not None else {}
         nodes = tuple(
@@ -240,6 +283,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 verdict=verdicts[n.name].status if n.name in verdicts else None,
                 reason=verdicts[n.name].reason if n.name in verdicts else None,
                 placement=placement.get(n.name, "fused") if placement is not None else None,
+                cpu_reason=_cpu_reason(n, final_plan),
             )
             for n in exported.structure.graph.node
         )
@@ -253,6 +297,8 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 passes_applied=tuple(exported.passes_applied),
                 nodes=nodes,
                 compiled=placement is not None,
+                quantization=quantization,
+                cpu_op_types=final_plan.op_types,
                 **base,
             )
         )
@@ -267,20 +313,28 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     )
 
 
-def _placement(model: bytes | str | os.PathLike[str], device: str, soc: int, opts: BackendOptions) -> dict[str, str]:
-    """Build the session the backend would build (same options, same mixed-partition retries) and read ORT's
-    placement of each node."""
-    from qnnx_backend._session import create_for_device
+def _cpu_reason(node: Any, plan: CpuPlan) -> str | None:
+    if node.name in plan.nodes:
+        return plan.nodes[node.name]
+    if node.op_type in plan.op_types:
+        return f"its op type {node.op_type} is pinned for another node (onnxruntime-qnn pins op types, not nodes)"
+    return None
 
-    session = create_for_device(
-        model,
-        device,
-        {
-            "soc_model": soc,
-            "provider_options": dict(opts.provider_options),
-            "allow_cpu_fallback": opts.partition == "mixed",
-        },
-    )
+
+def _placement(
+    model: bytes | str | os.PathLike[str], device: str, soc: int, opts: BackendOptions, plan: CpuPlan
+) -> dict[str, str]:
+    """Build the session the backend would build (same options, same split, same retries and placement checks) and
+    read ORT's placement of each node."""
+    from qnnx_backend._session import _check_share, _with_plan, create_for_device
+
+    kwargs = {
+        "soc_model": soc,
+        "provider_options": dict(opts.provider_options),
+        "allow_cpu_fallback": opts.resolved_partition == "mixed",
+    }
+    session = create_for_device(model, device, _with_plan(kwargs, plan))
+    _check_share(session, plan, opts)
     import qnnx_detection
 
     placed = qnnx_detection.node_placement(session) or {}

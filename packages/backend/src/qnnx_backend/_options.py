@@ -11,11 +11,12 @@ from typing import Any
 
 import attrs
 
+from qnnx_backend._quantspec import QuantizeSpec, parse_quantize
 from qnnx_backend.errors import InvalidOptionsError
 
 DEVICES = ("auto", "npu", "gpu", "cpu")
 _DEVICE_ALIASES = {"htp": "npu", "dsp": "npu"}
-PARTITIONS = ("whole", "mixed")
+PARTITIONS = ("auto", "whole", "mixed")
 CHAIN = ("npu", "gpu")
 """The order device='auto' tries QNN backends in, before eager PyTorch."""
 OPCHECK_BACKEND = {"npu": "htp", "gpu": "gpu"}
@@ -246,7 +247,10 @@ def _max_graphs(value: object) -> int:
 
 def _partition(value: object) -> str:
     if value not in PARTITIONS:
-        raise InvalidOptionsError(f"partition={value!r} is not valid; accepted: {', '.join(map(repr, PARTITIONS))}.")
+        raise InvalidOptionsError(
+            f"partition={value!r} is not valid; accepted: {', '.join(map(repr, PARTITIONS))} ('auto' splits a graph "
+            "between QNN and ONNX Runtime's CPU EP unless strict=True, 'whole' never splits, 'mixed' always may)."
+        )
     return str(value)
 
 
@@ -297,9 +301,11 @@ class BackendOptions:
     verify_min_cosine: float = attrs.field(default=0.999, converter=_tolerance("verify_min_cosine"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """Guard threshold on the cosine similarity of qnn and eager outputs."""
 
-    partition: str = attrs.field(default="whole", converter=_partition)
-    """``"whole"``: a graph runs wholly on QNN or not at all; ``"mixed"``: nodes QNN cannot take run on ONNX
-    Runtime's CPU EP inside the same session."""
+    partition: str = attrs.field(default="auto", converter=_partition)
+    """``"auto"``: without ``strict``, a graph with nodes qnnx-opcheck does not vouch for runs on QNN with the op
+    types of those nodes pinned to ONNX Runtime's CPU EP in the same session, when QNN keeps more than half of the
+    graph's nodes (else the graph runs in PyTorch); with ``strict``, as ``"whole"``. ``"whole"``: a graph runs
+    wholly on QNN or not at all. ``"mixed"``: always split as ``"auto"`` does, whatever share stays on QNN."""
 
     disable_passes: tuple[str, ...] = attrs.field(factory=tuple, converter=_disable_passes)
     """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
@@ -316,10 +322,21 @@ class BackendOptions:
 
     exporter: str = attrs.field(default="auto", converter=_exporter)
     """How the graph becomes ONNX: ``"auto"`` uses qnnx-export's direct ATen->ONNX translator when it covers every
-    op of the graph (about 10x faster than torch.onnx) and ``torch.onnx.export`` otherwise; ``"fast"`` refuses
+    op of the graph (much faster than torch.onnx; see docs/benchmarks.md) and ``torch.onnx.export`` otherwise; ``"fast"`` refuses
     graphs the translator cannot take; ``"torch.onnx"`` always uses torch.onnx (an escape hatch)."""
 
+    quantize: QuantizeSpec | None = attrs.field(default=None, converter=parse_quantize)
+    """Quantize each graph to QDQ integers after calibrating it on real inputs with :func:`qnnx_backend.calibrate`:
+    ``"a16w8"`` (uint16 activations, uint8 weights), ``"a8w8"``, or a dict (``scheme``, ``activation_type``,
+    ``weight_type``, ``per_channel``, ``calibration``, ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``).
+    None (default): float graphs. See the README's "Quantized models"."""
+
     def __attrs_post_init__(self) -> None:
+        if self.quantize is not None and self.fp16:
+            raise InvalidOptionsError(
+                f"quantize={self.quantize.scheme!r} and fp16=True cannot be combined: a quantized graph is "
+                "calibrated and run with float32 inputs. Drop fp16, or drop quantize."
+            )
         if self.cache_dir is not None and not self.cache:
             raise InvalidOptionsError(
                 f"cache_dir={str(self.cache_dir)!r} is set but cache=False; pass cache=True to use the context "
@@ -358,11 +375,19 @@ class BackendOptions:
         except (TypeError, ValueError) as exc:
             raise InvalidOptionsError(f"invalid options for backend='qnn': {exc}") from exc
 
+    @property
+    def resolved_partition(self) -> str:
+        """How a graph may be split: ``"whole"`` (never), ``"mixed"`` (whenever nodes are refused) or ``"auto"``
+        (when QNN keeps more than half of the nodes); ``partition="auto"`` under ``strict`` is ``"whole"``."""
+        if self.partition == "auto" and self.strict:
+            return "whole"
+        return self.partition
+
     def cache_material(self) -> dict[str, str]:
         """The options that change what is compiled (they go into the context-cache key)."""
         return {
             "fp16": str(self.fp16),
-            "partition": self.partition,
+            "partition": self.resolved_partition,
             "disable_passes": ",".join(self.disable_passes),
             "exporter": self.exporter,
             **{f"provider.{k}": v for k, v in self.provider_options},

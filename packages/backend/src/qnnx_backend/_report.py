@@ -27,6 +27,44 @@ class Attempt:
 
 
 @attrs.frozen(kw_only=True)
+class QuantizationReport:
+    """How one graph compiled with ``quantize`` was quantized, and how close it stays to float eager PyTorch.
+
+    The figures compare the quantized graph as compiled (on QNN) with the original graph in eager PyTorch, on the
+    calibration inputs; over several outputs, the worst one.
+    """
+
+    scheme: str
+    """The scheme, e.g. ``a16w8`` or ``a8w8 (per-channel, percentile)``."""
+    activation_type: str
+    weight_type: str
+    samples: int
+    """How many calibration inputs were recorded."""
+    calibration_sha256: str
+    """Digest of the calibration inputs (part of the context-cache key)."""
+    used: bool
+    """True when the graph runs quantized; False when it fell back to float (see ``reason``)."""
+    sqnr_db: float | None = None
+    """Signal-to-quantization-noise ratio in dB, ``10 log10(sum ref^2 / sum (out - ref)^2)``; inf when exact."""
+    cosine: float | None = None
+    """Cosine similarity of the quantized and eager outputs."""
+    max_abs_error: float | None = None
+    min_sqnr: float | None = None
+    """The floor that applied (the ``min_sqnr`` setting)."""
+    reason: str | None = None
+    """Why the graph does not run quantized, when it does not."""
+
+    def summary(self) -> str:
+        """E.g. ``a16w8, SQNR 32.5 dB, cosine 0.99972 on 16 samples``."""
+        if self.sqnr_db is None:
+            figures = "not measured"
+        else:
+            figures = f"SQNR {self.sqnr_db:.1f} dB, cosine {self.cosine:.5f}, max |err| {self.max_abs_error:.3g}"
+        text = f"{self.scheme}, {figures} on {self.samples} calibration sample(s)"
+        return text if self.used else f"{text}; runs in float: {self.reason}"
+
+
+@attrs.frozen(kw_only=True)
 class CompileReport:
     """What happened to one Dynamo graph (one static shape): where it runs and why.
 
@@ -45,17 +83,23 @@ class CompileReport:
     soc_model: int | None = None
     soc_name: str | None = None
     cache: str = "off"
-    """``"off"``, ``"hit"`` (context loaded, no export), ``"miss"`` (compiled and stored) or ``"bypass"``."""
+    """``"off"``, ``"hit"`` (context loaded, no export), ``"miss"`` (compiled and stored), ``"bypass"``, or for a
+    loaded saved function ``"aot"`` (its saved context) or ``"aot-rebuilt"`` (rebuilt from its saved ONNX model)."""
     onnx_nodes: int | None = None
     passes_applied: tuple[str, ...] = ()
     placement: Mapping[str, int] = attrs.field(factory=dict)
     """ONNX nodes per ONNX Runtime execution provider, from ORT's own assignment record (e.g. ``{"QNNExecutionProvider": 12}``)."""
+    cpu_nodes: Mapping[str, str] = attrs.field(factory=dict)
+    """The nodes qnnx-opcheck does not vouch for, pinned to ONNX Runtime's CPU EP (by op type, so other nodes of
+    those types run there too), each with opcheck's reason; empty when the graph runs wholly on QNN."""
     input_shapes: tuple[tuple[int, ...], ...] = ()
     bucket: tuple[int, ...] | None = None
     """The padded sizes this static graph was compiled for, when it serves a length bucket (see the ``buckets``
     option); calls with smaller sizes are padded to it and their outputs sliced back."""
     timings: Mapping[str, float] = attrs.field(factory=dict)
     """Seconds per stage: analyze, fingerprint, export, opcheck, session, cache_lookup, total."""
+    quantization: QuantizationReport | None = None
+    """For a graph compiled with the ``quantize`` option: scheme, SQNR and cosine against float eager PyTorch."""
 
     @property
     def on_qnn(self) -> bool:
@@ -70,11 +114,17 @@ class CompileReport:
             soc = f"soc {self.soc_model}" + (f" {self.soc_name}" if self.soc_name else "")
             on_cpu = self.placement.get("CPUExecutionProvider", 0)
             split = f" ({on_cpu} of them on the ORT CPU EP)" if on_cpu else ""
+            if self.cpu_nodes:
+                pinned = ", ".join(list(self.cpu_nodes)[:4])
+                more = f" and {len(self.cpu_nodes) - 4} more" if len(self.cpu_nodes) > 4 else ""
+                split = f" ({on_cpu} of them on the ORT CPU EP; pinned for qnnx-opcheck: {pinned}{more})"
             detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes{split}, cache {self.cache}"
         else:
             detail = f"{where}: {self.reason}"
         if self.bucket is not None:
             detail += f", bucket {list(self.bucket)}"
+        if self.quantization is not None:
+            detail += f", quantized {self.quantization.summary()}"
         total = self.timings.get("total")
         return f"graph {self.graph_id}: {detail}" + (f", {total:.2f} s" if total is not None else "")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
@@ -16,10 +15,11 @@ import numpy as np
 import torch
 
 from qnnx_backend._options import OPCHECK_BACKEND, BackendOptions
+from qnnx_backend._split import NO_OPS, CpuPlan, context_cpu_types, misplaced, plan_cpu_nodes, write_affinity
 
 logger = logging.getLogger(__name__)
 
-_CTX_FILE = "model_ctx.onnx"
+CTX_FILE = "model_ctx.onnx"
 # ORT type strings of session inputs -> numpy dtypes, for the few casts the call path may need.
 _ORT_TO_NUMPY = {
     "tensor(float)": np.float32,
@@ -193,6 +193,12 @@ def output_dtypes(gm: torch.fx.GraphModule) -> tuple[torch.dtype | None, ...]:
 class QnnProgram:
     """An ORT session on a QNN device plus what is needed to call it with Dynamo's arguments."""
 
+    source_model: StagedModel | None = None
+    cpu_nodes: Mapping[str, str] = {}
+    """The nodes pinned to ONNX Runtime's CPU EP, with qnnx-opcheck's reason (empty: the graph is wholly on QNN)."""
+    """The ONNX model the session was compiled from, when this process exported it (saving a compiled function
+    stores it); None on a context-cache hit."""
+
     def __init__(
         self,
         *,
@@ -228,8 +234,9 @@ class QnnProgram:
         self._to_half = tuple(spec.arg_index for spec in signature.inputs if spec.dtype == "float16") if fp16 else ()
         self._direct_in = _direct_inputs(signature, self._input_names, self._input_types)
         self._direct_out = None if fp16 else _direct_outputs(signature, self._out_dtypes)
-        self._writebacks = tuple(getattr(signature, "writebacks", ()))
-        if self._writebacks:  # the general call path, then the writes: never the shortcuts below
+        self._writebacks = tuple(signature.writebacks)
+        self._row_writebacks = tuple(signature.row_writebacks)
+        if signature.writes:  # the general call path, then the writes: never the shortcuts below
             self._direct_in = None
 
     def run(self, args: Sequence[object]) -> Any:
@@ -263,10 +270,15 @@ class QnnProgram:
                 array = array.astype(want)
             feed[name] = array
         outs = self.session.run(self._output_names, feed)
+        # The graph wrote inputs or buffers in place: the caller's tensors end as eager leaves them. Written before
+        # the outputs are assembled, since an output may be that same argument; rows first, since their positions
+        # may be an argument that a whole-tensor write then updates.
+        for row in self._row_writebacks:
+            target = callers[row.arg_index]
+            assert isinstance(target, torch.Tensor)
+            row.apply(target, outs, callers)
         for out_index, arg_index in self._writebacks:
-            # The graph wrote this input or buffer in place: the caller's tensor ends as eager leaves it (copy_
-            # casts back, e.g. an int64 counter that ran as int32). Written before the outputs are assembled,
-            # since an output may be that same argument.
+            # copy_ casts back, e.g. an int64 counter that ran as int32.
             target = callers[arg_index]
             assert isinstance(target, torch.Tensor)
             target.copy_(torch.from_numpy(outs[out_index]))
@@ -284,15 +296,23 @@ class QnnProgram:
 
     def recreate(self) -> QnnProgram:
         """A new session from the same model (after a run-time failure of the EP)."""
-        import qnnx_detection
-
         model, kwargs = self._recreate_from
-        session = qnnx_detection.create_session(model, self.device, **kwargs)
+        session = create_for_device(model, self.device, kwargs)  # the same split, pinned again
         clone = object.__new__(QnnProgram)
         clone.__dict__.update(self.__dict__)
         clone.session = session
         clone.placement = placement_counts(session)
         return clone
+
+
+def recreate_and_run(program: Any, args: Sequence[object], label: str, exc: Exception) -> tuple[Any, Any]:
+    """After a run-time failure of the EP (e.g. an NPU subsystem restart): one new session and one more run.
+
+    Returns (the new program, its outputs); raises whatever the second attempt raises.
+    """
+    logger.warning("qnn backend: %s failed at run time (%s); recreating the session once", label, exc)
+    fresh = program.recreate()
+    return fresh, fresh.run(args)
 
 
 @functools.cache
@@ -307,21 +327,38 @@ def _store(root: str | None, max_bytes: int | None) -> Any:
 _store_lock = threading.Lock()
 
 
-def _versions() -> dict[str, str]:
+def runtime_versions() -> dict[str, str]:
+    """The versions of the runtime that compiles and loads QNN contexts, as loaded in this process."""
     import qnnx_detection
-    import qnnx_export
-    import qnnx_opcheck
-    from qnnx_backend._version import __version__
 
     v = qnnx_detection.probe(initialize=False).versions
+    return {"onnxruntime": str(v.onnxruntime), "onnxruntime-qnn": str(v.onnxruntime_qnn), "qairt": str(v.qairt)}
+
+
+@functools.cache
+def _opcheck_version() -> str:
+    """qnnx-opcheck's version, read from its distribution's metadata: a cache hit then imports neither qnnx-opcheck
+    nor onnx (about 50 ms of a warm first call); the module's own when it is not installed as a distribution."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("qnnx-opcheck")
+    except importlib.metadata.PackageNotFoundError:
+        import qnnx_opcheck
+
+        return str(qnnx_opcheck.__version__)
+
+
+def _versions() -> dict[str, str]:
+    import qnnx_export
+    from qnnx_backend._version import __version__
+
     return {
-        "onnxruntime": str(v.onnxruntime),
-        "onnxruntime-qnn": str(v.onnxruntime_qnn),
-        "qairt": str(v.qairt),
+        **runtime_versions(),
         "torch": torch.__version__,
         "qnnx-export": qnnx_export.__version__,
         # A cached context skips opcheck: a table that now refuses a node must not be bypassed by an old entry.
-        "qnnx-opcheck": qnnx_opcheck.__version__,
+        "qnnx-opcheck": _opcheck_version(),
         "qnnx-backend": __version__,
     }
 
@@ -378,44 +415,88 @@ def _exported(
     result = shared["exported"]
     if isinstance(result, DeviceRejected):
         raise result
+    if "calibration" in shared:  # quantize=...: the QDQ model of the float export (raises _quantize.QuantizeFailed)
+        from qnnx_backend._quantize import quantized_model
+
+        return quantized_model(result, args, shared, timings)
     return result
 
 
-def _check_ops(exported: Any, device: str, soc: int, opts: BackendOptions, timings: dict[str, float]) -> None:
-    import qnnx_opcheck
+def _check_ops(exported: Any, device: str, soc: int, opts: BackendOptions, timings: dict[str, float]) -> CpuPlan:
+    """opcheck's verdicts for ``device``, turned into the graph's CPU-EP part (empty: wholly on QNN).
 
+    Raises DeviceRejected when the graph cannot be placed: a refused node under whole-graph placement, or, with
+    ``partition="auto"``, a split that would leave half of the nodes or more on the CPU.
+    """
     t = time.perf_counter()
-    report = qnnx_opcheck.check_model(exported.structure, OPCHECK_BACKEND[device], soc_model=soc)
+    report = _opcheck(exported.structure, device, soc)
     timings[f"opcheck_{device}"] = time.perf_counter() - t
-    if report.supported or opts.partition == "mixed":
-        if not report.supported:
-            logger.info("qnn backend: partition='mixed': %s run on the ORT CPU EP", len(report.unsupported))
-        return
-    nodes = ", ".join(f"{v.op_type} ({v.node_name}): {v.reason}" for v in report.unsupported)
-    err = DeviceRejected(
-        f"{len(report.unsupported)} ONNX node(s) not supported by QNN {OPCHECK_BACKEND[device]}: {nodes}"
+    mode = opts.resolved_partition
+    if mode == "whole":
+        if report.supported:
+            return CpuPlan()
+        nodes = ", ".join(f"{v.op_type} ({v.node_name}): {v.reason}" for v in report.unsupported)
+        err = DeviceRejected(
+            f"{len(report.unsupported)} ONNX node(s) not supported by QNN {OPCHECK_BACKEND[device]}: {nodes}"
+        )
+        try:
+            report.raise_for_unsupported()
+        except Exception as exc:
+            raise err from exc
+        raise err
+    plan = plan_cpu_nodes(exported.structure, report)
+    if plan and mode == "auto" and not plan.keeps_majority():
+        raise DeviceRejected(_minority(plan.on_qnn, plan.on_cpu, plan))
+    if plan:
+        logger.info("qnn backend: partition=%r: %s", opts.partition, plan.describe())
+    return plan
+
+
+def _minority(on_qnn: int, on_cpu: int, plan: CpuPlan) -> str:
+    return (
+        f"QNN would keep only {on_qnn} of {on_qnn + on_cpu} ONNX nodes once the nodes qnnx-opcheck does not vouch "
+        f"for are pinned to ONNX Runtime's CPU EP (by op type); with half or less on QNN the graph runs in "
+        f"PyTorch, or pass partition='mixed' to split it anyway. {plan.describe()}"
     )
-    try:
-        report.raise_for_unsupported()
-    except Exception as exc:
-        raise err from exc
-    raise err
+
+
+def _with_plan(kwargs: Mapping[str, Any], plan: CpuPlan) -> dict[str, Any]:
+    """Session arguments that pin ``plan`` to the CPU EP (create_for_device reads the two private keys; without
+    them a split session plans itself again from opcheck)."""
+    fallback = bool(plan) or bool(kwargs.get("allow_cpu_fallback"))
+    return {**kwargs, "allow_cpu_fallback": fallback, "cpu_op_types": plan.op_types, "cpu_nodes": tuple(plan.nodes)}
+
+
+def _check_share(session: Any, plan: CpuPlan, opts: BackendOptions) -> None:
+    """partition='auto': ORT's real placement must leave QNN more than half of the nodes too (the QNN EP may
+    decline more than opcheck predicted)."""
+    if not plan or opts.resolved_partition != "auto":
+        return
+    import qnnx_detection
+
+    counts = placement_counts(session)
+    on_qnn = counts.get(qnnx_detection.EP_NAME, 0)
+    on_cpu = sum(counts.values()) - on_qnn
+    if on_qnn <= on_cpu:
+        raise DeviceRejected(_minority(on_qnn, on_cpu, plan).replace("would keep", "kept", 1))
 
 
 _MIXED_RETRIES = 4
 
 
 def create_for_device(model: Any, device: str, kwargs: Mapping[str, Any]) -> Any:
-    """A QNN session that records ORT's node placement; partition='mixed' retries as described in _create_mixed.
+    """A QNN session that records ORT's node placement; with CPU fallback, split as described in _create_mixed.
 
     Raises qnnx_detection.errors.SessionCreationError with the cause.
     """
     import qnnx_detection
 
     kwargs = dict(kwargs)
+    cpu_types = kwargs.pop("cpu_op_types", None)
+    cpu_nodes = tuple(kwargs.pop("cpu_nodes", ()))
     kwargs["session_config"] = {**kwargs.get("session_config", {}), "session.record_ep_graph_assignment_info": "1"}
     if kwargs.get("allow_cpu_fallback"):
-        return _create_mixed(model, device, kwargs)
+        return _create_mixed(model, device, kwargs, cpu_types, cpu_nodes)
     return qnnx_detection.create_session(model, device, **kwargs)
 
 
@@ -431,12 +512,16 @@ def _create(model: Any, device: str, kwargs: Mapping[str, Any], timings: dict[st
         timings[f"session_{device}"] = time.perf_counter() - t
 
 
-def _create_mixed(model: Any, device: str, kwargs: dict[str, Any]) -> Any:
-    """partition='mixed': ORT's CPU EP takes the nodes QNN declines. A failure at QNN graph finalize is not rescued
-    by that fallback (onnxruntime-qnn 2.7.0), so op types are excluded from QNN with the EP's op_affinity file and
-    the session is built again: each retry pins half of the remaining op types to the CPU (at most 4 retries)."""
-    import tempfile
-
+def _create_mixed(
+    model: Any, device: str, kwargs: dict[str, Any], cpu_types: Sequence[str] | None, cpu_nodes: Sequence[str]
+) -> Any:
+    """A session split between QNN and ORT's CPU EP (see _split): the op types of the nodes qnnx-opcheck does not
+    vouch for are pinned to the CPU with the EP's op_affinity file, so the QNN EP's own capability check never
+    decides for them; nodes QNN declines by itself also run on the CPU. A compiled context keeps its plain nodes
+    on the CPU. A failure at QNN graph finalize is not rescued by ORT's fallback (onnxruntime-qnn 2.7.0), so the
+    session is built again with half of the remaining op types pinned as well (at most 4 retries). The placement
+    ORT records is then checked: a node meant for the CPU found on QNN, or fused away before placement, fails the
+    session."""
     import onnx
 
     import qnnx_detection
@@ -446,29 +531,49 @@ def _create_mixed(model: Any, device: str, kwargs: dict[str, Any]) -> Any:
         if isinstance(model, bytes)
         else onnx.load(os.fspath(model), load_external_data=False)
     )
-    candidates = sorted({n.op_type for n in proto.graph.node if n.domain in ("", "ai.onnx")})
-    excluded: list[str] = []
+    context_types = context_cpu_types(proto)
+    if context_types is not None:
+        cpu_types = context_types
+    elif cpu_types is None:  # a model no compile planned here (a saved graph rebuilt): plan it now
+        plan = plan_cpu_nodes(proto, _opcheck(proto, device, int(kwargs["soc_model"])))
+        cpu_types, cpu_nodes = plan.op_types, tuple(plan.nodes)
+    excluded = list(cpu_types)
+    candidates = sorted({n.op_type for n in proto.graph.node if n.domain in ("", "ai.onnx")} - set(excluded))
     for attempt in range(_MIXED_RETRIES + 1):
         extra = dict(kwargs.get("provider_options") or {})
-        path = None
-        if excluded:
-            fd, path = tempfile.mkstemp(prefix="qnnx-affinity-", suffix=".json")
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"op_type": dict.fromkeys(excluded, "cpu")}, fh)
+        path = write_affinity(excluded) if excluded else None
+        if path is not None:
             extra["op_affinity"] = path
         try:
-            return qnnx_detection.create_session(model, device, **{**kwargs, "provider_options": extra})
+            session = qnnx_detection.create_session(model, device, **{**kwargs, "provider_options": extra})
+            break
         except qnnx_detection.errors.SessionCreationError:
             if attempt == _MIXED_RETRIES or not candidates:
                 raise
             half = candidates[: max(1, len(candidates) // 2)]
             candidates = candidates[len(half) :]
             excluded.extend(half)
-            logger.info("qnn backend: partition='mixed': QNN failed to build the graph; pinning %s to the CPU EP", half)
+            logger.info("qnn backend: QNN failed to build the split graph; also pinning %s to the CPU EP", half)
         finally:
             if path is not None:
                 os.unlink(path)
-    raise AssertionError("unreachable")
+    placement = qnnx_detection.node_placement(session) or {}
+    if context_types is not None:
+        contexts = {n.name for n in proto.graph.node if n.op_type == "EPContext"}
+        stray = [n for n in placement.get(qnnx_detection.EP_NAME, ()) if n not in contexts]
+        problem = f"QNN took plain node(s) of the compiled context: {', '.join(stray[:8])}" if stray else None
+    else:
+        no_ops = [n.name for n in proto.graph.node if n.op_type in NO_OPS]
+        problem = misplaced(placement, [n for n in cpu_nodes if n], qnnx_detection.EP_NAME, no_ops)
+    if problem is not None:
+        raise qnnx_detection.errors.SessionCreationError(device, problem)
+    return session
+
+
+def _opcheck(structure: Any, device: str, soc: int) -> Any:
+    import qnnx_opcheck
+
+    return qnnx_opcheck.check_model(structure, OPCHECK_BACKEND[device], soc_model=soc)
 
 
 def placement_counts(session: Any) -> dict[str, int]:
@@ -498,7 +603,7 @@ def build_program(
     session_kwargs: dict[str, Any] = {
         "soc_model": soc,
         "provider_options": extra,
-        "allow_cpu_fallback": opts.partition == "mixed",
+        "allow_cpu_fallback": opts.resolved_partition == "mixed",
     }
     common = {
         "param_indices": analysis.param_indices,
@@ -513,22 +618,38 @@ def build_program(
         exported = _exported(gm, args, opts, analysis, shared, timings)
         if exported.signature.num_onnx_outputs == 0:
             return _NoSessionProgram(exported.signature, common)  # type: ignore[return-value]
-        _check_ops(exported, device, soc, opts, timings)
+        plan = _check_ops(exported, device, soc, opts, timings)
         model = StagedModel(exported)  # recreate() reads it again: it lives as long as the program
-        session = _create(model, device, session_kwargs, timings)
-        return QnnProgram(
+        kwargs = _with_plan(session_kwargs, plan)
+        session = _create(model, device, kwargs, timings)
+        _check_share(session, plan, opts)
+        program = QnnProgram(
             session=session,
             signature=exported.signature,
             cache="off",
             onnx_nodes=len(exported.structure.graph.node),
             passes_applied=exported.passes_applied,
-            recreate_from=(model, session_kwargs),
+            recreate_from=(model, kwargs),
             **common,
         )
+        program.cpu_nodes = dict(plan.nodes)
+        return program
     return _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra, session_kwargs, common)
 
 
+def context_config(directory: Path) -> dict[str, str]:
+    """Session config that makes ORT write the compiled context (``model_ctx.onnx`` plus its binary) into
+    ``directory`` while it creates the session."""
+    return {
+        "ep.context_enable": "1",
+        "ep.context_file_path": str(directory / CTX_FILE),
+        "ep.context_embed_mode": "0",
+    }
+
+
 def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra, session_kwargs, common) -> QnnProgram:
+    """The cached path: one call of the store's ``load_or_rebuild``, so every load of an entry is pinned against a
+    concurrent prune and marked, and an entry whose load fails (or crashed a process) is quarantined and rebuilt."""
     import qnnx_ctxcache
     import qnnx_detection
     import qnnx_export
@@ -544,89 +665,71 @@ def _build_cached(gm, args, device, opts, analysis, shared, timings, soc, extra,
         model_digest=shared["fingerprint"],
         ep_name=qnnx_detection.EP_NAME,
         ep_options={"device": device, "soc_model": str(soc), **extra},
-        session_config=opts.cache_material(),
+        # A quantized graph also depends on the quantization settings and the calibration data.
+        session_config={
+            **opts.cache_material(),
+            **(shared["calibration"].cache_material() if "calibration" in shared else {}),
+        },
         versions=_versions(),
         target={"device": device, "soc_model": soc},
     )
-    t = time.perf_counter()
-    entry = store.get(key)
-    timings["cache_lookup"] = time.perf_counter() - t
-    if entry is not None:
-        loaded = _load_entry(store, key, entry, device, session_kwargs, timings, common)
-        if loaded is not None:
-            return loaded
-
     built: dict[str, Any] = {}
 
     def build(staging: Path) -> Any:
         exported = _exported(gm, args, opts, analysis, shared, timings)
         if exported.signature.num_onnx_outputs == 0:
             raise _NothingToCompile(exported)
-        _check_ops(exported, device, soc, opts, timings)
-        ctx_kwargs = dict(session_kwargs)
-        ctx_kwargs["session_config"] = {
-            "ep.context_enable": "1",
-            "ep.context_file_path": str(staging / _CTX_FILE),
-            "ep.context_embed_mode": "0",
-        }
+        plan = _check_ops(exported, device, soc, opts, timings)
         staged = StagedModel(exported)
-        built["session"] = _create(staged, device, ctx_kwargs, timings)
-        staged.keep_for(built["session"])
-        built["exported"] = exported
+        kwargs = _with_plan(session_kwargs, plan)
+        session = _create(staged, device, {**kwargs, "session_config": context_config(staging)}, timings)
+        staged.keep_for(session)
+        _check_share(session, plan, opts)
+        built["session"], built["staged"] = session, staged
         return qnnx_ctxcache.BuildResult(
-            model_file=_CTX_FILE,
+            model_file=CTX_FILE,
             metadata={
                 "signature": exported.signature.to_dict(),
                 "onnx_nodes": len(exported.structure.graph.node),
                 "passes_applied": list(exported.passes_applied),
+                # The nodes compiled onto the CPU EP, with opcheck's reason (the report of a later hit shows them).
+                "cpu_nodes": dict(plan.nodes),
             },
         )
 
-    try:
-        entry = store.get_or_create(key, build)
-    except _NothingToCompile as nothing:
-        return _NoSessionProgram(nothing.exported.signature, common)  # type: ignore[return-value]
-    if "session" not in built:  # another process published first: load what it built
-        loaded = _load_entry(store, key, entry, device, session_kwargs, timings, common)
-        if loaded is not None:
-            return loaded
-        raise DeviceRejected("the cached compiled context could not be loaded twice in a row")
-    exported = built["exported"]
-    return QnnProgram(
-        session=built["session"],
-        signature=exported.signature,
-        cache="miss",
-        onnx_nodes=len(exported.structure.graph.node),
-        passes_applied=exported.passes_applied,
-        recreate_from=(str(entry.model_path), session_kwargs),
-        **common,
-    )
-
-
-def _load_entry(store, key, entry, device, session_kwargs, timings, common) -> QnnProgram | None:
-    import qnnx_detection
-    import qnnx_export
+    def load(entry: Any) -> QnnProgram:
+        # A fresh build hands back the session it created while compiling (no second load of the same context);
+        # a hit creates its session from the entry. The store pins and marks the entry while this runs.
+        # The store's own time (lookup, checks, publish), without the build's export, opcheck and compile.
+        building = ("export", "verify_export", f"opcheck_{device}", f"session_{device}") if not entry.hit else ()
+        timings["cache_lookup"] = max(0.0, time.perf_counter() - t - sum(timings.get(k, 0.0) for k in building))
+        session = built.pop("session", None) if not entry.hit else None
+        cpu_nodes = dict(entry.metadata.get("cpu_nodes") or {})
+        # A split context holds plain nodes for the CPU EP beside its EPContext nodes: load it with the fallback
+        # on (create_for_device keeps those nodes off QNN).
+        kwargs = {**session_kwargs, "allow_cpu_fallback": True} if cpu_nodes else session_kwargs
+        if session is None:
+            started = time.perf_counter()
+            session = create_for_device(str(entry.model_path), device, kwargs)
+            timings[f"session_{device}"] = time.perf_counter() - started
+        program = QnnProgram(
+            session=session,
+            signature=qnnx_export.GraphSignature.from_dict(entry.metadata["signature"]),
+            cache="hit" if entry.hit else "miss",
+            onnx_nodes=entry.metadata.get("onnx_nodes"),
+            passes_applied=tuple(entry.metadata.get("passes_applied", ())),
+            recreate_from=(str(entry.model_path), kwargs),
+            **common,
+        )
+        program.cpu_nodes = cpu_nodes
+        program.source_model = built.get("staged")  # the ONNX model it was compiled from (none on a hit)
+        return program
 
     t = time.perf_counter()
     try:
-        session = qnnx_detection.create_session(str(entry.model_path), device, **session_kwargs)
-        signature = qnnx_export.GraphSignature.from_dict(entry.metadata["signature"])
-    except Exception as exc:
-        logger.warning(
-            "qnn backend: cached context %s did not load (%s); quarantined, compiling again",
-            key.hex[:12],
-            _first_line(exc),
-        )
-        store.invalidate(key, f"load failed: {_first_line(exc)}")
-        return None
-    finally:
-        timings[f"session_{device}"] = time.perf_counter() - t
-    return QnnProgram(
-        session=session,
-        signature=signature,
-        cache="hit",
-        onnx_nodes=entry.metadata.get("onnx_nodes"),
-        passes_applied=tuple(entry.metadata.get("passes_applied", ())),
-        recreate_from=(str(entry.model_path), session_kwargs),
-        **common,
-    )
+        _entry, program = store.load_or_rebuild(key, build, load)
+    except _NothingToCompile as nothing:
+        return _NoSessionProgram(nothing.exported.signature, common)  # type: ignore[return-value]
+    except qnnx_detection.errors.SessionCreationError as exc:  # the context did not load, even rebuilt once
+        raise DeviceRejected(exc.cause) from exc
+    return program

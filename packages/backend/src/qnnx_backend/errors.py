@@ -14,6 +14,8 @@ __all__ = [
     "QnnFallbackWarning",
     "QnnRuntimeError",
     "QnnxBackendError",
+    "QuantizationError",
+    "SavedGraphError",
     "UnsupportedGraphError",
 ]
 
@@ -55,6 +57,17 @@ class UnsupportedGraphError(QnnxBackendError, RuntimeError):
 
 class QnnRuntimeError(QnnxBackendError, RuntimeError):
     """A compiled graph failed while running on QNN, and recovery was not possible or not allowed."""
+
+
+class QuantizationError(QnnxBackendError, RuntimeError):
+    """A graph compiled with ``quantize`` cannot run quantized: it was never calibrated, onnxruntime's
+    quantization failed, or its accuracy is below ``min_sqnr`` (raised under ``strict=True``; otherwise the
+    graph runs in float on QNN with a :class:`QnnFallbackWarning`)."""
+
+
+class SavedGraphError(QnnxBackendError, ValueError):
+    """A compiled function cannot be saved (a graph runs in PyTorch, its weights are gone), or a saved one cannot be
+    read (not a qnnx file, damaged, truncated, or written by a newer qnnx-backend)."""
 
 
 class QnnFallbackWarning(UserWarning):

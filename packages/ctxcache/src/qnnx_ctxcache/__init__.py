@@ -1,5 +1,6 @@
 """A content-addressed store of compiled ONNX Runtime EP contexts."""
 
+from qnnx_ctxcache import errors as errors  # so `qnnx_ctxcache.errors.X` works after `import qnnx_ctxcache`
 from qnnx_ctxcache._key import (
     KEY_SCHEMA_VERSION,
     RUNTIME_ONLY_EP_OPTIONS,
@@ -46,6 +47,7 @@ __all__ = [
     "default_root",
     "diff_key_material",
     "digest_model",
+    "errors",
     "host_material",
     "make_key",
 ]

@@ -1,7 +1,8 @@
 """Command line tool ``qnnx-ctxcache``: look at, check, trim and ship a context cache.
 
-Exit codes: 0 success; 1 problems found (``verify``), entry not found (``inspect``/``rm``/``pack``) or refusal
-(``clear`` on a directory that is not a cache root, ``unpack`` of a damaged or unsafe archive); 2 usage error.
+Exit codes: 0 success; 1 ``verify`` found bad entries; 2 usage error (a bad option or value, a key prefix shorter
+than 4 hex digits); 3 error: the cache root is missing or not a cache, a key prefix matches no entry or several,
+a refusal (``clear`` outside a cache root, a damaged or unsafe archive, a pinned entry) or an I/O error.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -29,13 +31,15 @@ from qnnx_ctxcache._store import (
     is_key_prefix,
 )
 from qnnx_ctxcache._version import __version__
-from qnnx_ctxcache.errors import CtxCacheError, NotACacheRootError
+from qnnx_ctxcache.errors import NotACacheRootError, QnnxCtxcacheError
 
 __all__ = ["main"]
 
+PROG = "qnnx-ctxcache"
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
+EXIT_ERROR = 3
 
 _EPILOG = """\
 examples:
@@ -46,9 +50,16 @@ examples:
   qnnx-ctxcache --root /data/ctx inspect 3fa9
   qnnx-ctxcache explain 3fa9 81c0         # which key fields differ between two entries
   qnnx-ctxcache pack contexts.tar.gz      # every entry in one archive, to ship with an app
-  qnnx-ctxcache unpack contexts.tar.gz    # on each machine; exit 1 (nothing added) if it is damaged
+  qnnx-ctxcache pack sm8650.tgz --soc-model SM8650   # only the contexts compiled for one chip
+  qnnx-ctxcache unpack contexts.tar.gz    # on each machine; exit 3 (nothing added) if it is damaged
 
-exit codes: 0 ok, 1 problems found / not found / refused, 2 usage error
+exit codes:
+  0  ok
+  1  verify found bad entries
+  2  usage error (bad option or value, a key prefix shorter than 4 hex digits)
+  3  error: the cache root is missing or not a cache, a key prefix matches no entry or several, a refusal
+     (clear outside a cache root, a damaged or unsafe archive, a pinned entry) or an I/O error
+errors: one line on stderr; with --json, also {"error": {"type", "message", "fix", "exit_code"}} on stdout
 environment: QNNX_CTXCACHE_DIR (default root), QNNX_CTXCACHE_MODE (readwrite|readonly|disabled),
   QNNX_CTXCACHE_SALT (mixed into every key), QNNX_CTXCACHE_RECACHE=1 (rebuild each key once)
 """
@@ -78,10 +89,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
-    if args.json:
-        print(json.dumps(_jsonable(payload), indent=1, sort_keys=True))
-    else:
-        print(text)
+    _out(json.dumps(_jsonable(payload), indent=1, sort_keys=True) if args.json else text)
 
 
 def _human(n: int) -> str:
@@ -121,26 +129,90 @@ def _key_prefix(text: str) -> str:
     return text
 
 
+# QNN soc_model numbers of the chip names qnnx-detect and the qnn backend accept: a copy of qnnx-detection's SoC
+# table (the qnnx leaves do not import each other; the repository's integration tests check that the copy
+# matches). Names compare case-insensitively, ignoring spaces, '-' and '_'.
+_SOC_NAMES: dict[int, tuple[str, ...]] = {
+    30: ("SM8350", "Snapdragon 888", "snapdragon888"),
+    36: ("SM8450", "Snapdragon 8 Gen 1", "8gen1", "snapdragon8gen1"),
+    39: ("SA8295P", "Snapdragon SA8295P (automotive)", "sa8295"),
+    42: ("SM8475", "Snapdragon 8+ Gen 1", "8+gen1", "8plusgen1", "snapdragon8+gen1"),
+    43: ("SM8550", "Snapdragon 8 Gen 2", "8gen2", "snapdragon8gen2"),
+    52: ("SA8775P", "Snapdragon SA8775P (automotive)", "sa8775"),
+    57: ("SM8650", "Snapdragon 8 Gen 3", "8gen3", "snapdragon8gen3"),
+    60: ("SC8380XP", "Snapdragon X Elite", "xelite", "snapdragonxelite", "x1e", "x1elite"),
+    69: ("SM8750", "Snapdragon 8 Elite", "8elite", "snapdragon8elite"),
+    87: ("SM8850", "Snapdragon 8 Elite Gen 5", "8elitegen5", "snapdragon8elitegen5"),
+    88: ("SC8480XP", "Snapdragon X2 Elite", "x2elite", "snapdragonx2elite", "x2e"),
+}
+
+
+def _spelling(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name).lower()
+
+
+def soc_model(text: str) -> int:
+    """``--soc-model``: a QNN SoC number (``60``) or a chip name (``SM8650``, ``SC8380XP``, ``x-elite``)."""
+    value = text.strip()
+    if value.isdecimal() and value.isascii():
+        return int(value)
+    wanted = _spelling(value)
+    for number, names in _SOC_NAMES.items():
+        if wanted and wanted in map(_spelling, names):
+            return number
+    accepted = ", ".join(names[0] for names in _SOC_NAMES.values())
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a SoC; accepted: a non-negative QNN SoC number (e.g. 60) or a chip name: {accepted}"
+    )
+
+
+class _UsageError(Exception):
+    """A bad command line (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise _UsageError(message)
+
+
+class _Failure(Exception):
+    """A command that cannot do what was asked (exit 3): the message, and what to do about it."""
+
+    def __init__(self, message: str, fix: str | None, kind: str = "CommandError") -> None:
+        super().__init__(message)
+        self.fix = fix
+        self.kind = kind
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="qnnx-ctxcache",
+    parser = _Parser(
+        prog=PROG,
         description="Inspect and maintain a qnnx-ctxcache store of compiled ONNX Runtime EP contexts.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--root", type=Path, default=None, help="cache root (default: $QNNX_CTXCACHE_DIR or per-user)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--json", action="store_true", help="machine-readable output (also after the command)")
+    common = _Parser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    soc = _Parser(add_help=False)
+    soc.add_argument(
+        "--soc-model",
+        type=soc_model,
+        metavar="SOC",
+        help="only entries compiled for this SoC: a QNN SoC number or a chip name, e.g. 60 or SC8380XP, SM8650",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     sub.add_parser("dir", parents=[common], help="print the cache root")
-    sub.add_parser("ls", parents=[common], help="list entries, least recently used first")
+    sub.add_parser("ls", parents=[common, soc], help="list entries, least recently used first")
     sub.add_parser("stats", parents=[common], help="sizes and counters")
     p = sub.add_parser("inspect", parents=[common], help="show one entry's manifest (key material, files)")
-    p.add_argument("key", help="full key or a unique prefix (>= 4 hex chars)")
+    p.add_argument("key", type=_key_prefix, help="full key or a unique prefix (>= 4 hex chars)")
     p = sub.add_parser("explain", parents=[common], help="show why two entries have different keys")
-    p.add_argument("key_a", help="key or unique prefix")
-    p.add_argument("key_b", help="key or unique prefix")
+    p.add_argument("key_a", type=_key_prefix, help="key or unique prefix")
+    p.add_argument("key_b", type=_key_prefix, help="key or unique prefix")
     p = sub.add_parser("verify", parents=[common], help="check entries; exit 1 if any is bad")
     p.add_argument("--full", action="store_true", help="hash every file (catches overwritten bytes)")
     p.add_argument("--fix", action="store_true", help="move bad entries to quarantine")
@@ -149,9 +221,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-age", type=_seconds, default=None, help="grace period in seconds (default 600)")
     p.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     p = sub.add_parser("rm", parents=[common], help="delete one entry")
-    p.add_argument("key", help="full key or a unique prefix (>= 4 hex chars)")
+    p.add_argument("key", type=_key_prefix, help="full key or a unique prefix (>= 4 hex chars)")
     sub.add_parser("clear", parents=[common], help="delete every entry (only in a directory with the root marker)")
-    p = sub.add_parser("pack", parents=[common], help="write entries into one archive to install elsewhere")
+    p = sub.add_parser("pack", parents=[common, soc], help="write entries into one archive to install elsewhere")
     p.add_argument(
         "archive",
         type=Path,
@@ -166,19 +238,80 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _open_existing(root: Path, args: argparse.Namespace) -> ContextStore:
-    # Maintenance commands must not create a cache where there is none: open read-only unless it exists.
-    mode = "auto" if (root / ROOT_MARKER).is_file() else "readonly"
-    return ContextStore(root, options=StoreOptions(mode=mode))
+_ROOT_FIX = (
+    "pass --root (or set QNNX_CTXCACHE_DIR) to a cache directory; `qnnx-ctxcache dir` prints the default, and a "
+    "cache is created by the first compile with cache=True or by `qnnx-ctxcache unpack`"
+)
 
 
-def _refuse(args: argparse.Namespace, exc: Exception) -> int:
-    """Report an error on stderr (and as JSON on stdout with --json); exit code 1."""
-    message = str(exc)
-    print(f"error: {message}", file=sys.stderr)
-    if args.json:
-        print(json.dumps({"error": message, "type": type(exc).__name__}, indent=1, sort_keys=True))
-    return EXIT_PROBLEM
+def _open_existing(root: Path) -> ContextStore:
+    """The store at ``root`` for a command that reads or trims it; never creates a cache where there is none."""
+    if not root.exists():
+        raise _Failure(f"cache root {root} does not exist", _ROOT_FIX, "NotACacheRootError")
+    if not root.is_dir():
+        raise _Failure(f"cache root {root} is a file, not a directory", _ROOT_FIX, "NotACacheRootError")
+    if not (root / ROOT_MARKER).is_file():
+        raise _Failure(
+            f"{root} is not a qnnx-ctxcache root (no {ROOT_MARKER} marker)",
+            "pass the directory printed by `qnnx-ctxcache dir`",
+            "NotACacheRootError",
+        )
+    return ContextStore(root, options=StoreOptions(mode="auto"))
+
+
+def _resolve(store: ContextStore, prefix: str) -> str:
+    """The one entry key starting with ``prefix`` (already checked to be >= 4 hex digits)."""
+    matches = sorted(info.key for info in store.entries() if info.key.startswith(prefix.lower()))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise _Failure(
+            f"no entry under {store.root} has a key starting with {prefix!r}",
+            "pick a key from `qnnx-ctxcache ls`",
+            "EntryNotFoundError",
+        )
+    shown = ", ".join(k[:16] for k in matches[:5]) + (" ..." if len(matches) > 5 else "")
+    raise _Failure(
+        f"{prefix!r} is ambiguous: {len(matches)} entries under {store.root} have keys starting with it ({shown})",
+        "give more hex digits of the key, or the full key",
+        "EntryNotFoundError",
+    )
+
+
+def _soc_of(store: ContextStore, key: str) -> int | None:
+    """The SoC an entry was compiled for (its key's target, else its EP options), when the key says."""
+    material = (store.inspect(key) or {}).get("key_material") or {}
+    for place in (material.get("target"), material.get("ep_options")):
+        if isinstance(place, dict) and str(place.get("soc_model", "")).isdecimal():
+            return int(place["soc_model"])
+    return None
+
+
+def _message_and_fix(exc: Exception) -> tuple[str, str | None]:
+    """An error's message, and the fix it names after "Fix:" (None when it names none)."""
+    text = str(exc).strip()
+    head, sep, fix = text.partition(" Fix: ")
+    return (head, fix.rstrip(".") or None) if sep else (text, None)
+
+
+def _out(text: str) -> None:
+    """Print to stdout; a reader that left (``| head``) is not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # keep Python from failing again on the flush at exit
+        os.close(devnull)
+
+
+def _error(as_json: bool, kind: str, message: str, fix: str | None, code: int) -> int:
+    """Report an error: one line on stderr (and the fix); with --json, one JSON document on stdout too."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    if fix:
+        print(f"{PROG}: fix: {fix}", file=sys.stderr)
+    if as_json:
+        _out(json.dumps({"error": {"type": kind, "message": message, "fix": fix, "exit_code": code}}, indent=2))
+    return code
 
 
 def _pack_text(report: PackReport) -> str:
@@ -206,12 +339,24 @@ def _unpack_text(report: UnpackReport) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
-    parser = _parser()
+    """Run the CLI; returns the exit code (see ``--help``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        return _error("--json" in argv, "UsageError", str(exc), f"see `{PROG} --help`", EXIT_USAGE)
+    except SystemExit as exc:  # --help, --version
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        return _run(args)
+    except _Failure as exc:
+        return _error(args.json, exc.kind, str(exc), exc.fix, EXIT_ERROR)
+    except (QnnxCtxcacheError, OSError) as exc:
+        message, fix = _message_and_fix(exc)
+        return _error(args.json, type(exc).__name__, message, fix, EXIT_ERROR)
+
+
+def _run(args: argparse.Namespace) -> int:
     root = args.root if args.root is not None else default_root()
     command = args.command
 
@@ -220,31 +365,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if command == "clear":
         if not (root / ROOT_MARKER).is_file():
-            message = str(NotACacheRootError(str(root)))
-            _emit(args, {"error": message, "removed": 0}, f"error: {message}")
-            return EXIT_PROBLEM
-        store = ContextStore(root)
-        removed = store.clear()
+            raise NotACacheRootError(str(root))
+        removed = ContextStore(root).clear()
         _emit(args, {"removed": removed}, f"removed {removed} entries from {root}")
         return EXIT_OK
     if command == "unpack":
-        try:
-            unpacked = ContextStore(root).unpack(args.archive)  # creates the cache on a fresh machine
-        except (CtxCacheError, OSError) as exc:
-            return _refuse(args, exc)
+        unpacked = ContextStore(root).unpack(args.archive)  # creates the cache on a fresh machine
         _emit(args, unpacked, _unpack_text(unpacked))
         return EXIT_OK
 
-    store = _open_existing(root, args)
+    store = _open_existing(root)
     if command == "pack":
-        try:
-            packed = store.pack(args.archive, args.keys or None)
-        except (CtxCacheError, OSError) as exc:
-            return _refuse(args, exc)
+        keys = [_resolve(store, k) for k in args.keys] or None
+        if args.soc_model is not None:
+            keys = [k for k in (keys or [i.key for i in store.entries()]) if _soc_of(store, k) == args.soc_model]
+            if not keys:
+                raise _Failure(
+                    f"no entry under {root} was compiled for soc_model {args.soc_model}",
+                    "see the SoC of each entry with `qnnx-ctxcache inspect KEY` (key_material.target)",
+                    "EntryNotFoundError",
+                )
+        packed = store.pack(args.archive, keys)
         _emit(args, packed, _pack_text(packed))
         return EXIT_OK
     if command == "ls":
         infos = store.entries()
+        if args.soc_model is not None:
+            infos = [i for i in infos if _soc_of(store, i.key) == args.soc_model]
         lines = [f"{i.key[:16]}  {_human(i.size_bytes):>10}  used {_ago(i.last_used)}{'  pinned' if i.pinned else ''}"
                  for i in infos]  # fmt: skip
         _emit(args, {"entries": infos}, "\n".join(lines) if lines else f"no entries in {root}")
@@ -259,31 +406,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit(args, s, text)
         return EXIT_OK
     if command == "explain":
-        keys = [store.resolve(args.key_a), store.resolve(args.key_b)]
-        pair = [store.inspect(k) if k else None for k in keys]
-        if not all(info and "key_material" in info for info in pair):
-            message = f"need two readable entries; got {args.key_a!r} -> {keys[0]}, {args.key_b!r} -> {keys[1]}"
-            _emit(args, {"error": message}, f"error: {message}")
-            return EXIT_PROBLEM
+        keys = [_resolve(store, args.key_a), _resolve(store, args.key_b)]
+        pair = [store.inspect(k) for k in keys]
+        unreadable = [k[:16] for k, info in zip(keys, pair) if not (info and "key_material" in info)]
+        if unreadable:
+            raise _Failure(
+                f"entry {', '.join(unreadable)} has no readable key material",
+                "check it with `qnnx-ctxcache verify --full` (and --fix to quarantine it)",
+            )
         lines = diff_key_material(pair[0]["key_material"], pair[1]["key_material"])  # type: ignore[index]
         _emit(args, {"differences": lines}, "\n".join(lines) if lines else "identical key material")
         return EXIT_OK
     if command in ("inspect", "rm"):
-        key = store.resolve(args.key)
-        if key is None:
-            message = f"no single entry matches {args.key!r} under {root}; see `qnnx-ctxcache ls`"
-            _emit(args, {"error": message}, f"error: {message}")
-            return EXIT_PROBLEM
+        key = _resolve(store, args.key)
         if command == "inspect":
             info = store.inspect(key)
             _emit(args, info, json.dumps(info, indent=1, sort_keys=True))
             return EXIT_OK
         if store.mode != "readwrite":
-            _emit(args, {"error": f"{root} is not writable"}, f"error: {root} is not writable")
-            return EXIT_PROBLEM
-        ok = store.remove(key)
-        _emit(args, {"removed": [key] if ok else []}, f"removed {key}" if ok else f"could not remove {key} (pinned?)")
-        return EXIT_OK if ok else EXIT_PROBLEM
+            raise _Failure(f"{root} is not writable (mode {store.mode})", "run as a user who may write the cache")
+        if not store.remove(key):
+            raise _Failure(f"could not remove {key}: a process is using it", "try again when it is done")
+        _emit(args, {"removed": [key]}, f"removed {key}")
+        return EXIT_OK
     if command == "verify":
         report = store.verify(full=args.full, fix=args.fix)
         lines = [f"{p.key[:16]}  {p.reason}  {p.detail}" for p in report.problems]
@@ -304,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         _emit(args, pruned, text)
         return EXIT_OK
-    return EXIT_USAGE  # pragma: no cover - argparse rejects unknown commands
+    raise AssertionError(f"unknown command {command!r}")  # pragma: no cover - argparse rejects unknown commands
 
 
 if __name__ == "__main__":

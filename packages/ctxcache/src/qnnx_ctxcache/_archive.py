@@ -30,10 +30,11 @@ from typing import Any, Literal
 import attrs
 
 from qnnx_ctxcache import _fs
+from qnnx_ctxcache._fs import sha256_file
 from qnnx_ctxcache._key import canonical_json
-from qnnx_ctxcache._manifest import LAST_USED_NAME, MANIFEST_NAME, safe_relpath, sha256_file
+from qnnx_ctxcache._manifest import LAST_USED_NAME, MANIFEST_NAME, safe_relpath
 from qnnx_ctxcache._version import __version__
-from qnnx_ctxcache.errors import ARCHIVE_DAMAGED_FIX, ArchiveError, InvalidStoreOptionsError
+from qnnx_ctxcache.errors import ARCHIVE_DAMAGED_FIX, ArchiveError, InvalidOptionsError
 
 __all__ = [
     "ARCHIVE_FORMAT",
@@ -61,7 +62,6 @@ COMPRESSIONS = ("auto", "gz", "none")
 _ENTRIES = "entries"
 _SUMMARY_FIELDS = ("ep_name", "model_digest", "target", "versions", "host")
 _MAX_MANIFEST_BYTES = 64 * 2**20
-_CHUNK = 1 << 20
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
 _UNTRUSTED_FIX = (
@@ -128,9 +128,9 @@ def entry_mismatch(record: Mapping[str, Any], manifest: Mapping[str, Any]) -> st
 
 # ---------------------------------------------------------------------------------------------------- writing
 def wants_gzip(target: Path, compression: str) -> bool:
-    """Whether to gzip ``target``; raises InvalidStoreOptionsError for an unknown ``compression``."""
+    """Whether to gzip ``target``; raises InvalidOptionsError for an unknown ``compression``."""
     if compression not in COMPRESSIONS:
-        raise InvalidStoreOptionsError(
+        raise InvalidOptionsError(
             f"compression must be one of {COMPRESSIONS}, got {compression!r}; fix: pass 'gz' or 'none', or "
             "'auto' to compress archives named *.tar.gz or *.tgz"
         )
@@ -361,7 +361,7 @@ def _copy_member(archive: Path, tar: tarfile.TarFile, member: tarfile.TarInfo, d
     with os.fdopen(fd, "wb") as out:
         while True:
             with _reading(archive):
-                chunk = src.read(_CHUNK)
+                chunk = src.read(_fs.CHUNK)
             if not chunk:
                 break
             digest.update(chunk)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -136,3 +137,16 @@ def tree_disk_usage(path: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+CHUNK = 1 << 20
+"""Bytes read at a time when hashing or copying files."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's content, read in chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()

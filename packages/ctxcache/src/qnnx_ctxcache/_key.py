@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from qnnx_ctxcache._fs import CHUNK, sha256_file
 from qnnx_ctxcache.errors import InvalidKeyError, UnhashableKeyError
 
 __all__ = [
@@ -52,8 +53,6 @@ RUNTIME_ONLY_EP_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
 # Session config entries that name *where* a context is written, not what it contains: the staging path
 # differs on every build, so keeping them would make every key unique.
 _LOCATION_ONLY_SESSION_CONFIG = frozenset({"ep.context_file_path", "ep.context_enable"})
-
-_CHUNK = 1 << 20
 
 
 @attrs.frozen(repr=False)
@@ -251,14 +250,6 @@ def make_key(
     return CacheKey(digest, MappingProxyType(material))
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _may_reference_external_data(path: Path) -> bool:
     """False when the file cannot hold an external-data reference (saves parsing it with onnx).
 
@@ -268,7 +259,7 @@ def _may_reference_external_data(path: Path) -> bool:
     needle = b"location"
     tail = b""
     with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
+        while chunk := fh.read(CHUNK):
             if needle in tail + chunk[: len(needle)] or needle in chunk:
                 return True
             tail = chunk[-(len(needle) - 1) :]
@@ -298,7 +289,7 @@ def digest_model(model: str | os.PathLike[str] | bytes) -> str:
         return "sha256:" + h.hexdigest()
     path = Path(model)
     h.update(b"model\0")
-    h.update(bytes.fromhex(_sha256_file(path)))
+    h.update(bytes.fromhex(sha256_file(path)))
     if not _may_reference_external_data(path):
         return "sha256:" + h.hexdigest()
     import onnx  # deferred: importing the package must stay cheap
@@ -315,5 +306,5 @@ def digest_model(model: str | os.PathLike[str] | bytes) -> str:
                     locations.add(entry.value)
     for location in sorted(locations):
         h.update(b"external\0" + location.encode("utf-8") + b"\0")
-        h.update(bytes.fromhex(_sha256_file(path.parent / location)))
+        h.update(bytes.fromhex(sha256_file(path.parent / location)))
     return "sha256:" + h.hexdigest()

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from qnnx_ctxcache._fs import sha256_file
 from qnnx_ctxcache._key import canonical_json
 
 __all__ = [
@@ -35,7 +36,6 @@ _RESERVED = frozenset({MANIFEST_NAME, LAST_USED_NAME})
 #: (inode, size, mtime_ns, ctime_ns) of a file. ctime cannot be set from user space, so a file rewritten
 #: in place and given back its old mtime still gets a new signature.
 Signature = tuple[int, int, int, int]
-_CHUNK = 1 << 20
 
 
 @attrs.frozen
@@ -50,14 +50,6 @@ class CheckResult:
     @property
     def ok(self) -> bool:
         return not self.reason
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def safe_relpath(rel: object) -> str | None:
@@ -101,7 +93,11 @@ def inspect_context_model(directory: Path, model_file: str) -> tuple[list[dict[s
             "ep_sdk_version": _text(attrs_.get("ep_sdk_version")),
             "partition_name": _text(attrs_.get("partition_name")),
         }
-        if embed_mode == 0:
+        shared = int(attrs_.get("main_context", 1)) == 0 and attrs_.get("ep_cache_context") is None
+        if embed_mode == 0 and not shared:
+            # A model split between an EP and the CPU has one EPContext node per EP partition: the first
+            # (main_context=1) names the binary, the others (main_context=0) are graphs inside that same binary
+            # and reference no file (onnxruntime-qnn 2.7.0).
             raw = _text(attrs_.get("ep_cache_context"))
             # ORT resolves ep_cache_context relative to the folder of the ctx model, which may be a
             # sub-folder of the entry; record it relative to the entry root.

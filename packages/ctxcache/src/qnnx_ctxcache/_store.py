@@ -45,7 +45,7 @@ from qnnx_ctxcache.errors import (
     ArchiveError,
     BuildOutputError,
     EntryNotFoundError,
-    InvalidStoreOptionsError,
+    InvalidOptionsError,
     NotACacheRootError,
     StoreNotWritableError,
 )
@@ -97,7 +97,6 @@ _HOST_ID = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdi
 _FOREIGN_MAX_AGE = 24 * 3600.0  # staging/pins of another host (or a reused PID) expire after a day
 _FUTURE_TOLERANCE = 300.0  # timestamps this far in the future are clock skew, not recent use
 
-# Entries verified (full SHA-256) by this process: (entry dir, manifest inode, manifest mtime_ns).
 # Entries this process has verified (full SHA-256), keyed by (entry dir, manifest inode, size, mtime_ns,
 # ctime_ns), with the signature of every file at that moment. A hit whose files still have those
 # signatures needs no hashing; any change (even a rewrite with the old mtime restored) is hashed again.
@@ -130,14 +129,14 @@ def _positive(name: str, allow_zero: bool = True) -> Callable[[Any, Any, Any], N
             ok = value > 0
         if not ok:
             bound = ">= 0" if allow_zero else "> 0"
-            raise InvalidStoreOptionsError(f"StoreOptions.{name} must be a number {bound}, got {value!r}")
+            raise InvalidOptionsError(f"StoreOptions.{name} must be a number {bound}, got {value!r}")
 
     return check
 
 
 def _mode_check(_inst: Any, _attr: Any, value: Any) -> None:
     if value not in _MODES:
-        raise InvalidStoreOptionsError(f"StoreOptions.mode must be one of {_MODES}, got {value!r}")
+        raise InvalidOptionsError(f"StoreOptions.mode must be one of {_MODES}, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -448,7 +447,7 @@ class ContextStore:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(options, StoreOptions):
-            raise InvalidStoreOptionsError(
+            raise InvalidOptionsError(
                 f"options must be a StoreOptions instance, got {type(options).__name__}; "
                 "fix: ContextStore(root, options=StoreOptions(...))"
             )
@@ -1329,9 +1328,9 @@ class ContextStore:
         limit = self._options.max_size_bytes if max_size_bytes is None else max_size_bytes
         grace = self._options.min_age_seconds if min_age_seconds is None else min_age_seconds
         if not isinstance(limit, int) or limit < 0:
-            raise InvalidStoreOptionsError(f"max_size_bytes must be an int >= 0, got {limit!r}")
+            raise InvalidOptionsError(f"max_size_bytes must be an int >= 0, got {limit!r}")
         if not isinstance(grace, int | float) or grace < 0:
-            raise InvalidStoreOptionsError(f"min_age_seconds must be a number >= 0, got {grace!r}")
+            raise InvalidOptionsError(f"min_age_seconds must be a number >= 0, got {grace!r}")
         return self._prune(limit, grace, dry_run, frozenset())
 
     def _prune(self, limit: int, grace: float, dry_run: bool, keep: frozenset[str]) -> PruneReport:
@@ -1472,7 +1471,7 @@ class ContextStore:
 
         Raises:
             EntryNotFoundError: a key or prefix names no single entry (nothing is written).
-            InvalidStoreOptionsError: ``compression`` is not one of the accepted values.
+            InvalidOptionsError: ``compression`` is not one of the accepted values.
             OSError: the archive cannot be written (nothing is left under its name).
         """
         from qnnx_ctxcache import _archive  # deferred: importing the package must stay cheap

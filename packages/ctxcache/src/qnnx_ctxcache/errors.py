@@ -1,6 +1,6 @@
 """Errors raised by qnnx-ctxcache.
 
-Every error derives from :class:`CtxCacheError` and from the builtin that matches its meaning, so callers
+Every error derives from :class:`QnnxCtxcacheError` and from the builtin that matches its meaning, so callers
 can catch either. Cache problems (a corrupt entry, a read-only or full disk, a busy lock) are *not*
 errors: the store logs them, counts them and carries on uncached. Errors are raised only for misuse
 (a bad key field, bad options) and for build output that can never be loaded.
@@ -13,21 +13,21 @@ from collections.abc import Sequence
 __all__ = [
     "ArchiveError",
     "BuildOutputError",
-    "CtxCacheError",
     "EntryNotFoundError",
     "InvalidKeyError",
-    "InvalidStoreOptionsError",
+    "InvalidOptionsError",
     "NotACacheRootError",
+    "QnnxCtxcacheError",
     "StoreNotWritableError",
     "UnhashableKeyError",
 ]
 
 
-class CtxCacheError(Exception):
+class QnnxCtxcacheError(Exception):
     """Root of every error raised by qnnx-ctxcache."""
 
 
-class InvalidKeyError(CtxCacheError, ValueError):
+class InvalidKeyError(QnnxCtxcacheError, ValueError):
     """The key material is not acceptable (a wrong type, an empty required field)."""
 
 
@@ -54,11 +54,11 @@ class UnhashableKeyError(InvalidKeyError):
         super().__init__(message)
 
 
-class InvalidStoreOptionsError(CtxCacheError, ValueError):
+class InvalidOptionsError(QnnxCtxcacheError, ValueError):
     """A :class:`~qnnx_ctxcache.StoreOptions` field or store argument has a bad value."""
 
 
-class BuildOutputError(CtxCacheError, RuntimeError):
+class BuildOutputError(QnnxCtxcacheError, RuntimeError):
     """The build callback produced a context model that cannot be loaded as written.
 
     Raised when the model file is missing or unparsable, or an EPContext node references a file
@@ -79,7 +79,7 @@ class BuildOutputError(CtxCacheError, RuntimeError):
         super().__init__(message)
 
 
-class NotACacheRootError(CtxCacheError, ValueError):
+class NotACacheRootError(QnnxCtxcacheError, ValueError):
     """A destructive command was pointed at a directory that is not a qnnx-ctxcache root.
 
     Attributes:
@@ -94,7 +94,7 @@ class NotACacheRootError(CtxCacheError, ValueError):
         )
 
 
-class EntryNotFoundError(CtxCacheError, LookupError):
+class EntryNotFoundError(QnnxCtxcacheError, LookupError):
     """A key or key prefix given to :meth:`~qnnx_ctxcache.ContextStore.pack` names no single entry.
 
     Attributes:
@@ -127,7 +127,7 @@ ARCHIVE_DAMAGED_FIX = (
 )
 
 
-class ArchiveError(CtxCacheError, ValueError):
+class ArchiveError(QnnxCtxcacheError, ValueError):
     """:meth:`~qnnx_ctxcache.ContextStore.unpack` refused an archive; nothing was added to the cache.
 
     Raised for an archive that cannot be read, is truncated, damaged or tampered with (a size or SHA-256
@@ -147,7 +147,7 @@ class ArchiveError(CtxCacheError, ValueError):
         super().__init__(f"refusing archive {archive!r}: {problem}; nothing was added to the cache. Fix: {fix}.")
 
 
-class StoreNotWritableError(CtxCacheError, PermissionError):
+class StoreNotWritableError(QnnxCtxcacheError, PermissionError):
     """An operation that must write the cache (``unpack``) was given a store that is not read-write.
 
     Attributes:
@@ -163,3 +163,21 @@ class StoreNotWritableError(CtxCacheError, PermissionError):
             "'readwrite'. Fix: pass a writable --root (or ContextStore root), and unset $QNNX_CTXCACHE_MODE "
             "or StoreOptions(mode=...) if it forces read-only."
         )
+
+
+# Former names, kept for one minor release: importing them warns.
+_RENAMED = {"CtxCacheError": "QnnxCtxcacheError", "InvalidStoreOptionsError": "InvalidOptionsError"}
+
+
+def __getattr__(name: str) -> type[Exception]:
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(
+            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,6 +42,7 @@ __all__ = [
     "__version__",
     "backend_library",
     "create_session",
+    "errors",
     "find_ep_device",
     "is_available",
     "known_provider_options",

@@ -8,38 +8,63 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
+from qnnx_detection._overrides import ENV_SOC_MODEL
 from qnnx_detection._probe import probe
 from qnnx_detection._report import BackendStatus, ProbeReport
-from qnnx_detection._soc import soc_info
+from qnnx_detection._soc import parse_soc_model, soc_info
 from qnnx_detection._version import __version__
+from qnnx_detection.errors import InvalidSocModelError
 
+PROG = "qnnx-detect"
 EXIT_USABLE = 0
 EXIT_NONE_USABLE = 1
 EXIT_USAGE = 2
+EXIT_ERROR = 3
 
 _EPILOG = """\
 examples:
   qnnx-detect                        readable table
   qnnx-detect --json                 machine-readable report (schema: docs/detection.md)
   qnnx-detect --device gpu           exit 0 only if the QNN GPU backend is usable
-  QNNX_SOC_MODEL=SM8650 qnnx-detect  probe the HTP simulator as a Snapdragon 8 Gen 3
+  qnnx-detect --soc-model SM8650     probe the HTP simulator as a Snapdragon 8 Gen 3
 
 environment:
   QNNX_DISABLE=1                 treat QNN as unavailable
   QNNX_DEVICE=npu|gpu|cpu|auto   device the qnnx backend must use
-  QNNX_SOC_MODEL=<number|name>   SoC for the HTP simulator (default 60, SC8380XP)
+  QNNX_SOC_MODEL=<number|name>   SoC for the HTP simulator (default 60, SC8380XP); --soc-model overrides it
 
 exit status:
   0  at least one QNN accelerator (npu or gpu) is usable (with --device: that one is)
   1  none is usable
-  2  usage error
+  2  usage error (bad option or value: device, SoC)
+  3  error: the probe itself failed (it reports problems instead of failing, so this is a bug to report)
+
+errors: one line on stderr; with --json, also {"error": {"type", "message", "fix", "exit_code"}} on stdout
 """
 
 
+class _UsageError(Exception):
+    """A bad command line (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise _UsageError(message)
+
+
+def _soc_model(text: str) -> int:
+    try:
+        return parse_soc_model(text, source="--soc-model")
+    except InvalidSocModelError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="qnnx-detect",
+    parser = _Parser(
+        prog=PROG,
         description="Report what Qualcomm QNN (through ONNX Runtime) can do on this machine: which backends "
         "initialize, on real silicon or the host simulator, which SoC, and the versions involved.",
         epilog=_EPILOG,
@@ -50,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         "--device",
         choices=("npu", "gpu", "htp"),
         help="set the exit status from this backend only ('htp' is the same as 'npu')",
+    )
+    parser.add_argument(
+        "--soc-model",
+        type=_soc_model,
+        metavar="SOC",
+        help="SoC the HTP simulator stands for: a QNN SoC number or a chip name, e.g. 60 or SC8380XP, SM8650 "
+        "(as QNNX_SOC_MODEL; real silicon reports its own)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log the probe's details on stderr")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -115,23 +147,60 @@ def render_table(report: ProbeReport) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit status (0 usable, 1 none usable, 2 usage error)."""
-    args = _parser().parse_args(argv)
+    """Run the CLI and return its exit status (0 usable, 1 none usable, 2 usage error, 3 error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        return _error("--json" in argv, "UsageError", str(exc), f"see `{PROG} --help`", EXIT_USAGE)
+    except SystemExit as exc:  # --help, --version
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(name)s: %(message)s")
-    report = probe()
-    text = json.dumps(report.to_dict(), indent=2) if args.json else render_table(report)
     try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `qnnx-detect --json | head`: the reader left; keep Python from reporting the failed flush again at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        report = _probe(args.soc_model)
+    except Exception as exc:  # the probe reports problems instead of raising: this is a bug, say so cleanly
+        fix = "run again with --verbose and report the output"
+        return _error(args.json, type(exc).__name__, f"the probe failed: {exc}", fix, EXIT_ERROR)
+    _out(json.dumps(report.to_dict(), indent=2) if args.json else render_table(report))
     if args.device:
         return EXIT_USABLE if report.backend(args.device).available else EXIT_NONE_USABLE
     return EXIT_USABLE if report.any_available else EXIT_NONE_USABLE
+
+
+def _probe(soc_model: int | None) -> ProbeReport:
+    """The probe, for ``--soc-model`` as if ``QNNX_SOC_MODEL`` were set (the environment is restored after)."""
+    if soc_model is None:
+        return probe()
+    before = os.environ.get(ENV_SOC_MODEL)
+    os.environ[ENV_SOC_MODEL] = str(soc_model)
+    try:
+        return probe(refresh=True)  # a report cached in this process may stand for another SoC
+    finally:
+        if before is None:
+            os.environ.pop(ENV_SOC_MODEL, None)
+        else:
+            os.environ[ENV_SOC_MODEL] = before
+
+
+def _out(text: str) -> None:
+    """Print to stdout; a reader that left (``qnnx-detect --json | head``) is not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # keep Python from failing again on the flush at exit
+        os.close(devnull)
+
+
+def _error(as_json: bool, kind: str, message: str, fix: str | None, code: int) -> int:
+    """Report an error: one line on stderr (and the fix); with --json, one JSON document on stdout too."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    if fix:
+        print(f"{PROG}: fix: {fix}", file=sys.stderr)
+    if as_json:
+        _out(json.dumps({"error": {"type": kind, "message": message, "fix": fix, "exit_code": code}}, indent=2))
+    return code
 
 
 if __name__ == "__main__":

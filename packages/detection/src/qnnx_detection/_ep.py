@@ -19,7 +19,7 @@ from qnnx_detection._native import capture_native_output, explain_failure
 from qnnx_detection._report import QNN_DEVICES, QnnDevice
 from qnnx_detection._selection import select_device
 from qnnx_detection.errors import (
-    InvalidOptionError,
+    InvalidOptionsError,
     QnnNotInstalledError,
     QnnRegistrationError,
     SessionCreationError,
@@ -208,7 +208,7 @@ def _provider_options(
         else:
             options[key] = text
     if problems:
-        raise InvalidOptionError(problems)
+        raise InvalidOptionsError(problems)
     return options
 
 
@@ -226,7 +226,7 @@ def provider_options(device: str, *, soc_model: int, extra: Mapping[str, str] | 
 
     Raises:
         InvalidDeviceError: Bad ``device``.
-        InvalidOptionError: Every problem with ``soc_model`` and ``extra``, in one error.
+        InvalidOptionsError: Every problem with ``soc_model`` and ``extra``, in one error.
         QnnNotInstalledError: onnxruntime-qnn is missing.
     """
     canonical = normalize_device(device, allowed=QNN_DEVICES)
@@ -283,7 +283,7 @@ def _session_config(config: Mapping[str, str] | None, allow_cpu_fallback: bool) 
         else:
             entries[key] = str(value)
     if problems:
-        raise InvalidOptionError(problems)
+        raise InvalidOptionsError(problems)
     if not allow_cpu_fallback:
         # Without this, nodes QNN declines (or a GPU backend that cannot initialize) silently run on ORT's CPU EP.
         entries["session.disable_cpu_ep_fallback"] = "1"
@@ -407,7 +407,7 @@ def create_session(
 
     Raises:
         InvalidDeviceError: Bad ``device``.
-        InvalidOptionError: Malformed or contradictory options (all problems listed).
+        InvalidOptionsError: Malformed or contradictory options (all problems listed).
         QnnNotInstalledError: onnxruntime-qnn is missing.
         QnnRegistrationError: The EP library could not be registered.
         SessionCreationError: QNN refused; ``.cause`` says why in one line, ``.native_log`` has the details.
@@ -416,7 +416,7 @@ def create_session(
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, bytes | str):
-        raise InvalidOptionError([f"model must be ONNX bytes or a path, not {type(model).__name__}"])
+        raise InvalidOptionsError([f"model must be ONNX bytes or a path, not {type(model).__name__}"])
     # The provider_options parameter shadows the public function of the same name: call the private builder.
     options = _provider_options(canonical, backend_library(canonical), soc_model, provider_options)
     config = _session_config(session_config, allow_cpu_fallback)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from qnnx_detection._devices import normalize_device
 from qnnx_detection._report import Overrides
@@ -12,6 +13,8 @@ from qnnx_detection.errors import InvalidDeviceError, InvalidSocModelError
 ENV_DISABLE = "QNNX_DISABLE"
 ENV_DEVICE = "QNNX_DEVICE"
 ENV_SOC_MODEL = "QNNX_SOC_MODEL"
+ENV_PROBE_CACHE = "QNNX_PROBE_CACHE"
+ENV_PROBE_CACHE_DIR = "QNNX_PROBE_CACHE_DIR"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
@@ -66,3 +69,22 @@ def parse_overrides(environ: Mapping[str, str]) -> Overrides:
         raw_soc_model=raw_soc,
         problems=tuple(problems),
     )
+
+
+def probe_cache_root(environ: Mapping[str, str]) -> Path | None:
+    """The folder of the probe cache, or None when ``QNNX_PROBE_CACHE`` turns it off. Never raises.
+
+    ``QNNX_PROBE_CACHE_DIR`` when set, else ``probe`` in the per-user cache folder of qnnx. Any value of
+    ``QNNX_PROBE_CACHE`` other than a false one (``0``/``false``/``no``/``off``) or empty keeps it on.
+    """
+    flag = environ.get(ENV_PROBE_CACHE)
+    if flag is not None and flag.strip().lower() in _FALSE - {""}:
+        return None
+    folder = environ.get(ENV_PROBE_CACHE_DIR)
+    if folder is not None and folder.strip():
+        return Path(folder).expanduser()
+    try:
+        import platformdirs  # deferred: only a full probe reads or writes the cache
+    except ImportError:
+        return None
+    return Path(platformdirs.user_cache_dir("qnnx", appauthor=False)) / "probe"

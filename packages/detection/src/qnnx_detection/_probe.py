@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
@@ -27,7 +28,7 @@ from qnnx_detection._ep import (
 )
 from qnnx_detection._host import detect_host_soc
 from qnnx_detection._native import is_x86
-from qnnx_detection._overrides import ENV_DEVICE, ENV_DISABLE, ENV_SOC_MODEL, parse_overrides
+from qnnx_detection._overrides import ENV_DEVICE, ENV_DISABLE, ENV_SOC_MODEL, parse_overrides, probe_cache_root
 from qnnx_detection._report import (
     QNN_DEVICES,
     BackendStatus,
@@ -40,6 +41,15 @@ from qnnx_detection._report import (
 from qnnx_detection._selection import select_device
 from qnnx_detection._soc import DEFAULT_SOC_MODEL, htp_arch, parse_soc_model, soc_name
 from qnnx_detection._tiny_model import tiny_add_model
+from qnnx_detection._verdicts import (
+    VerdictStore,
+    file_identity,
+    folder_identity,
+    host_boot_id,
+    key_material,
+    loader_environment,
+)
+from qnnx_detection._version import __version__
 from qnnx_detection.errors import SessionCreationError
 
 logger = logging.getLogger(__name__)
@@ -58,6 +68,9 @@ class Environment(Protocol):
     def library_exists(self, path: str) -> bool: ...
     def host_soc(self) -> int | None: ...
     def try_init(self, device: str, index: int, soc_model: int) -> str | None: ...
+    def probe_cache(self) -> Path | None: ...
+    def boot_id(self) -> str | None: ...
+    def library_identity(self, device: str) -> tuple[str, ...]: ...
 
 
 def _dist_version(name: str) -> str | None:
@@ -145,6 +158,21 @@ class HostEnvironment:
         del session
         return None
 
+    def probe_cache(self) -> Path | None:
+        return probe_cache_root(os.environ)
+
+    def boot_id(self) -> str | None:
+        return host_boot_id(platform.system())
+
+    def library_identity(self, device: str) -> tuple[str, ...]:
+        # Every native library of onnxruntime-qnn (the EP, the QNN backends, HTP stubs and skels live in one folder)
+        # and onnxruntime's own extension module: a reinstall or another build changes a size or a time.
+        _, oq = import_qnn()
+        ort_native = sys.modules.get("onnxruntime.capi.onnxruntime_pybind11_state")
+        ort_file = str(getattr(ort_native, "__file__", "") or "onnxruntime|not-loaded")
+        folders = sorted({os.path.dirname(oq.get_library_path()), os.path.dirname(backend_library(device))})
+        return (file_identity(ort_file), *(i for f in folders for i in folder_identity(f)))
+
 
 _active_lock = threading.Lock()
 _active_override: Environment | None = None
@@ -181,11 +209,13 @@ def _soc_choice(overrides: Overrides, host_soc: int | None) -> tuple[int, str]:
     return DEFAULT_SOC_MODEL, "default"
 
 
-def build_report(env: Environment, *, initialize: bool = True) -> ProbeReport:
+def build_report(env: Environment, *, initialize: bool = True, reuse_verdicts: bool = True) -> ProbeReport:
     """Ask ``env`` everything the report needs and decide availability. Never raises.
 
     With ``initialize=False`` no backend is initialized (no tiny graph is prepared): the report is cheap, and
-    ``available`` only says that nothing known stands in the way.
+    ``available`` only says that nothing known stands in the way. With ``initialize=True`` each backend's verdict
+    is read from the probe cache when an earlier process reached it under the same conditions (``reuse_verdicts``),
+    else the tiny graph is prepared and its verdict recorded there (see :mod:`qnnx_detection._verdicts`).
     """
     problems: list[str] = []
     unknown_platform = PlatformInfo(system="unknown", release="", machine="unknown")
@@ -250,12 +280,13 @@ def build_report(env: Environment, *, initialize: bool = True) -> ProbeReport:
         if reason is None and index is None:
             kind = "NPU" if device == "npu" else "GPU"
             reason = f"ONNX Runtime enumerated no QNN {kind} device on this {plat.system} {plat.machine} machine"
+        reused = False
         if reason is None and index is not None and initialize:
-            reason = _guard(
+            reason, reused = _initialize(
+                env,
                 problems,
-                f"initializing the {device} backend",
-                lambda d=device, i=index: env.try_init(d, i, soc_model),
-                f"initializing the {device} backend raised unexpectedly",
+                _VerdictQuestion(device, index, soc_model, devices[index], plat, versions, environ),
+                reuse=reuse_verdicts,
             )
         backends.append(
             BackendStatus(
@@ -265,6 +296,7 @@ def build_report(env: Environment, *, initialize: bool = True) -> ProbeReport:
                 library_path=path,
                 is_simulator=is_sim,
                 hardware_type=devices[index].hardware_type if index is not None else None,
+                reused=reused,
                 **fields,
             )
         )
@@ -284,14 +316,66 @@ def build_report(env: Environment, *, initialize: bool = True) -> ProbeReport:
     return report
 
 
+@attrs.frozen
+class _VerdictQuestion:
+    """Whether ``device`` initializes: what :func:`_initialize` needs to ask the environment or the probe cache."""
+
+    device: str
+    index: int
+    soc_model: int
+    ep_device: QnnDevice
+    platform: PlatformInfo
+    versions: Versions
+    environ: Mapping[str, str]
+
+
+def _initialize(env: Environment, problems: list[str], q: _VerdictQuestion, *, reuse: bool) -> tuple[str | None, bool]:
+    """``(reason or None, reused)``: the probe cache's verdict for ``q`` if it has one, else ``env.try_init``'s,
+    which is then recorded. An initialization that raised is reported and never recorded."""
+    store, material = None, None
+    try:
+        root = env.probe_cache()
+        boot = env.boot_id() if root is not None else None
+        if root is not None and boot is not None:
+            store = VerdictStore(root)
+            material = key_material(
+                detection_version=__version__,
+                platform_info=attrs.asdict(q.platform),
+                versions=attrs.asdict(q.versions),
+                boot=boot,
+                libraries=env.library_identity(q.device),
+                loader_env=loader_environment(q.environ, q.platform.system),
+                device=q.device,
+                ep_device=attrs.asdict(q.ep_device),
+                soc_model=q.soc_model,
+            )
+    except Exception:  # the cache only saves time: without it, the backend is simply initialized
+        logger.debug("probe cache unavailable for %s", q.device, exc_info=True)
+        store = None
+    if store is not None and material is not None and reuse:
+        verdict = store.get(material)
+        if verdict is not None:
+            logger.debug("probe cache: %s verdict from %.0f s ago reused: %s", q.device, verdict.age_s, verdict.reason)
+            return verdict.reason, True
+    try:
+        reason = env.try_init(q.device, q.index, q.soc_model)
+    except Exception as exc:
+        problems.append(f"initializing the {q.device} backend failed: {exc}")
+        logger.debug("initializing the %s backend failed", q.device, exc_info=True)
+        return f"initializing the {q.device} backend raised unexpectedly", False
+    if store is not None and material is not None:
+        store.put(material, reason)
+    return reason, False
+
+
 _probe_lock = threading.Lock()
 _cached: dict[bool, ProbeReport] = {}
 
 
-def _safe_build(env: Environment, initialize: bool = True) -> tuple[ProbeReport, float]:
+def _safe_build(env: Environment, initialize: bool = True, refresh: bool = False) -> tuple[ProbeReport, float]:
     start = time.perf_counter()
     try:
-        report = build_report(env, initialize=initialize)
+        report = build_report(env, initialize=initialize, reuse_verdicts=not refresh)
     except Exception as exc:  # last line of defence: probe() must never raise
         logger.debug("probe failed", exc_info=True)
         status = tuple(
@@ -312,19 +396,24 @@ def _safe_build(env: Environment, initialize: bool = True) -> tuple[ProbeReport,
 def probe(*, refresh: bool = False, initialize: bool = True) -> ProbeReport:
     """Report what QNN can do on this machine. Cached per process, thread-safe, never raises.
 
-    The first call registers the QNN EP and prepares a tiny graph on each backend (about 0.35 s of CPU time on the
-    x86_64 simulator bench); later calls return the cached report. Concurrent first calls wait for one
-    probe. Inside ``qnnx_detection.testing.use_environment`` it answers from the fake instead (not cached).
+    The first call registers the QNN EP and prepares a tiny graph on each backend (about 0.3 s of the 0.45 s a
+    first probe takes on the x86_64 simulator bench); later calls return the cached report. Each backend's verdict
+    is also kept on disk (the probe cache, ``QNNX_PROBE_CACHE_DIR`` or the per-user cache folder; ``QNNX_PROBE_CACHE=0``
+    turns it off): a later process reuses it instead of preparing the graph again while the versions, native
+    libraries, device, SoC, host and boot are the same, for at most a day (an hour for "not usable");
+    ``BackendStatus.reused`` says so. Concurrent first calls wait for one probe. Inside
+    ``qnnx_detection.testing.use_environment`` it answers from the fake instead (not cached in the process).
 
     Args:
-        refresh: Probe again instead of returning the cached report (environment variables are re-read too).
+        refresh: Probe again instead of returning the cached report (environment variables are re-read too), and
+            prepare the tiny graphs again instead of reusing the probe cache's verdicts (which are then replaced).
         initialize: False gives a quick report (cached separately) that initializes no backend: for callers that
             are about to create a real session anyway and get the true cause from its failure. A full report, once
             made, also answers quick calls.
     """
     env, fake = active_environment()
     if fake:
-        report, _ = _safe_build(env, initialize)
+        report, _ = _safe_build(env, initialize, refresh)
         return report
     for key in (True,) if initialize else (True, False):
         cached = _cached.get(key)
@@ -334,7 +423,7 @@ def probe(*, refresh: bool = False, initialize: bool = True) -> ProbeReport:
         cached = _cached.get(initialize)
         if cached is not None and not refresh:
             return cached
-        report, elapsed = _safe_build(env, initialize)
+        report, elapsed = _safe_build(env, initialize, refresh)
         report = attrs.evolve(report, elapsed_s=elapsed)
         logger.debug("QNN probe (initialize=%s) took %.3f s: usable=%s", initialize, elapsed, report.usable_devices)
         _cached[initialize] = report

@@ -39,7 +39,8 @@ class BackendStatus:
 
     Attributes:
         device: ``"npu"`` (the HTP backend) or ``"gpu"`` (the Adreno GPU backend).
-        available: True only when the backend initialized and prepared a tiny graph during the probe.
+        available: True only when the backend initialized and prepared a tiny graph during the probe (or during an
+            earlier process's probe, when ``reused``).
         reason: Why it is not available (None when available).
         library_path: Path of the QNN backend library (``libQnnHtp.so`` / ``QnnGpu.dll`` ...), when known.
         is_simulator: True when the backend is the x86_64 host simulator inside ``libQnnHtp``, not silicon.
@@ -48,6 +49,9 @@ class BackendStatus:
         soc_name: Qualcomm part name of ``soc_model``, when known.
         htp_arch: HTP architecture (e.g. 73), for ``npu`` only, when known.
         soc_source: Where ``soc_model`` came from: ``"QNNX_SOC_MODEL"``, ``"detected"`` or ``"default"``.
+        reused: True when ``available`` and ``reason`` are the verdict an earlier process reached by preparing the
+            tiny graph, reused from the probe cache because nothing it depends on has changed (versions, native
+            libraries, device, SoC, host, boot); False when this process decided.
     """
 
     device: str
@@ -60,6 +64,7 @@ class BackendStatus:
     soc_name: str | None = None
     htp_arch: int | None = None
     soc_source: str | None = None
+    reused: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "InvalidDeviceError",
-    "InvalidOptionError",
+    "InvalidOptionsError",
     "InvalidSocModelError",
     "QnnNotInstalledError",
     "QnnRegistrationError",
@@ -37,7 +37,7 @@ class InvalidSocModelError(QnnxDetectionError, ValueError):
     """A SoC model is neither a non-negative integer nor a known chip name."""
 
 
-class InvalidOptionError(QnnxDetectionError, ValueError):
+class InvalidOptionsError(QnnxDetectionError, ValueError):
     """Provider options or session config entries are malformed or contradict each other (all problems listed)."""
 
     def __init__(self, problems: list[str] | tuple[str, ...]) -> None:
@@ -62,3 +62,21 @@ class SessionCreationError(QnnxDetectionError, RuntimeError):
 
     def __str__(self) -> str:
         return f"could not create a QNN session on {self.device}: {self.cause}"
+
+
+# Former names, kept for one minor release: importing them warns.
+_RENAMED = {"InvalidOptionError": "InvalidOptionsError"}
+
+
+def __getattr__(name: str) -> type[Exception]:
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(
+            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]  # type: ignore[no-any-return,unused-ignore]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

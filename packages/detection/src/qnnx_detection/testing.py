@@ -27,6 +27,7 @@ import platform
 import threading
 import types
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 import attrs
 
@@ -72,6 +73,10 @@ class FakeEnvironment:
         host_soc: QNN ``soc_model`` of the Snapdragon the machine runs on (ignored on x86).
         environ: Environment variables the probe reads (only these: the real ``os.environ`` is not consulted).
         library_dir: Directory the backend libraries live in.
+        probe_cache: Folder of the probe cache (verdicts kept across probes); None (default): fakes keep none.
+        boot_id: Identity of the current boot (None: the host has none, so no verdict is kept).
+        library_stamp: Stands for the native libraries' sizes and times: change it to model a reinstall or another
+            build of the same versions.
     """
 
     system: str = "Linux"
@@ -91,6 +96,9 @@ class FakeEnvironment:
     host_soc: int | None = None
     environ: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping, hash=False)
     library_dir: str = "/fake/site-packages/onnxruntime_qnn"
+    probe_cache: str | None = None
+    boot_id: str | None = "fake-boot-1"
+    library_stamp: str = "1"
 
     @classmethod
     def host_simulator(cls, *, environ: Mapping[str, str] | None = None) -> FakeEnvironment:
@@ -198,6 +206,16 @@ class _FakeAdapter:
         if failure is None:
             return None
         return explain_failure(device, failure, failure, machine=self._fake.machine)
+
+    def probe_cache(self) -> Path | None:
+        return Path(self._fake.probe_cache) if self._fake.probe_cache is not None else None
+
+    def boot_id(self) -> str | None:
+        return self._fake.boot_id
+
+    def library_identity(self, device: str) -> tuple[str, ...]:
+        f = self._fake
+        return (f"{f.library_path(device)}|{f.onnxruntime_qnn}|{f.library_stamp}", f"onnxruntime|{f.onnxruntime}")
 
 
 _use_lock = threading.Lock()

@@ -1,12 +1,19 @@
 """Dynamo FX graph to frozen, QNN-safe ONNX."""
 
 from qnnx_export import errors
-from qnnx_export._analysis import MUTATION_KINDS, GraphAnalysis, Problem, analyze, lift_mutations
+from qnnx_export._analysis import (
+    MUTATION_KINDS,
+    GraphAnalysis,
+    Problem,
+    analyze,
+    lift_mutations,
+    written_arguments,
+)
 from qnnx_export._export import ExportedGraph, export
 from qnnx_export._fast import supported_ops as fast_path_ops
 from qnnx_export._fingerprint import fingerprint
 from qnnx_export._options import EXPORTERS, ExportOptions
-from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot
+from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot, RowWriteback
 from qnnx_export._version import __version__
 
 __all__ = [
@@ -19,6 +26,7 @@ __all__ = [
     "InputSpec",
     "OutputSlot",
     "Problem",
+    "RowWriteback",
     "__version__",
     "analyze",
     "errors",
@@ -26,4 +34,5 @@ __all__ = [
     "fast_path_ops",
     "fingerprint",
     "lift_mutations",
+    "written_arguments",
 ]

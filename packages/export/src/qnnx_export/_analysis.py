@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import attrs
@@ -20,6 +20,7 @@ __all__ = [
     "analyze",
     "is_param_placeholder",
     "lift_mutations",
+    "written_arguments",
 ]
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,33 @@ def _mutated_arg(node: Any) -> Any:
     return None
 
 
+def _node_writes(gm: torch.fx.GraphModule, placeholders: Sequence[Any]) -> Iterator[tuple[Any, list[Any]]]:
+    """Each node of ``gm`` (placeholders and output aside) with the placeholders it writes in place, through any
+    view of them (sorted by name; usually none)."""
+    import torch.fx
+
+    # Alias roots: which placeholders each node may share storage with.
+    roots: dict[Any, frozenset[Any]] = {p: frozenset({p}) for p in placeholders}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if _is_view_like(node) and node.args and isinstance(node.args[0], torch.fx.Node):
+            roots[node] = roots.get(node.args[0], frozenset())
+        mutated = _mutated_arg(node)
+        hit = roots.get(mutated, frozenset()) if mutated is not None else frozenset()
+        yield node, sorted(hit, key=lambda n: n.name)
+
+
+def written_arguments(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions of the placeholders ``gm`` writes in place (inputs or buffers), from the graph's structure alone.
+
+    Unlike :func:`analyze`, it reads no example value, so it adds no guard when called on a graph with symbolic
+    sizes inside a ``torch.compile`` backend.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return tuple(sorted({placeholders.index(r) for _, roots in _node_writes(gm, placeholders) for r in roots}))
+
+
 def _training_flag(node: Any) -> str | None:
     """Return a description when ``node`` runs a training-mode op (dropout/batch norm in train mode)."""
     name = _target_name(node)
@@ -480,36 +508,28 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
             )
 
     written: set[int] = set()
-    # Alias roots: which placeholders each node may share storage with.
-    roots: dict[Any, frozenset[Any]] = {p: frozenset({p}) for p in placeholders}
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        if _is_view_like(node) and node.args and isinstance(node.args[0], torch.fx.Node):
-            roots[node] = roots.get(node.args[0], frozenset())
-        mutated = _mutated_arg(node)
-        if mutated is not None:
-            for root in sorted(roots.get(mutated, frozenset()), key=lambda n: n.name):
-                written.add(placeholders.index(root))
-                what = _target_name(node)
-                if kind_of[root] == "user":
-                    problems.append(
-                        Problem(
-                            kind="input_mutation",
-                            detail=f"node {node.name} ({what}) writes in place into user input {root.name}; "
-                            "the exported graph cannot update the caller's tensor.",
-                            node=node.name,
-                        )
+    for node, roots in _node_writes(gm, placeholders):
+        for root in roots:
+            written.add(placeholders.index(root))
+            what = _target_name(node)
+            if kind_of[root] == "user":
+                problems.append(
+                    Problem(
+                        kind="input_mutation",
+                        detail=f"node {node.name} ({what}) writes in place into user input {root.name}; "
+                        "the exported graph cannot update the caller's tensor.",
+                        node=node.name,
                     )
-                else:
-                    problems.append(
-                        Problem(
-                            kind="buffer_mutation",
-                            detail=f"node {node.name} ({what}) writes in place into parameter/buffer "
-                            f"{root.name}; a frozen copy would go stale after the first call.",
-                            node=node.name,
-                        )
+                )
+            else:
+                problems.append(
+                    Problem(
+                        kind="buffer_mutation",
+                        detail=f"node {node.name} ({what}) writes in place into parameter/buffer "
+                        f"{root.name}; a frozen copy would go stale after the first call.",
+                        node=node.name,
                     )
+                )
         flag = _training_flag(node)
         if node.op == "call_module":
             mod = gm.get_submodule(node.target)

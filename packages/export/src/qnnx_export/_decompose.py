@@ -10,13 +10,16 @@ activation.py (batch-first layout, which the fast paths require).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FUSED_REPLACEMENTS"]
+__all__ = ["FUSED_REPLACEMENTS", "unfuse"]
+
+log = logging.getLogger(__name__)
 
 
 def _additive_mask(
@@ -159,3 +162,10 @@ def _replacements() -> dict[Any, Any]:
 
 
 FUSED_REPLACEMENTS: dict[Any, Any] = _replacements()
+
+
+def unfuse(node: Any) -> None:
+    """Point a copied FX node that calls a fused fast path (an op no exporter takes) at its decomposition."""
+    if node.op == "call_function" and node.target in FUSED_REPLACEMENTS:
+        log.debug("decomposing fused fast path %s at node %s", node.target, node.name)
+        node.target = FUSED_REPLACEMENTS[node.target]

@@ -18,8 +18,9 @@ import attrs
 
 from qnnx_export._analysis import GraphAnalysis, analyze
 from qnnx_export._fingerprint import weight_digest
+from qnnx_export._naming import UniqueNames, identifier, module_origin
 from qnnx_export._options import ExportOptions
-from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot, dtype_name
+from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot, RowWriteback, dtype_name
 from qnnx_export.errors import ExportError
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ class ExportedGraph:
         passes_applied: Names of the rewrite passes that changed the graph, in order.
         passes_run: Names of every pass that ran (changed the graph or not).
         timings: Seconds per stage (``prepare``, ``translate`` (the direct translator or torch.onnx),
-            ``passes``, ``serialize``).
+            ``passes``, ``size_check`` (whether the weights go to external data); the model is serialized
+            later, on first use of :meth:`model_bytes` or :meth:`save`).
         external_data: True when the weights exceed ``ExportOptions.external_data_threshold``; then
             :meth:`model_bytes` refuses and :meth:`save` writes the weights beside the model.
         opset: The ONNX opset of the default domain.
@@ -185,21 +187,11 @@ class ExportedGraph:
         return True
 
 
-_NAME_RE = re.compile(r"[^0-9A-Za-z_]")
-
-
-def _attr_name(placeholder_name: str, used: set[str]) -> str:
-    name = _NAME_RE.sub("_", placeholder_name)
-    # Dynamo names lifted params "l_self_modules_x_parameters_weight_": keep it readable but valid.
-    name = name.strip("_") or "param"
-    if name[0].isdigit():
-        name = f"p_{name}"
-    base, k = name, 1
-    while name in used:
-        name = f"{base}_{k}"
-        k += 1
-    used.add(name)
-    return name
+def _attr_name(placeholder_name: str, names: UniqueNames) -> str:
+    """A valid, unique module attribute name for a frozen parameter, from Dynamo's placeholder name
+    (``l_self_modules_x_parameters_weight_``)."""
+    name = identifier(placeholder_name).strip("_") or "param"
+    return names(f"p_{name}" if name[0].isdigit() else name)
 
 
 def _build_frozen_module(
@@ -214,18 +206,18 @@ def _build_frozen_module(
     """Copy ``gm`` into a new graph whose params are attributes (get_attr) and whose fused fast-path
     calls are decomposed. ``gm`` is not modified (Dynamo's calling convention depends on it).
 
-    The first item makes the ``GraphModule`` (its code generation costs ~50 ms for a 950-node graph); only
-    torch.onnx needs it, so the direct translator's path never builds it."""
+    The first item makes the ``GraphModule`` (its code generation is costly on large graphs); only torch.onnx
+    needs it, so the direct translator's path never builds it."""
     import torch
     import torch.fx
 
-    from qnnx_export._decompose import FUSED_REPLACEMENTS
+    from qnnx_export._decompose import unfuse
 
     params = set(analysis.param_indices)
     root = torch.nn.Module()
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    used: set[str] = set()
+    used = UniqueNames()
     user_inputs: list[tuple[str, int]] = []
     placeholder_index: dict[torch.fx.Node, int] = {}
     ph_i = 0
@@ -244,7 +236,7 @@ def _build_frozen_module(
                 new.meta = dict(node.meta)
                 env[node] = new
                 # FX may rename on a clash with a get_attr node: map by the name actually used.
-                used.add(new.name)
+                used.take(new.name)
                 user_inputs.append((new.name, i))
             continue
         if node.op == "output":
@@ -255,9 +247,7 @@ def _build_frozen_module(
             if not hasattr(root, top):
                 setattr(root, top, getattr(gm, top))
         new = graph.node_copy(node, lambda n: env[n])
-        if new.op == "call_function" and new.target in FUSED_REPLACEMENTS:
-            log.debug("decomposing fused fast path %s at node %s", new.target, node.name)
-            new.target = FUSED_REPLACEMENTS[new.target]
+        unfuse(new)
         env[node] = new
 
     if output_node is None:
@@ -320,7 +310,7 @@ def _onnx_registry(opset: int) -> Any:
     """Build torch.onnx's ATen->ONNX registry once per opset and process.
 
     ``torch.onnx.export`` (torch 2.13) rebuilds it on every call by parsing the source of ~500
-    onnxscript functions: 1.4-1.7 s of each export on this machine. The private
+    onnxscript functions, most of each export's time. The private
     ``_registration``/``_core`` modules let us reuse it; if they move we fall back to the public API.
     """
     from torch.onnx._internal.exporter import _registration
@@ -399,6 +389,21 @@ def _describe_failure(exc: BaseException, frozen: torch.fx.GraphModule) -> str:
     )
 
 
+def _writebacks(writes: Sequence[Any], first: int) -> dict[str, Any]:
+    """The signature's write-back fields for the translator's writes, whose outputs start at ONNX output ``first``."""
+    whole: list[tuple[int, int]] = []
+    rows: list[RowWriteback] = []
+    at = first
+    for w in writes:
+        if w.dim < 0:
+            whole.append((at, w.arg))
+        else:
+            index = at + 1 if w.index_arg < 0 else -1
+            rows.append(RowWriteback(arg_index=w.arg, dim=w.dim, values=at, index=index, index_arg=w.index_arg))
+        at += w.outputs
+    return {"writebacks": tuple(whole), "row_writebacks": tuple(rows)}
+
+
 def export(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -455,6 +460,7 @@ def export(
 
     exporter, declined, origins_before = "none", None, None
     model: ir.Model | None = None
+    writes: tuple[Any, ...] = ()
     if written and options.exporter == "torch.onnx":
         raise ExportError(
             "the graph writes in place into its arguments and torch.onnx drops such writes; use exporter='auto' "
@@ -464,7 +470,7 @@ def export(
         from qnnx_export import _fast
 
         try:
-            model, origins_before = _fast.translate(
+            model, origins_before, writes = _fast.translate(
                 gm,
                 example_inputs,
                 param_indices=analysis.param_indices,
@@ -543,9 +549,9 @@ def export(
         onnx_output_names=tuple(cast(str, v.name) for v in model.graph.outputs),  # exported outputs are named
         onnx_output_dtypes=tuple(_ir_to_torch_dtype_name(v.dtype) for v in model.graph.outputs),
         output_container=container,
-        writebacks=tuple((len(onnx_nodes) + k, i) for k, i in enumerate(written)),
+        **_writebacks(writes, len(onnx_nodes)),
     )
-    if len(signature.onnx_output_names) != len(onnx_nodes) + len(written):
+    if len(signature.onnx_output_names) != len(onnx_nodes) + sum(w.outputs for w in writes):
         raise ExportError(
             f"the model has {len(signature.onnx_output_names)} outputs for {len(onnx_nodes)} results and "
             f"{len(written)} writes; this is a qnnx-export bug, please report it."
@@ -560,7 +566,7 @@ def export(
         for i in analysis.param_indices
         if isinstance(example_inputs[i], torch.Tensor)
     )
-    timings = {"prepare": t1 - t0, "translate": t2 - t1, "passes": t3 - t2, "serialize": t4 - t3}
+    timings = {"prepare": t1 - t0, "translate": t2 - t1, "passes": t3 - t2, "size_check": t4 - t3}
     log.debug("exported graph: %d nodes, timings %s", len(model.graph), timings)
     return ExportedGraph(
         signature=signature,
@@ -591,28 +597,16 @@ def _origin(namespace: str | None) -> str | None:
     if not module_scopes:
         return op
     name, kind = module_scopes[-1]
-    path = re.sub(r"^L\['[^']*'\]\.?", "", name) or "<root>"
-    return f"{path} ({kind.rsplit('.', 1)[-1]}): {op}"
+    return module_origin(name, kind, op)
 
 
 def _ir_to_torch_dtype_name(dtype: Any) -> str:
-    import onnx_ir as ir
+    from onnx_ir.tensor_adapters import to_torch_dtype
 
-    mapping = {
-        ir.DataType.FLOAT: "float32",
-        ir.DataType.FLOAT16: "float16",
-        ir.DataType.BFLOAT16: "bfloat16",
-        ir.DataType.DOUBLE: "float64",
-        ir.DataType.INT64: "int64",
-        ir.DataType.INT32: "int32",
-        ir.DataType.INT16: "int16",
-        ir.DataType.INT8: "int8",
-        ir.DataType.UINT8: "uint8",
-        ir.DataType.BOOL: "bool",
-    }
-    if dtype not in mapping:
-        raise ExportError(f"ONNX dtype {dtype} has no torch equivalent handled by qnnx-export.")
-    return mapping[dtype]
+    try:
+        return dtype_name(to_torch_dtype(dtype))
+    except TypeError as exc:
+        raise ExportError(f"ONNX dtype {dtype} has no torch equivalent handled by qnnx-export.") from exc
 
 
 def _empty_model(opset: int) -> ir.Model:

@@ -155,7 +155,7 @@ def _inputs_text(example_inputs: Sequence[Any], analysis: GraphAnalysis) -> str:
 
 @functools.cache
 def _dist_version(dist: str) -> str:
-    """Installed version of a distribution, read from metadata (importing onnxscript costs ~0.3 s)."""
+    """Installed version of a distribution, read from metadata (importing onnxscript is slow)."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

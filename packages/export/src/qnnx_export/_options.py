@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from qnnx_export._pass_names import DEFAULT_PASSES
-from qnnx_export.errors import OptionsError
+from qnnx_export.errors import InvalidOptionsError
 
 __all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
 
@@ -19,7 +19,7 @@ _TWO_GIB = 2 * 1024**3
 
 def _check_opset(_inst: object, _attr: attrs.Attribute, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_OPSET <= value <= MAX_OPSET:
-        raise OptionsError(
+        raise InvalidOptionsError(
             f"ExportOptions.opset={value!r} is not accepted; use an int in [{MIN_OPSET}, {MAX_OPSET}] "
             f"(default {DEFAULT_OPSET}, which is the one tested on QNN HTP)."
         )
@@ -36,7 +36,7 @@ def _check_passes(_inst: object, _attr: attrs.Attribute, value: tuple[str, ...] 
             parts.append(f"unknown pass name(s) {bad!r}")
         if dupes:
             parts.append(f"duplicated pass name(s) {dupes!r}")
-        raise OptionsError(
+        raise InvalidOptionsError(
             f"ExportOptions.passes has {' and '.join(parts)}; accepted names are "
             f"{sorted(DEFAULT_PASSES)!r}. Use None for the default pipeline or () for no passes."
         )
@@ -44,7 +44,7 @@ def _check_passes(_inst: object, _attr: attrs.Attribute, value: tuple[str, ...] 
 
 def _check_threshold(_inst: object, _attr: attrs.Attribute, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise OptionsError(
+        raise InvalidOptionsError(
             f"ExportOptions.external_data_threshold={value!r} is not accepted; use an int >= 0 "
             f"(bytes of initializer data above which weights are stored as external data; default 2 GiB)."
         )
@@ -55,7 +55,7 @@ EXPORTERS = ("auto", "fast", "torch.onnx")
 
 def _check_exporter(_inst: object, _attr: attrs.Attribute, value: str) -> None:
     if value not in EXPORTERS:
-        raise OptionsError(
+        raise InvalidOptionsError(
             f"ExportOptions.exporter={value!r} is not accepted; use one of {list(EXPORTERS)}: 'auto' (the default) "
             "translates the graph directly when every op has a translation and uses torch.onnx otherwise; 'fast' "
             "refuses graphs the direct translator cannot take; 'torch.onnx' always uses torch.onnx.export."
@@ -66,13 +66,13 @@ def _to_passes(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        raise OptionsError(
+        raise InvalidOptionsError(
             f"ExportOptions.passes={value!r} is a string; pass a tuple of pass names, e.g. ({value!r},)."
         )
     try:
         return tuple(value)  # type: ignore[arg-type]
     except TypeError:
-        raise OptionsError(
+        raise InvalidOptionsError(
             f"ExportOptions.passes={value!r} is not a sequence of pass names; use a tuple of names or None."
         ) from None
 

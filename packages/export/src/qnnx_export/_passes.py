@@ -17,7 +17,9 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes import InPlacePass, PassResult, PostconditionError, PreconditionError
+from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from qnnx_export._naming import UniqueNames
 from qnnx_export._pass_names import DEFAULT_PASSES
 
 __all__ = ["DEFAULT_PASSES", "PASS_REGISTRY", "QnnPass", "run_passes"]
@@ -55,25 +57,14 @@ def _shape(value: ir.Value | None) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
-class _Names:
-    """Fresh value/node names that collide with nothing in the graph."""
-
-    def __init__(self, graph: ir.Graph, prefix: str) -> None:
-        self.prefix = prefix
-        self.used = {v.name for v in graph.inputs} | set(graph.initializers)
-        for node in graph:
-            self.used.update(o.name for o in node.outputs if o.name)
-            if node.name:
-                self.used.add(node.name)
-        self.n = 0
-
-    def __call__(self, hint: str) -> str:
-        while True:
-            name = f"{self.prefix}_{hint}_{self.n}"
-            self.n += 1
-            if name not in self.used:
-                self.used.add(name)
-                return name
+def _names(graph: ir.Graph, prefix: str) -> UniqueNames:
+    """Fresh value/node names ``<prefix>_<hint>...`` that collide with nothing in the graph."""
+    taken = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
+    for node in graph:
+        taken.update(o.name for o in node.outputs if o.name)
+        if node.name:
+            taken.add(node.name)
+    return UniqueNames(taken, prefix=f"{prefix}_")
 
 
 def _add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
@@ -98,24 +89,6 @@ def _producer_op(value: ir.Value | None) -> str | None:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
-def _remove_dead_nodes(graph: ir.Graph) -> int:
-    """Remove nodes none of whose outputs is used (repeat until fixpoint)."""
-    outputs = set(graph.outputs)
-    removed = 0
-    changed = True
-    while changed:
-        changed = False
-        for node in reversed(list(graph)):
-            if any(o.uses() or o in outputs for o in node.outputs):
-                continue
-            graph.remove(node, safe=True)
-            removed += 1
-            changed = True
-    for name in [n for n, v in graph.initializers.items() if not v.uses() and v not in outputs]:
-        del graph.initializers[name]
-    return removed
-
-
 class QnnPass(InPlacePass):
     """Base of the QNN-safety passes: a named, documented in-place rewrite with checks.
 
@@ -134,7 +107,7 @@ class QnnPass(InPlacePass):
     def call(self, model: ir.Model) -> PassResult:
         changed = self.rewrite(model.graph)
         if changed:
-            _remove_dead_nodes(model.graph)
+            RemoveUnusedNodesPass()(model)
             model.graph.sort()
         return PassResult(model, modified=changed)
 
@@ -230,7 +203,7 @@ class TileLayerNormBroadcast(QnnPass):
         ]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_tile")
+        names = _names(graph, "qnnx_tile")
         changed = False
         for node in self._feeding_nodes(graph):
             for i, shape, out_shape in self._bad_operands(node):
@@ -426,7 +399,7 @@ class FuseRMSNorm(QnnPass):
         return [m[3].name or "RMSNorm" for m in self._matches(graph)]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_rmsnorm")
+        names = _names(graph, "qnnx_rmsnorm")
         changed = False
         for x, axes, eps, _norm, weight, last in self._matches(graph):
             shape = _shape(x)
@@ -548,7 +521,7 @@ class FuseErfGelu(QnnPass):
         return [n.name or "Erf" for n in graph if n.op_type == "Erf" and self._match(n) is not None]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_gelu")
+        names = _names(graph, "qnnx_gelu")
         changed = False
         for erf in [n for n in graph if n.op_type == "Erf"]:
             match = self._match(erf)
@@ -620,7 +593,7 @@ class FoldHighRankTranspose(QnnPass):
         return first, merged_shape, merged_perm
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_rank")
+        names = _names(graph, "qnnx_rank")
         changed = False
         for node, (first, merged_shape, merged_perm) in self.matched(graph):
             x = cast(ir.Value, first.inputs[0])  # _match read its shape
@@ -676,7 +649,7 @@ class SafeSoftmaxWithoutInf(QnnPass):
         return None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_safe_softmax")
+        names = _names(graph, "qnnx_safe_softmax")
         changed = False
         for node, limit in self.matched(graph):
             stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
@@ -726,7 +699,7 @@ class FuseSoftplus(QnnPass):
         return None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_softplus")
+        names = _names(graph, "qnnx_softplus")
         changed = False
         for log_node, z in self.matched(graph):
             out = log_node.outputs[0]
@@ -816,7 +789,7 @@ class DropEmptyConcatInputs(QnnPass):
         nodes = self._matches(graph)
         for node in nodes:
             kept = [v for v in node.inputs if not self._empty(v)]
-            names = _Names(graph, "qnnx_concat")
+            names = _names(graph, "qnnx_concat")
             out = node.outputs[0]
             new = _new_value(names("out"), out.dtype, _shape(out))
             axis = node.attributes.get_int("axis", 0)
@@ -853,7 +826,7 @@ class LogSigmoidToSoftplus(QnnPass):
         return sig
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_logsigmoid")
+        names = _names(graph, "qnnx_logsigmoid")
         changed = False
         for log_node, sig in self.matched(graph):
             x, out = cast(ir.Value, sig.inputs[0]), log_node.outputs[0]  # Sigmoid has its one input
@@ -917,7 +890,7 @@ class GatherNDToGather(QnnPass):
         return [n.name or "GatherND" for n in graph if self._plan(n) is not None]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_gathernd")
+        names = _names(graph, "qnnx_gathernd")
         changed = False
         for node in list(graph):
             plan = self._plan(node)
@@ -985,7 +958,7 @@ class UnsqueezeInt64ToReshape(QnnPass):
         return [n.name or "Unsqueeze" for n in self._targets(graph)]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_unsqueeze")
+        names = _names(graph, "qnnx_unsqueeze")
         changed = False
         unknown: list[str] = []
         for node in self._targets(graph):
@@ -1029,7 +1002,7 @@ class Int64InputsToInt32(QnnPass):
         return [cast(str, v.name) for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _Names(graph, "qnnx_i32")
+        names = _names(graph, "qnnx_i32")
         changed = False
         for value in list(graph.inputs):
             if value.dtype != ir.DataType.INT64 or value.is_graph_output():

@@ -12,7 +12,7 @@ from qnnx_export.errors import SignatureError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GraphSignature", "InputSpec", "OutputSlot"]
+__all__ = ["GraphSignature", "InputSpec", "OutputSlot", "RowWriteback"]
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -77,6 +77,51 @@ class OutputSlot:
     value: bool | int | float | str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class RowWriteback:
+    """Rows the graph wrote into an argument (``arg.index_copy_(dim, index, rows)``, how a KV cache takes tokens).
+
+    After each run the caller writes only those rows, so the write-back costs what the graph wrote, not the size of
+    the argument.
+
+    Attributes:
+        arg_index: Dynamo argument written.
+        dim: Dimension the rows are written along.
+        values: ONNX output holding the rows.
+        index: ONNX output holding their positions (int), or -1 when ``index_arg`` holds them.
+        index_arg: Dynamo argument holding the positions (a ``cache_position`` input), or -1.
+    """
+
+    arg_index: int
+    dim: int
+    values: int
+    index: int = -1
+    index_arg: int = -1
+
+    def __attrs_post_init__(self) -> None:
+        if (self.index < 0) == (self.index_arg < 0):
+            raise SignatureError(
+                f"RowWriteback(index={self.index}, index_arg={self.index_arg}): exactly one of them must be a "
+                "position (>= 0), the other -1."
+            )
+
+    def apply(self, target: torch.Tensor, onnx_outputs: Sequence[Any], args: Sequence[Any]) -> None:
+        """Write the rows into ``target`` (the caller's tensor), as eager's ``index_copy_`` leaves it."""
+        import numpy as np
+        import torch
+
+        def tensor(x: Any) -> torch.Tensor:
+            return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
+
+        positions = tensor(args[self.index_arg] if self.index_arg >= 0 else onnx_outputs[self.index])
+        rows = tensor(onnx_outputs[self.values])
+        target.index_copy_(self.dim, positions.reshape(-1).to(torch.int64), rows.to(target.dtype))
+
+
+def _row_tuple(value: Iterable[RowWriteback]) -> tuple[RowWriteback, ...]:
+    return tuple(value)
+
+
 def _pairs(value: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:
     return tuple((int(a), int(b)) for a, b in value)
 
@@ -112,6 +157,14 @@ class GraphSignature:
     writebacks: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_pairs)
     """``(ONNX output index, Dynamo argument index)`` per tensor the graph writes in place: after each run the
     caller copies that output into that argument (it is not part of the graph's returned value)."""
+    row_writebacks: tuple[RowWriteback, ...] = attrs.field(default=(), converter=_row_tuple)
+    """Arguments the graph writes rows into: after each run the caller writes only those rows (see
+    :class:`RowWriteback`)."""
+
+    @property
+    def writes(self) -> bool:
+        """Whether the graph writes into any of its arguments (the caller must apply the write-backs)."""
+        return bool(self.writebacks or self.row_writebacks)
 
     @property
     def user_indices(self) -> tuple[int, ...]:
@@ -249,6 +302,7 @@ class GraphSignature:
             "onnx_output_dtypes": list(self.onnx_output_dtypes),
             "output_container": self.output_container,
             "writebacks": [list(w) for w in self.writebacks],
+            "row_writebacks": [attrs.asdict(w) for w in self.row_writebacks],
         }
 
     @classmethod
@@ -274,6 +328,7 @@ class GraphSignature:
                 onnx_output_dtypes=tuple(d["onnx_output_dtypes"]),
                 output_container=d["output_container"],
                 writebacks=tuple(tuple(w) for w in d.get("writebacks", ())),
+                row_writebacks=tuple(RowWriteback(**w) for w in d.get("row_writebacks", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SignatureError(

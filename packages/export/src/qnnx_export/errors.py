@@ -6,14 +6,14 @@ meaning, so callers can catch either ``qnnx_export.errors.QnnxExportError`` or, 
 
 from __future__ import annotations
 
-__all__ = ["ExportError", "OptionsError", "QnnxExportError", "SignatureError"]
+__all__ = ["ExportError", "InvalidOptionsError", "QnnxExportError", "SignatureError"]
 
 
 class QnnxExportError(Exception):
     """Root of every error raised by qnnx-export."""
 
 
-class OptionsError(QnnxExportError, ValueError):
+class InvalidOptionsError(QnnxExportError, ValueError):
     """An :class:`~qnnx_export.ExportOptions` value is invalid (the message names it and the accepted values)."""
 
 
@@ -31,3 +31,21 @@ class ExportError(QnnxExportError, RuntimeError):
     def __init__(self, message: str, problems: tuple[object, ...] = ()) -> None:
         super().__init__(message)
         self.problems = problems
+
+
+# Former names, kept for one minor release: importing them warns.
+_RENAMED = {"OptionsError": "InvalidOptionsError"}
+
+
+def __getattr__(name: str) -> type[Exception]:
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(
+            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

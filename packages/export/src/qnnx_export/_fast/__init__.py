@@ -1,10 +1,10 @@
 """The direct translator: ATen graph -> ONNX, without torch.export and torch.onnx.
 
 ``torch.onnx.export`` re-traces the graph with torch.export, runs the decompositions, builds its
-ATen->ONNX registry (about 1 s, once per process) and optimizes the result: 1.8-2.9 s for the small
-benchmark models, most of a cold first call. The graphs Dynamo hands a backend are already traced
+ATen->ONNX registry (once per process) and optimizes the result: most of a cold first call for the
+benchmark models (docs/benchmarks.md has the figures). The graphs Dynamo hands a backend are already traced
 and, once specialized, have static shapes. So for graphs made only of the ops in the table we trace the
-Dynamo graph to ATen with fake tensors (``make_fx``, 20-230 ms) and write each ATen node as the
+Dynamo graph to ATen with fake tensors (``make_fx``) and write each ATen node as the
 ONNX nodes that compute the same thing, with every shape known. Anything outside the table (an op,
 a dtype, an argument value) makes :func:`translate` raise :class:`Declined`, and the caller uses
 torch.onnx instead: the fast path never guesses.
@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import attrs
+
 from qnnx_export._fast._registry import REGISTRY, OpTable, import_op_modules
 from qnnx_export._fast._trace import trace_aten
 from qnnx_export._fast._translator import Declined, Translator, ir_dtype
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     import torch
     import torch.fx
 
-__all__ = ["Declined", "supported_ops", "trace_aten", "translate", "translate_aten"]
+__all__ = ["Declined", "Write", "supported_ops", "trace_aten", "translate", "translate_aten"]
 
 
 def _register() -> None:
@@ -61,7 +63,7 @@ def translate(
     outputs: Sequence[Any],
     opset: int,
     written: Sequence[int] = (),
-) -> tuple[ir.Model, dict[str, str]]:
+) -> tuple[ir.Model, dict[str, str], tuple[Write, ...]]:
     """Translate a Dynamo graph to an ONNX model, or raise :class:`Declined`.
 
     Args:
@@ -71,12 +73,13 @@ def translate(
         user_inputs: ``(ONNX input name, placeholder position)`` of the runtime inputs.
         outputs: The nodes of ``gm`` that become ONNX outputs, in order.
         opset: ONNX opset of the model.
-        written: Placeholder positions the graph writes in place. Their new values become extra outputs after
-            ``outputs``, in this order; a write the trace does not show, or any other in-place write, declines.
+        written: Placeholder positions the graph writes in place. What each write needs (see :class:`Write`)
+            becomes extra outputs after ``outputs``, in this order; a write the trace does not show, or any other
+            in-place write, declines.
 
     Returns:
-        The model (initializers hold the real weights, without copies where they are contiguous) and
-        the origin of each ONNX node (``"<module path> (<class>): <aten op>"``).
+        The model (initializers hold the real weights, without copies where they are contiguous), the origin of
+        each ONNX node (``"<module path> (<class>): <aten op>"``) and one :class:`Write` per written position.
     """
     import torch
 
@@ -94,9 +97,10 @@ def translate(
         raise Declined(
             f"ATen tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
-    _lift_writes(traced, written)
+    writes = _lift_writes(traced, written, user_positions={i for _, i in user_inputs})
     constants = {i: example_inputs[i].detach() for i in param_indices}
-    return translate_aten(traced, constants, user_inputs=user_inputs, opset=opset)
+    model, origins = translate_aten(traced, constants, user_inputs=user_inputs, opset=opset)
+    return model, origins, writes
 
 
 def _depends_on(node: Any, target: Any, memo: dict[Any, bool]) -> bool:
@@ -119,30 +123,57 @@ def _depends_on(node: Any, target: Any, memo: dict[Any, bool]) -> bool:
     return memo.get(node, node is target)
 
 
+def _partial_writes() -> dict[Any, tuple[int, ...]]:
+    """ATen ops that write part of their first argument -> the positions of the arguments that say what is written
+    (positions and values)."""
+    import torch
+
+    aten = torch.ops.aten
+    return {
+        aten.index_copy.default: (2, 3),
+        aten.slice_scatter.default: (1,),
+        aten.select_scatter.default: (1,),
+        aten.index_put.default: (1, 2),
+    }
+
+
 def _check_no_fp16_accumulation(placeholder: Any, new: Any) -> None:
     """Refuse a float tensor whose new value is arithmetic on its old one (``count += 1``, a running sum).
 
     HTP computes float in fp16: such state would carry fp16 rounding from call to call, and a float counter stops
-    at 2048. Overwrites are fine: a KV cache's ``index_copy_`` of new values, or ``copy_`` of a value computed
-    without the old one, round each written value once. Integer state is exact.
+    at 2048. Overwrites are fine: a KV cache's ``index_copy_`` of new values, a slice assignment, or ``copy_`` of a
+    value computed without the old one, round each written value once. Integer state is exact.
     """
     import torch
+    import torch.fx
 
     if not placeholder.meta["val"].is_floating_point():
         return
     memo: dict[Any, bool] = {}
+    partial = _partial_writes()
+
     aten = torch.ops.aten
+
+    def fresh(value: Any) -> bool:
+        """``value`` holds nothing of the old tensor: computed without it, or a copy/fill of such a value into a
+        view of it (which keeps only its shape)."""
+        if not isinstance(value, torch.fx.Node) or not _depends_on(value, placeholder, memo):
+            return True
+        if value.op == "call_function" and value.target in (aten.copy.default, aten.fill.Tensor, aten.fill.Scalar):
+            return fresh(value.args[1])
+        return False
 
     def overwrites(value: Any) -> bool:
         """``value`` is the old tensor with some parts replaced by values computed without it."""
         if value is placeholder:
             return True
-        if value.op == "call_function" and value.target is aten.index_copy.default:
-            # The base keeps its other rows as they are: it must itself be the old tensor or such an overwrite.
-            return overwrites(value.args[0]) and not any(_depends_on(a, placeholder, memo) for a in value.args[2:4])
-        if value.op == "call_function" and value.target is aten.copy.default:
-            return not _depends_on(value.args[1], placeholder, memo)
-        return not _depends_on(value, placeholder, memo)
+        written = partial.get(value.target) if value.op == "call_function" else None
+        if written is not None:
+            # The base keeps its other elements as they are: it must itself be the old tensor or such an overwrite.
+            args = [value.args[k] for k in written]
+            what = [a for arg in args for a in (arg if isinstance(arg, list) else [arg])]
+            return overwrites(value.args[0]) and all(fresh(a) for a in what)
+        return fresh(value)
 
     if not overwrites(new):
         raise Declined(
@@ -151,12 +182,59 @@ def _check_no_fp16_accumulation(placeholder: Any, new: Any) -> None:
         )
 
 
-def _lift_writes(traced: torch.fx.GraphModule, written: Sequence[int]) -> None:
+@attrs.frozen
+class Write:
+    """How the new value of one written argument comes back, as the extra outputs :func:`translate` adds.
+
+    Attributes:
+        arg: Placeholder position of the written argument.
+        dim: For a row write, the dimension ``index_copy_`` writes along; -1 for a whole-tensor write.
+        index_arg: For a row write whose positions are themselves a runtime input (a KV cache's
+            ``cache_position``), that input's placeholder position; -1 when the positions are an extra output.
+    """
+
+    arg: int
+    dim: int = -1
+    index_arg: int = -1
+
+    @property
+    def outputs(self) -> int:
+        """How many extra outputs the write adds: the whole tensor (1), or the rows and their positions (1-2)."""
+        return 1 if self.dim < 0 or self.index_arg >= 0 else 2
+
+
+def _row_write(placeholder: Any, new: Any, user_positions: set[int], placeholders: list[Any]) -> Write | None:
+    """The :class:`Write` of ``new = placeholder.index_copy(dim, index, rows)``, or None for any other update.
+
+    Only what was written then comes back (the new rows and their positions), so the caller's write-back costs what
+    the graph wrote (a few tokens of a KV cache), not the whole tensor. Rows or positions that are constants or the
+    caller's own inputs returned as they are keep the whole-tensor write.
+    """
+    import torch
+
+    if new.op != "call_function" or new.target is not torch.ops.aten.index_copy.default:
+        return None
+    base, dim, index, rows = new.args[:4]
+    if base is not placeholder or not isinstance(index, torch.fx.Node) or not isinstance(rows, torch.fx.Node):
+        return None
+    if rows.op == "placeholder":
+        return None
+    position = placeholders.index(placeholder)
+    rank = placeholder.meta["val"].dim()
+    axis = dim + rank if dim < 0 else dim
+    if index.op == "placeholder":
+        arg = placeholders.index(index)
+        return Write(position, axis, arg) if arg in user_positions else None
+    return Write(position, axis)
+
+
+def _lift_writes(traced: torch.fx.GraphModule, written: Sequence[int], user_positions: set[int]) -> tuple[Write, ...]:
     """Turn the functionalized trace's final ``copy_(input, new)`` nodes into extra outputs, in ``written`` order.
 
     ``functionalize(remove="mutations")`` ends the trace with one ``aten.copy_`` per input it writes. Every write
     must be found exactly once, and no other in-place op may remain: a write that would not come back to the
-    caller is never accepted.
+    caller is never accepted. A row write (``index_copy_``, how a KV cache takes new tokens) returns the rows and
+    their positions; any other write returns the whole new tensor.
     """
     import torch
 
@@ -177,15 +255,28 @@ def _lift_writes(traced: torch.fx.GraphModule, written: Sequence[int]) -> None:
     if missing:
         raise Declined(f"the trace shows no write into argument(s) {missing}, which the graph updates in place")
     if not written:
-        return
+        return ()
     for i in written:
         _check_no_fp16_accumulation(placeholders[i], copies[i].args[1])
     output = next(n for n in graph.nodes if n.op == "output")
-    values = [copies[i].args[1] for i in written]
+    writes: list[Write] = []
+    values: list[Any] = []
+    for i in written:
+        new = copies[i].args[1]
+        row = _row_write(placeholders[i], new, user_positions, placeholders)
+        if row is None:
+            writes.append(Write(i))
+            values.append(new)
+        else:
+            writes.append(row)
+            values.append(new.args[3])
+            if row.index_arg < 0:
+                values.append(new.args[2])
     for i in written:
         graph.erase_node(copies[i])
     output.args = ((*output.args[0], *values),)
     traced.recompile()
+    return tuple(writes)
 
 
 def translate_aten(

@@ -1,4 +1,5 @@
-"""Indexing: select, embedding, gather, index_select and advanced indexing with index tensors."""
+"""Indexing: select, embedding, gather, index_select, advanced indexing with index tensors, and the writes
+(index_copy, slice and select assignment, index_put) that in-place updates become once functionalized."""
 
 from __future__ import annotations
 
@@ -117,9 +118,123 @@ def _index_copy(t: Translator, node: Node, x: Node, dim: int, index: Node, sourc
     return t.out("ScatterElements", [t.value(x), idx, t.value(source)], {"axis": axis})
 
 
+@handles(aten.fill.Scalar, aten.fill.Tensor)
+def _fill(t: Translator, node: Node, x: Node, value: Node | float | int | bool) -> ir.Value:
+    """``x.fill(value)`` (what ``t[i] = 3.0`` becomes): ``value`` in ``x``'s dtype, broadcast to ``x``'s shape."""
+    val = node.meta["val"]
+    return t.out("Expand", [t.operand(value, val.dtype), t.ints(tuple(val.shape))])
+
+
 @handles(aten.copy.default)
 def _copy(t: Translator, node: Node, x: Node, source: Node, non_blocking: bool = False) -> ir.Value:
     """``x.copy(source)``: ``source`` in ``x``'s dtype, broadcast to ``x``'s shape."""
     val = node.meta["val"]
     src = t.operand(source, val.dtype)
     return t.out("Expand", [src, t.ints(tuple(val.shape))])
+
+
+def _splice(t: Translator, x: Node, middle: ir.Value, axis: int, start: int, end: int) -> ir.Value:
+    """``x`` with ``[start, end)`` along ``axis`` replaced by ``middle``: a Concat of the kept parts around it."""
+    shape = tuple(fake(x).shape)
+    dtype = fake(x).dtype
+    pieces: list[ir.Value | None] = []
+    for lo, hi in ((0, start), (end, shape[axis])):
+        if hi <= lo:
+            pieces.append(None)
+            continue
+        part = list(shape)
+        part[axis] = hi - lo
+        pieces.append(
+            t.emit1(
+                "Slice",
+                [t.value(x), t.ints([lo], "starts"), t.ints([hi], "ends"), t.ints([axis], "axes")],
+                dtype=dtype,
+                shape=tuple(part),
+            )
+        )
+    parts = [p for p in (pieces[0], middle, pieces[1]) if p is not None]
+    if len(parts) == 1:
+        return t.out("Identity", parts)
+    return t.out("Concat", parts, {"axis": axis})
+
+
+@handles(aten.slice_scatter.default)
+def _slice_scatter(
+    t: Translator,
+    node: Node,
+    x: Node,
+    src: Node,
+    dim: int = 0,
+    start: int | None = None,
+    end: int | None = None,
+    step: int = 1,
+) -> ir.Value:
+    """``x[..., start:end, ...] = src`` (slice assignment, after functionalization) as a Concat around ``src``."""
+    shape = tuple(fake(x).shape)
+    axis = onnx_axis(dim, len(shape))
+    s, e, _ = slice(start, end, step).indices(shape[axis])
+    if step != 1:
+        raise Declined("slice_scatter with a step other than 1")
+    e = max(e, s)
+    if tuple(fake(src).shape) != (*shape[:axis], e - s, *shape[axis + 1 :]):
+        raise Declined(f"slice_scatter source of shape {tuple(fake(src).shape)}")
+    return _splice(t, x, t.operand(src, fake(x).dtype), axis, s, e)
+
+
+@handles(aten.select_scatter.default)
+def _select_scatter(t: Translator, node: Node, x: Node, src: Node, dim: int, index: int) -> ir.Value:
+    """``x[..., index, ...] = src`` as a Concat around ``src`` with the dimension put back."""
+    shape = tuple(fake(x).shape)
+    axis = onnx_axis(dim, len(shape))
+    i = index + shape[axis] if index < 0 else index
+    if not 0 <= i < shape[axis]:
+        raise Declined(f"select_scatter index {index} out of range for size {shape[axis]}")
+    row = list(shape)
+    row[axis] = 1
+    middle = t.emit1(
+        "Unsqueeze", [t.operand(src, fake(x).dtype), t.ints([axis], "axes")], dtype=fake(x).dtype, shape=tuple(row)
+    )
+    return _splice(t, x, middle, axis, i, i + 1)
+
+
+@handles(aten.index_put.default)
+def _index_put(
+    t: Translator, node: Node, x: Node, indices: Sequence[Node | None], values: Node, accumulate: bool = False
+) -> ir.Value:
+    """``x[i0, i1, ...] = values`` with integer index tensors on the leading dimensions, as ScatterND.
+
+    Negative indices count from the end, as in PyTorch; duplicate positions are undefined in PyTorch too. Boolean
+    masks (data-dependent shapes), indices after a skipped dimension and ``accumulate=True`` (a sum HTP would
+    take in fp16) decline.
+    """
+    shape = tuple(fake(x).shape)
+    dtype = fake(x).dtype
+    if accumulate:
+        raise Declined("index_put with accumulate=True")
+    if not indices or any(i is None for i in indices) or len(indices) > len(shape):
+        raise Declined("index_put with skipped dimensions")
+    if any(fake(i).dtype not in (torch.int64, torch.int32) for i in indices):
+        raise Declined("index_put with a boolean mask")
+    k = len(indices)
+    batch = tuple(torch.broadcast_shapes(*(tuple(fake(i).shape) for i in indices)))
+    columns = []
+    for dim, index in enumerate(indices):
+        assert index is not None
+        const = t.constant_of(index)
+        if const is not None:
+            idx = t.initializer(_in_range(const, shape[dim]).to(torch.int64), "index")
+        else:
+            idx = t.operand(index, torch.int64)
+            ishape = tuple(fake(index).shape)
+            negative = t.emit1("Less", [idx, t.scalar(0, torch.int64)], dtype=torch.bool, shape=ishape)
+            wrapped = t.emit1("Add", [idx, t.scalar(shape[dim], torch.int64)], dtype=torch.int64, shape=ishape)
+            idx = t.emit1("Where", [negative, wrapped, idx], dtype=torch.int64, shape=ishape)
+            # A no-op for every valid index ([-size, size) wraps into [0, size)), and it lets opcheck prove the
+            # positions non-negative.
+            idx = t.emit1("Max", [idx, t.scalar(0, torch.int64)], dtype=torch.int64, shape=ishape)
+        idx = t.emit1("Expand", [idx, t.ints(batch)], dtype=torch.int64, shape=batch)
+        columns.append(t.emit1("Unsqueeze", [idx, t.ints([-1], "axes")], dtype=torch.int64, shape=(*batch, 1)))
+    stacked = columns[0] if k == 1 else t.emit1("Concat", columns, {"axis": -1}, dtype=torch.int64, shape=(*batch, k))
+    update_shape = batch + shape[k:]
+    updates = t.emit1("Expand", [t.operand(values, dtype), t.ints(update_shape)], dtype=dtype, shape=update_shape)
+    return t.out("ScatterND", [t.value(x), stacked, updates])

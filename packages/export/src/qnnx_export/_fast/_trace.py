@@ -33,7 +33,7 @@ def trace_aten(
     from torch._decomp import get_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from qnnx_export._decompose import FUSED_REPLACEMENTS
+    from qnnx_export._decompose import unfuse
 
     aten = torch.ops.aten
     graph = torch.fx.Graph()
@@ -42,8 +42,7 @@ def trace_aten(
         if node.op == "output":
             continue
         new = graph.node_copy(node, lambda n: env[n])
-        if new.op == "call_function" and new.target in FUSED_REPLACEMENTS:
-            new.target = FUSED_REPLACEMENTS[new.target]
+        unfuse(new)
         env[node] = new
     graph.output(tuple(env[n] for n in outputs))
     lifted = torch.fx.GraphModule(gm, graph)

@@ -14,11 +14,11 @@ The handlers (``_ops_*.py``) write only through the public methods of :class:`Tr
 from __future__ import annotations
 
 import operator
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from qnnx_export._fast._nodes import fake, only_first_output_used
+from qnnx_export._naming import UniqueNames, module_origin
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -100,20 +100,14 @@ class Translator:
         self._init_by_tensor: dict[tuple[Any, ...], tuple[torch.Tensor, ir.Value]] = {}
         # FX node -> its translation: an ir.Value, a real tensor (folded constant) or a tuple of them.
         self._env: dict[Node, Any] = {}
-        self._names: set[str] = set()
+        self._names = UniqueNames()
         self._current: Node | None = None
         self._folded_bn: dict[Node, Node] = {}  # conv node -> the batch norm folded into it
 
     # -- values --
 
     def _name(self, hint: str) -> str:
-        base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
-        name, k = base, 1
-        while name in self._names:
-            name = f"{base}_{k}"
-            k += 1
-        self._names.add(name)
-        return name
+        return self._names(hint)
 
     def initializer(self, tensor: torch.Tensor, hint: str) -> ir.Value:
         """An initializer holding ``tensor`` (the same one again for the same tensor memory and layout).
@@ -284,9 +278,7 @@ class Translator:
             return op
         path, kind = list(stack.values())[-1]
         kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-        path = re.sub(r"^L\['[^']*'\]\.?", "", str(path)) or "<root>"
-        path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
-        return f"{path} ({kind_name.rsplit('.', 1)[-1]}): {op}"
+        return module_origin(str(path), kind_name, op)
 
     # -- fusion --
 
@@ -330,7 +322,7 @@ class Translator:
                 value = ir.Value(
                     name=names[pos], type=ir.TensorType(ir_dtype(val.dtype)), shape=ir.Shape(tuple(val.shape))
                 )
-                self._names.add(names[pos])
+                self._names.take(names[pos])
                 self._env[node] = value
                 inputs.append(value)
             else:
@@ -369,6 +361,8 @@ class Translator:
         if node.target is operator.getitem:
             seq, index = cast("tuple[Node, int]", node.args)
             got = self._env[seq]
+            if not isinstance(got, tuple | list):
+                raise Declined(f"getitem on {seq.name}, which is not a sequence")
             self._env[node] = got[index]
             return
         if self._is_constant(node):

@@ -1,0 +1,111 @@
+"""The quantize option: presets and mappings validate, and every bad value raises a message naming it and the fix."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from qnnx_backend import BackendOptions
+from qnnx_backend._quantspec import ACTIVATION_TYPES, CALIBRATIONS, DEFAULT_MIN_SQNR, PRESETS, WEIGHT_TYPES
+from qnnx_backend.errors import InvalidOptionsError
+
+
+def _quantize(value: object):
+    return BackendOptions.from_mapping({"quantize": value}).quantize
+
+
+def test_off_by_default():
+    """Without the option no graph is quantized."""
+    assert BackendOptions.from_mapping(None).quantize is None
+
+
+@pytest.mark.parametrize(("name", "types"), [("a16w8", ("uint16", "uint8")), ("a8w8", ("uint8", "uint8"))])
+def test_presets_name_their_types(name, types):
+    """'a16w8' is uint16 activations with uint8 weights, 'a8w8' uint8 for both; both keep the default SQNR floor."""
+    spec = _quantize(name)
+    assert (spec.activation_type, spec.weight_type) == types
+    assert spec.per_channel is False and spec.calibration == "minmax" and spec.min_sqnr == DEFAULT_MIN_SQNR
+    assert spec.label == name
+
+
+def test_mapping_starts_from_its_scheme_and_overrides():
+    """A mapping starts from its scheme (a16w8 by default) and sets the details, min_sqnr included."""
+    spec = _quantize({"scheme": "a8w8", "calibration": "Percentile", "per_channel": True, "min_sqnr": None})
+    assert (spec.activation_type, spec.weight_type, spec.calibration) == ("uint8", "uint8", "percentile")
+    assert spec.per_channel and spec.min_sqnr is None
+    assert spec.label == "a8w8 (per-channel, percentile)"
+    assert _quantize({"keep_float_ops": ["Softmax", "LayerNormalization"]}).keep_float_ops == (
+        "LayerNormalization",
+        "Softmax",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ("int8", r"quantize='int8' is not valid; accepted: 'a16w8', 'a8w8'"),
+        (8, r"quantize: 8 is not valid; accepted: None, 'a16w8', 'a8w8' or a dict"),
+        ({"activation": "uint8"}, r"unknown key\(s\) 'activation' \(did you mean 'activation_type'\?\)"),
+        ({"weight_type": "int4"}, r"weight_type='int4' is not valid; accepted: 'uint8', 'int8', 'uint16'"),
+        ({"calibration": "kl"}, r"calibration='kl' is not valid; accepted: 'minmax', 'entropy', 'percentile'"),
+        ({"per_channel": "yes"}, r"per_channel='yes' is not valid; accepted: True or False"),
+        ({"min_sqnr": "30"}, r"min_sqnr='30' is not valid; accepted: a finite number of dB"),
+        ({"min_sqnr": float("nan")}, r"min_sqnr=nan is not valid"),
+        ({"keep_float_ops": "Softmax"}, r"keep_float_ops='Softmax' is not valid; accepted: a list of names"),
+        ({"keep_float_modules": [""]}, r"keep_float_modules holds \[''\]; accepted: non-empty strings"),
+    ],
+)
+def test_bad_values_name_the_value_the_accepted_ones_and_an_example(value, match):
+    """Each bad value is named with what is accepted, and the message ends with a working example."""
+    with pytest.raises(InvalidOptionsError, match=match) as info:
+        _quantize(value)
+    assert "Example: quantize='a16w8'" in str(info.value)
+
+
+def test_fp16_and_quantize_are_refused_together():
+    """fp16 and quantize cannot be combined: the message says to drop one."""
+    with pytest.raises(InvalidOptionsError, match="fp16=True cannot be combined"):
+        BackendOptions.from_mapping({"quantize": "a16w8", "fp16": True})
+
+
+def test_cache_material_changes_with_every_setting_but_the_floor():
+    """The settings that change the quantized model are cache material; min_sqnr only decides whether it is used."""
+    base = _quantize("a16w8").cache_material()
+    assert _quantize({"min_sqnr": 40}).cache_material() == base
+    for change in ({"per_channel": True}, {"calibration": "entropy"}, {"weight_type": "int8"}, {"scheme": "a8w8"}):
+        assert _quantize(change).cache_material() != base
+
+
+_VALID = {
+    "scheme": st.sampled_from(sorted(PRESETS)),
+    "activation_type": st.sampled_from(ACTIVATION_TYPES),
+    "weight_type": st.sampled_from(WEIGHT_TYPES),
+    "per_channel": st.booleans(),
+    "calibration": st.sampled_from(CALIBRATIONS),
+    "keep_float_ops": st.lists(st.sampled_from(["Softmax", "LayerNormalization", "Gelu"])),
+    "keep_float_modules": st.lists(st.from_regex(r"[a-z]+(\.[a-z0-9]+){0,2}", fullmatch=True)),
+    "min_sqnr": st.none() | st.floats(-10, 80),
+}
+_ANY = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.lists(st.integers())
+
+
+@given(st.fixed_dictionaries({}, optional=_VALID))
+def test_valid_mappings_validate(mapping):
+    """Property: a mapping of known keys with accepted values always validates, and keeps what it says."""
+    spec = _quantize(mapping)
+    for key in ("activation_type", "weight_type", "per_channel", "calibration", "min_sqnr"):
+        if key in mapping:
+            assert getattr(spec, key) == mapping[key]
+
+
+@given(st.dictionaries(st.sampled_from([*_VALID, "bits", "dtype"]), _ANY, max_size=4))
+def test_any_mapping_validates_or_raises_the_documented_error(mapping):
+    """Property: any mapping either validates or raises InvalidOptionsError (never another exception), and an
+    error message names the quantize option."""
+    error = None
+    try:
+        _quantize(mapping)
+    except InvalidOptionsError as exc:
+        error = str(exc)
+    assert error is None or error.startswith("quantize")
