@@ -111,9 +111,18 @@ def typecheck(session: nox.Session) -> None:
 @nox.parametrize("torch", MATRIX_TORCH)
 @nox.parametrize("ort_qnn", MATRIX_ORT_QNN)
 def matrix(session: nox.Session, torch: str, ort_qnn: str) -> None:
-    """Opt-in: the suite against torch (2.13, 2.14) x onnxruntime-qnn (2.4-2.7). torch 2.14.1 is a 5.5 GB wheel."""
+    """Opt-in: the suite against torch (2.13, 2.14) x onnxruntime-qnn (2.4-2.7). torch 2.14.1 is a 5.5 GB wheel.
+
+    ``-- smoke`` runs a shorter suite per combination (the backend's unit tests and the end-to-end compile tests)."""
     _install(session, torch=f"torch=={torch}", ort_qnn=f"onnxruntime-qnn=={ort_qnn}")
     _versions(session)
+    if session.posargs[:1] == ["smoke"]:
+        env = {"HYPOTHESIS_PROFILE": "ci"}
+        session.run("pytest", "packages/backend/tests", "-p", "no:cacheprovider", "-m", "not slow", env=env)
+        session.run(
+            "pytest", "integration-tests/test_compile_e2e.py", "-p", "no:cacheprovider", "-m", "not slow", env=env
+        )
+        return
     _pytest(session)
 
 

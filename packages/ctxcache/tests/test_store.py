@@ -7,6 +7,7 @@ import os
 import threading
 from pathlib import Path
 
+import attrs
 import filelock
 import pytest
 from _cc_helpers import key_for
@@ -406,3 +407,39 @@ def test_unicode_and_spaces_in_root(tmp_path: Path) -> None:
     store = cc.ContextStore(tmp_path / "my caché ñ 目录")
     assert store.get_or_create(key_for(), FakeBuild()).persisted
     assert store.get(key_for()) is not None
+
+
+def test_inspect_returns_entry_details_and_the_old_dict(tmp_path: Path) -> None:
+    """`inspect` gives a frozen EntryDetails; `to_dict()` is the manifest plus path, size, last use and pin state."""
+    store = cc.ContextStore(tmp_path)
+    key = key_for("details")
+    entry = store.get_or_create(key, FakeBuild())
+    details = store.inspect(key)
+    assert isinstance(details, cc.EntryDetails)
+    assert (details.key, details.path, details.pinned, details.error) == (key.hex, entry.path, False, "")
+    assert details.size_bytes is not None and details.size_bytes > 0
+    assert details.key_material == json.loads(cc.canonical_json(key.material))
+    assert details.model_file == "model_ctx.onnx"
+    manifest = json.loads((entry.path / "manifest.json").read_text())
+    assert details.to_dict() == {
+        **manifest,
+        "path": str(entry.path),
+        "size_bytes": details.size_bytes,
+        "last_used": details.last_used,
+        "pinned": False,
+    }
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        details.pinned = True  # type: ignore[misc]
+    assert store.inspect(key_for("absent")) is None
+
+
+def test_inspect_reports_a_damaged_manifest_as_an_error(tmp_path: Path) -> None:
+    """A manifest that does not parse comes back as EntryDetails with `error` set; `to_dict()` is {key, error}."""
+    store = cc.ContextStore(tmp_path)
+    key = key_for("damaged")
+    entry = store.get_or_create(key, FakeBuild())
+    (entry.path / "manifest.json").write_text("{not json")
+    details = store.inspect(key)
+    assert details is not None
+    assert (details.error, details.key_material, details.size_bytes) == ("manifest:invalid-json", None, None)
+    assert details.to_dict() == {"key": key.hex, "error": "manifest:invalid-json"}

@@ -280,7 +280,8 @@ def _resolve(store: ContextStore, prefix: str) -> str:
 
 def _soc_of(store: ContextStore, key: str) -> int | None:
     """The SoC an entry was compiled for (its key's target, else its EP options), when the key says."""
-    material = (store.inspect(key) or {}).get("key_material") or {}
+    info = store.inspect(key)
+    material = (info.key_material if info is not None else None) or {}
     for place in (material.get("target"), material.get("ep_options")):
         if isinstance(place, dict) and str(place.get("soc_model", "")).isdecimal():
             return int(place["soc_model"])
@@ -407,20 +408,22 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if command == "explain":
         keys = [_resolve(store, args.key_a), _resolve(store, args.key_b)]
-        pair = [store.inspect(k) for k in keys]
-        unreadable = [k[:16] for k, info in zip(keys, pair) if not (info and "key_material" in info)]
-        if unreadable:
+        material = [info.key_material if info is not None else None for info in map(store.inspect, keys)]
+        first, second = material
+        if first is None or second is None:
+            unreadable = [k[:16] for k, m in zip(keys, material) if m is None]
             raise _Failure(
                 f"entry {', '.join(unreadable)} has no readable key material",
                 "check it with `qnnx-ctxcache verify --full` (and --fix to quarantine it)",
             )
-        lines = diff_key_material(pair[0]["key_material"], pair[1]["key_material"])  # type: ignore[index]
+        lines = diff_key_material(first, second)
         _emit(args, {"differences": lines}, "\n".join(lines) if lines else "identical key material")
         return EXIT_OK
     if command in ("inspect", "rm"):
         key = _resolve(store, args.key)
         if command == "inspect":
-            info = store.inspect(key)
+            details = store.inspect(key)
+            info = details.to_dict() if details is not None else None
             _emit(args, info, json.dumps(info, indent=1, sort_keys=True))
             return EXIT_OK
         if store.mode != "readwrite":

@@ -15,7 +15,8 @@ from typing import Any
 
 import attrs
 
-from qnnx_ctxcache._store import _VERIFIED, _VERIFIED_LOCK, BuildResult
+from qnnx_ctxcache._results import BuildResult
+from qnnx_ctxcache._verify import _VERIFIED, _VERIFIED_LOCK
 
 __all__ = ["FakeBuild", "forget_verified", "write_fake_context"]
 

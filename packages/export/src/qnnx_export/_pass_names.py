@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["DEFAULT_PASSES"]
 
-# The default pipeline, in run order (see _passes.py for each pass and the defect it avoids).
+# The default pipeline, in run order (see the _passes package for each pass and the defect it avoids).
 DEFAULT_PASSES: tuple[str, ...] = (
     "gathernd_to_gather",
     "unsqueeze_int64_to_reshape",

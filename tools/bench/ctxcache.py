@@ -1,6 +1,6 @@
 """Benchmark: QNN HTP session start-up cold (compile) vs warm (qnnx-ctxcache hit), each in a fresh process.
 
-Usage: python warm_vs_cold.py [--reps 3] [--width 256] [--depth 4]
+Usage: python tools/bench/ctxcache.py [--reps 3] [--width 256] [--depth 4]
 Prints a JSON line per phase with the median seconds. Not a test: timings are never asserted.
 """
 
@@ -112,9 +112,12 @@ def main() -> None:
         results["warm"].append(float(second["session_s"]))  # type: ignore[arg-type]
         results["warm_store_lookup"].append(float(second["store_s"]))  # type: ignore[arg-type]
     for phase, values in results.items():
-        print(json.dumps(  # noqa: T201 - a benchmark script reports on stdout
-{"phase": phase, "model_bytes": size, "median_s": round(statistics.median(values), 4),
-                          "all_s": [round(v, 4) for v in values]}))  # fmt: skip
+        median = round(statistics.median(values), 4)
+        print(
+            json.dumps(
+                {"phase": phase, "model_bytes": size, "median_s": median, "all_s": [round(v, 4) for v in values]}
+            )
+        )
 
 
 if __name__ == "__main__":

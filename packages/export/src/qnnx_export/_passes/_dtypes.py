@@ -1,0 +1,103 @@
+"""Dtype legalization: int64 graph inputs fed as int32 with a range check instead of QNN's silent saturation."""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_export._passes._base import QnnPass, _const, _names, _new_value, _shape
+
+__all__ = ["Int64InputsToInt32"]
+
+log = logging.getLogger(__name__)
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+# ---------------------------------------------------------------------------- int64 inputs -> int32
+
+
+_INDEX_INPUTS = {("Gather", 1), ("GatherElements", 1)}
+
+
+class Int64InputsToInt32(QnnPass):
+    """Feed int64 graph inputs as int32 where that is exact.
+
+    QNN has no int64: the EP casts int64 inputs and initializers to int32 and SATURATES values that do
+    not fit (Add of two 2.0e9 int64 values returned 2147483647, onnxruntime-qnn 2.7.0), silently.
+    After this pass the ONNX input is int32 and :meth:`GraphSignature.onnx_inputs` casts the int64
+    argument with a range check that raises instead of saturating. An input used only as Gather
+    indices (token ids) is consumed as int32 directly; otherwise a Cast back to int64 keeps the graph
+    typed as before. int64 initializers are left alone; values outside int32 are reported (logged)
+    because QNN would saturate them.
+    """
+
+    name = "int64_to_int32"
+    defect = "int64 values are silently saturated to int32 by the QNN EP"
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        # Graph inputs are always named.
+        return [cast(str, v.name) for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_i32")
+        changed = False
+        for value in list(graph.inputs):
+            if value.dtype != ir.DataType.INT64 or value.is_graph_output():
+                continue  # an input returned as is keeps its dtype (Dynamo never emits that)
+            uses = list(value.uses())
+            index_only = bool(uses) and all((u.node.op_type, u.idx) in _INDEX_INPUTS for u in uses)
+            value.type = ir.TensorType(ir.DataType.INT32)
+            if not index_only:
+                cast_out = _new_value(names(cast(str, value.name)), ir.DataType.INT64, _shape(value))
+                cast_node = ir.Node(
+                    "", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.INT64)], outputs=[cast_out]
+                )
+                for use in uses:
+                    use.node.replace_input_with(use.idx, cast_out)
+                graph.append(cast_node)  # QnnPass.call re-sorts the graph topologically
+            changed = True
+        for name, init in graph.initializers.items():
+            arr = _const(init)
+            if arr is not None and arr.dtype == np.int64 and arr.size and init.uses():
+                if any((u.node.op_type, u.idx) in _SHAPE_INPUTS for u in init.uses()):
+                    continue
+                if arr.min() < _INT32_MIN or arr.max() > _INT32_MAX:
+                    log.warning(
+                        "int64 initializer %s holds values outside int32 [%d, %d]; QNN will saturate them",
+                        name,
+                        int(arr.min()),
+                        int(arr.max()),
+                    )
+        return changed
+
+
+# Inputs that ONNX requires as int64 and QNN takes as static parameters (never as tensors).
+_SHAPE_INPUTS = {
+    ("Reshape", 1),
+    ("Expand", 1),
+    ("Tile", 1),
+    ("Slice", 1),
+    ("Slice", 2),
+    ("Slice", 3),
+    ("Slice", 4),
+    ("Unsqueeze", 1),
+    ("Squeeze", 1),
+    ("ReduceMean", 1),
+    ("ReduceSum", 1),
+    ("ReduceMax", 1),
+    ("ReduceMin", 1),
+    ("Pad", 1),
+    ("Split", 1),
+    ("TopK", 1),
+    ("ConstantOfShape", 0),
+    ("Resize", 3),
+    ("Range", 0),
+    ("Range", 1),
+    ("Range", 2),
+    ("CumSum", 1),
+    ("OneHot", 1),
+}

@@ -1,0 +1,409 @@
+"""Fusions of decomposed math into the one op QNN HTP computes right: RMSNorm, Erf GELU, softplus."""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes import PassResult
+
+from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
+
+__all__ = ["FuseErfGelu", "FuseRMSNorm", "FuseSoftplus", "LogSigmoidToSoftplus", "RMSNormWeightLast"]
+
+
+# ------------------------------------------------------------------------------------ RMSNorm weight
+
+
+class RMSNormWeightLast(QnnPass):
+    """Put the weight last in RMSNorm's final multiply: ``Mul(w, x*rsqrt(..))`` -> ``Mul(x*rsqrt(..), w)``.
+
+    QNN HTP fails to finalize ``Mul(weight_initializer, x * Reciprocal(Sqrt(ReduceMean(x^2) + eps)))``
+    with ``QNN_COMMON_ERROR_MEM_ALLOC`` (code 1002) even with CPU fallback allowed (onnxruntime-qnn
+    2.7.0), which kills Llama/Qwen2/T5-style models; the same math with the weight as the second
+    operand finalizes (measured rel. error 6e-4). Multiplication commutes, so the rewrite is exact.
+    """
+
+    name = "rmsnorm_weight_last"
+    defect = "Mul(weight, x*rsqrt(mean(x^2)+eps)) fails QNN graph finalize with QNN_COMMON_ERROR_MEM_ALLOC"
+
+    @staticmethod
+    def _is_rms_normalized(value: ir.Value | None) -> bool:
+        """True when ``value`` is x * 1/sqrt(...ReduceMean...) or x / sqrt(...ReduceMean...)."""
+        prod = value.producer() if value is not None else None
+        if prod is None or prod.op_type not in ("Mul", "Div"):
+            return False
+        for inp in prod.inputs:
+            cur, depth = inp, 0
+            while cur is not None and cur.producer() is not None and depth < 5:
+                producer = cast(ir.Node, cur.producer())  # checked just above
+                op = producer.op_type
+                if op == "ReduceMean":
+                    return True
+                if op not in ("Reciprocal", "Sqrt", "Add", "Div", "Cast", "Pow", "Mul"):
+                    break
+                # Follow the non-constant input (the statistic), not eps or the numerator 1.
+                nxt = [v for v in producer.inputs if v is not None and _const(v) is None]
+                cur = nxt[0] if nxt else None
+                depth += 1
+        return False
+
+    def _matches(self, graph: ir.Graph) -> list[ir.Node]:
+        return [
+            n
+            for n in graph
+            if n.op_type == "Mul"
+            and len(n.inputs) == 2
+            and _const(n.inputs[0]) is not None
+            and _const(n.inputs[1]) is None
+            and self._is_rms_normalized(n.inputs[1])
+        ]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Mul" for n in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        nodes = self._matches(graph)
+        for node in nodes:
+            weight, normalized = node.inputs[0], node.inputs[1]
+            node.replace_input_with(0, normalized)
+            node.replace_input_with(1, weight)
+        return bool(nodes)
+
+
+# ------------------------------------------------------------------- decomposed RMSNorm -> RMSNormalization
+
+# Opset versions whose semantics differ from opset 20 for an op that exists in both (everything else between 20
+# and 23 only added types): a graph holding one of these cannot be moved to opset 23 unchanged.
+_CHANGED_BEFORE_23 = frozenset({"GroupNormalization"})
+_RMS_OPSET = 23
+
+
+class FuseRMSNorm(QnnPass):
+    """Fuse the decomposed RMSNorm, ``x * 1/sqrt(mean(x^2) + eps) [* w]``, into one ``RMSNormalization`` (opset 23).
+
+    The decomposed form squares ``x`` in fp16 on HTP, which overflows once ``|x|`` passes 256 (65504 is the largest
+    fp16): a row of magnitude 400 came back 0.64-0.85 of its scale off (onnxruntime-qnn 2.7.0, soc 60), and LLM
+    hidden states carry outliers of that size. HTP's RMSNormalization keeps the statistic in higher precision: the
+    same rows are within 7.5e-4 for magnitudes up to 2000. The model's default opset moves to 23, which only
+    adds types to the ops of opset 20, unless the graph holds an op whose meaning changed since
+    (GroupNormalization), in which case nothing is fused.
+    """
+
+    name = "fuse_rmsnorm"
+    defect = "the decomposed RMSNorm overflows fp16 on QNN HTP for |x| > 256 (silent wrong output)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        graph = model.graph
+        if any(n.op_type in _CHANGED_BEFORE_23 and n.domain in ("", "ai.onnx") for n in graph):
+            return PassResult(model, modified=False)
+        if not self._matches(graph):
+            return PassResult(model, modified=False)
+        if graph.opset_imports.get("", 0) < _RMS_OPSET:
+            graph.opset_imports[""] = _RMS_OPSET
+            model.opset_imports[""] = _RMS_OPSET
+        return super().call(model)
+
+    @staticmethod
+    def _single_use(value: ir.Value) -> ir.Node | None:
+        uses = list(value.uses())
+        if len(uses) != 1 or value.is_graph_output():
+            return None
+        return uses[0].node
+
+    def _match(self, mean: ir.Node) -> tuple[ir.Value, list[int], float, ir.Node, ir.Value | None, ir.Node] | None:
+        """For a ReduceMean in the pattern: (x, axes, eps, normalizing node, weight or None, last node)."""
+        if mean.op_type != "ReduceMean" or mean.domain not in ("", "ai.onnx"):
+            return None
+        if mean.attributes.get_int("keepdims", 1) != 1 or len(mean.inputs) < 2:
+            return None
+        axes_arr = _const(mean.inputs[1])
+        sq = mean.inputs[0].producer() if mean.inputs[0] is not None else None
+        if axes_arr is None or sq is None:
+            return None
+        if (
+            sq.op_type == "Pow"
+            and _const(sq.inputs[1]) is not None
+            and float(cast(np.ndarray, _const(sq.inputs[1])).reshape(-1)[0]) == 2.0
+        ) or (sq.op_type == "Mul" and sq.inputs[0] is sq.inputs[1]):
+            x = sq.inputs[0]
+        else:
+            return None
+        shape = _shape(x)
+        if shape is None or x is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return None
+        rank = len(shape)
+        axes = sorted(int(a) % rank for a in axes_arr.reshape(-1))
+        if not axes or axes != list(range(rank - len(axes), rank)):
+            return None  # RMSNormalization normalizes the trailing axes from `axis` on
+        add = self._single_use(mean.outputs[0])
+        if add is None or add.op_type != "Add":
+            return None
+        eps_value = add.inputs[1] if add.inputs[0] is mean.outputs[0] else add.inputs[0]
+        eps_arr = _const(eps_value)
+        if eps_arr is None or eps_arr.size != 1:
+            return None
+        eps = float(eps_arr.reshape(-1)[0])
+        root = self._single_use(add.outputs[0])
+        if root is None or root.op_type != "Sqrt":
+            return None
+        nxt = self._single_use(root.outputs[0])
+        if nxt is None:
+            return None
+        norm: ir.Node | None
+        if nxt.op_type == "Div" and nxt.inputs[1] is root.outputs[0] and nxt.inputs[0] is x:
+            norm = nxt
+        elif nxt.op_type == "Reciprocal":
+            norm = self._single_use(nxt.outputs[0])
+            if norm is None or norm.op_type != "Mul" or x not in norm.inputs or nxt.outputs[0] not in norm.inputs:
+                return None
+        else:
+            return None
+        last, weight = norm, None
+        user = self._single_use(norm.outputs[0])
+        if user is not None and user.op_type == "Mul":
+            other = user.inputs[1] if user.inputs[0] is norm.outputs[0] else user.inputs[0]
+            w = _const(other)
+            if (
+                w is not None
+                and w.dtype == np.dtype(x.dtype.numpy())
+                and tuple(w.shape) == tuple(shape[rank - len(axes) :])
+            ):
+                last, weight = user, other
+        return x, axes, eps, norm, weight, last
+
+    def _matches(self, graph: ir.Graph) -> list[tuple[ir.Value, list[int], float, ir.Node, ir.Value | None, ir.Node]]:
+        return [m for m in (self._match(n) for n in graph) if m is not None]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        if any(n.op_type in _CHANGED_BEFORE_23 and n.domain in ("", "ai.onnx") for n in graph):
+            return []  # such a graph cannot move to opset 23: nothing this pass could fuse
+        return [m[3].name or "RMSNorm" for m in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_rmsnorm")
+        changed = False
+        for x, axes, eps, _norm, weight, last in self._matches(graph):
+            shape = _shape(x)
+            assert shape is not None
+            lead, trail = shape[: len(shape) - len(axes)], shape[len(shape) - len(axes) :]
+            width = math.prod(trail)
+            # _match checked x's dtype and that the weight is a constant.
+            scale = (
+                np.ones(width, dtype=cast(ir.DataType, x.dtype).numpy())
+                if weight is None
+                else cast(np.ndarray, _const(weight)).reshape(width)
+            )
+            weight = _add_initializer(graph, names("scale"), scale)
+            out = last.outputs[0]
+            new_nodes: list[ir.Node] = []
+            src = x
+            if len(axes) > 1:
+                # QNN HTP takes RMSNormalization over the last axis only (axis 0 of a rank-3 input is refused):
+                # normalize the flattened trailing axes, then restore the shape.
+                flat_shape = (*lead, width) if lead else (1, width)
+                src = _new_value(names("flat"), x.dtype, flat_shape)
+                target = _add_initializer(graph, names("flat_shape"), np.array(flat_shape, dtype=np.int64))
+                new_nodes.append(ir.Node("", "Reshape", [x, target], outputs=[src]))
+            normed = _new_value(names("out"), out.dtype, _shape(src) if len(axes) > 1 else _shape(out))
+            new_nodes.append(
+                ir.Node(
+                    "",
+                    "RMSNormalization",
+                    [src, weight],
+                    attributes=[ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", eps)],
+                    outputs=[normed],
+                )
+            )
+            if len(axes) > 1:
+                back = _add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
+                restored = _new_value(names("restored"), out.dtype, shape)
+                new_nodes.append(ir.Node("", "Reshape", [normed, back], outputs=[restored]))
+                normed = restored
+            graph.insert_after(last, new_nodes)
+            _replace_value(graph, out, normed)
+            changed = True
+        return changed
+
+
+# --------------------------------------------------------------------------------------- Erf GELU
+
+
+class FuseErfGelu(QnnPass):
+    """Fuse the Erf form of GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``, into one ``Gelu`` node (opset 20).
+
+    QNN HTP rejects a standalone ``Erf`` in every dtype ("Operators of type Erf are not supported",
+    onnxruntime-qnn 2.7.0); only the fused Gelu runs. Models that write GELU by hand (older BERT
+    code, TorchScript-era exports) carry the Erf form. Gelu(approximate="none") is the same function.
+    """
+
+    name = "fuse_erf_gelu"
+    defect = "standalone Erf is rejected by QNN HTP"
+
+    @staticmethod
+    def _scalar(value: ir.Value | None) -> float | None:
+        arr = _const(value)
+        if arr is None or arr.size != 1 or arr.dtype.kind != "f":
+            return None
+        return float(arr.reshape(()))
+
+    def _is(self, value: ir.Value | None, target: float, tol: float = 1e-3) -> bool:
+        s = self._scalar(value)
+        return s is not None and abs(s - target) <= tol * abs(target)
+
+    def _other(self, node: ir.Node, const_target: float) -> ir.Value | None:
+        """For a binary node with one scalar input == const_target, return the other input."""
+        a, b = node.inputs
+        if self._is(b, const_target):
+            return a
+        if self._is(a, const_target):
+            return b
+        return None
+
+    def _match(self, erf: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+        """Return (x, gelu_output_value) for an Erf node in a GELU pattern."""
+        pre = cast(ir.Value, erf.inputs[0]).producer()  # Erf has its one input
+        if pre is None:
+            return None
+        if pre.op_type == "Div":
+            x = pre.inputs[0] if self._is(pre.inputs[1], math.sqrt(2.0)) else None
+        elif pre.op_type == "Mul":
+            x = self._other(pre, 1.0 / math.sqrt(2.0))
+        else:
+            x = None
+        if x is None:
+            return None
+        uses = list(erf.outputs[0].uses())
+        if len(uses) != 1 or uses[0].node.op_type != "Add":
+            return None
+        add = uses[0].node
+        if self._other(add, 1.0) is not erf.outputs[0]:
+            return None
+        uses = list(add.outputs[0].uses())
+        if len(uses) != 1 or uses[0].node.op_type != "Mul":
+            return None
+        mul = uses[0].node
+        other = mul.inputs[1 - uses[0].idx]
+        # Case A: Mul(add, Mul(x, 0.5)).
+        other_prod = other.producer() if other is not None else None
+        if other_prod is not None and other_prod.op_type == "Mul" and self._other(other_prod, 0.5) is x:
+            return x, mul.outputs[0]
+        # Case B: Mul(add, x) then * 0.5 or / 2.
+        if other is x:
+            uses = list(mul.outputs[0].uses())
+            if len(uses) == 1:
+                last = uses[0].node
+                if last.op_type == "Mul" and self._other(last, 0.5) is mul.outputs[0]:
+                    return x, last.outputs[0]
+                if last.op_type == "Div" and last.inputs[0] is mul.outputs[0] and self._is(last.inputs[1], 2.0):
+                    return x, last.outputs[0]
+        return None
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Erf" for n in graph if n.op_type == "Erf" and self._match(n) is not None]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_gelu")
+        changed = False
+        for erf in [n for n in graph if n.op_type == "Erf"]:
+            match = self._match(erf)
+            if match is None:
+                continue
+            x, out = match
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            gelu = ir.Node("", "Gelu", [x], attributes=[ir.AttrString("approximate", "none")], outputs=[new])
+            graph.insert_after(cast(ir.Node, out.producer()), gelu)  # out is a Mul/Div output
+            _replace_value(graph, out, new)
+            changed = True
+        return changed
+
+
+# --------------------------------------------------------------------------- Log(Exp(z) + 1) -> Softplus(z)
+
+
+class FuseSoftplus(QnnPass):
+    """Rewrite ``Log(Add(Exp(z), 1))`` (torch.onnx's ``log1p(exp(z))``, as in ``soft_margin_loss``) as ``Softplus(z)``.
+
+    The same function, but the decomposed form overflows fp16 on HTP as soon as ``z`` passes 11 (``exp(z)`` >
+    65504): ``soft_margin_loss`` on inputs in [-9, 9] came back 0.80 of its value off (onnxruntime-qnn 2.7.0).
+    HTP's Softplus is right for large ``z`` (it approaches ``z``).
+    """
+
+    name = "fuse_softplus"
+    defect = "log1p(exp(z)) overflows fp16 on QNN HTP for z > 11 (silent wrong output)"
+
+    def match(self, log_node: ir.Node) -> ir.Value | None:
+        """The ``z`` of a Log(Add(Exp(z), 1)) ending at ``log_node``, or None."""
+        if log_node.op_type != "Log" or log_node.domain not in ("", "ai.onnx"):
+            return None
+        add = log_node.inputs[0].producer() if log_node.inputs[0] is not None else None
+        if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+            return None
+        for exp_in, one in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+            exp = exp_in.producer() if exp_in is not None else None
+            value = _const(one)
+            if (
+                exp is not None
+                and exp.op_type == "Exp"
+                and value is not None
+                and value.size == 1
+                and float(value.reshape(-1)[0]) == 1.0
+                and _shape(exp.inputs[0]) == _shape(log_node.outputs[0])
+            ):
+                return exp.inputs[0]
+        return None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_softplus")
+        changed = False
+        for log_node, z in self.matched(graph):
+            out = log_node.outputs[0]
+            assert z is not None
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            graph.insert_after(log_node, ir.Node("", "Softplus", [z], outputs=[new]))
+            _replace_value(graph, out, new)
+            changed = True
+        return changed
+
+
+# ------------------------------------------------------------------- Log(Sigmoid(x)) -> -Softplus(-x)
+
+
+class LogSigmoidToSoftplus(QnnPass):
+    """Rewrite ``Log(Sigmoid(x))`` (torch.onnx's ``logsigmoid``) as ``Neg(Softplus(Neg(x)))``, the same function.
+
+    QNN HTP's Sigmoid has an absolute error of about 3e-4 (onnxruntime-qnn 2.7.0, soc 60), which the Log turns
+    into a large error wherever the sigmoid is small: ``logsigmoid`` on [-9, 9] came back 0.15 of the output's
+    scale off. Softplus on HTP is within 1.3e-3 of the scale on the same inputs.
+    """
+
+    name = "logsigmoid_to_softplus"
+    defect = "Log(Sigmoid(x)) on QNN HTP loses the small sigmoid values (silent wrong output)"
+
+    def match(self, log_node: ir.Node) -> ir.Node | None:
+        if log_node.op_type != "Log" or log_node.domain not in ("", "ai.onnx"):
+            return None
+        sig = log_node.inputs[0].producer() if log_node.inputs[0] is not None else None
+        if sig is None or sig.op_type != "Sigmoid" or sig.domain not in ("", "ai.onnx"):
+            return None
+        return sig
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_logsigmoid")
+        changed = False
+        for log_node, sig in self.matched(graph):
+            x, out = cast(ir.Value, sig.inputs[0]), log_node.outputs[0]  # Sigmoid has its one input
+            neg_x = _new_value(names("neg"), x.dtype, _shape(x))
+            soft = _new_value(names("softplus"), x.dtype, _shape(x))
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            nodes = [
+                ir.Node("", "Neg", [x], outputs=[neg_x]),
+                ir.Node("", "Softplus", [neg_x], outputs=[soft]),
+                ir.Node("", "Neg", [soft], outputs=[new]),
+            ]
+            graph.insert_after(log_node, nodes)
+            _replace_value(graph, out, new)
+            changed = True
+        return changed

@@ -1,0 +1,367 @@
+"""Shape and layout rewrites: batch tiling, rank <= 5 transposes, GatherND, int64 Unsqueeze, empty Concat inputs."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import cast
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
+
+__all__ = [
+    "DropEmptyConcatInputs",
+    "FoldHighRankTranspose",
+    "GatherNDToGather",
+    "TileLayerNormBroadcast",
+    "UnsqueezeInt64ToReshape",
+]
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------- LayerNorm batch tiling
+
+
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+class TileLayerNormBroadcast(QnnPass):
+    """Tile operands broadcast along the batch axis in Add/Sub/Mul/Div chains that feed LayerNormalization.
+
+    QNN HTP computes ``LayerNormalization(Add(x[N,S,H], c[1,S,H]))`` (also ``c[S,H]``, Mul, and a
+    computed ``c``) right for batch row 0 and wrong for rows >= 1 (errors ~2.4 on unit-scale data),
+    silently. This is BERT/DistilBERT's ``embeddings + position_embeddings -> LayerNorm`` at batch > 1.
+    Reproduced with onnxruntime-qnn 2.4.0-2.7.0 and soc_model 36/60/69. Operands that already have
+    the batch size, or only broadcast along other axes (``[N,1,H]``, ``[1,1,H]``, ``[H]``), are right.
+
+    Fix: a constant operand is replaced by an initializer tiled to the batch size (exact); a computed
+    one gets a ``Tile`` node (an ``Expand`` is not enough: QNN folds it back into a broadcast).
+    """
+
+    name = "tile_layernorm_broadcast"
+    defect = (
+        "Add/Mul(x[N,...], c[1,...]) feeding LayerNormalization is silently wrong for batch rows >= 1 "
+        "(onnxruntime-qnn 2.4.0-2.7.0)"
+    )
+    max_depth = 4
+
+    def _feeding_nodes(self, graph: ir.Graph) -> list[ir.Node]:
+        found: list[ir.Node] = []
+        seen: set[int] = set()
+        for node in graph:
+            if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+                continue
+            frontier = [(node.inputs[0], 0)]
+            while frontier:
+                value, depth = frontier.pop()
+                prod = value.producer() if value is not None else None
+                if prod is None or prod.op_type not in _ELEMENTWISE or depth >= self.max_depth:
+                    continue
+                if id(prod) not in seen:
+                    seen.add(id(prod))
+                    found.append(prod)
+                frontier.extend((inp, depth + 1) for inp in prod.inputs)
+        return found
+
+    @staticmethod
+    def _bad_operands(node: ir.Node) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        out_shape = _shape(node.outputs[0])
+        if out_shape is None or len(out_shape) < 2 or out_shape[0] <= 1:
+            return []
+        bad = []
+        for i, inp in enumerate(node.inputs):
+            shape = _shape(inp)
+            if shape is None:
+                continue
+            aligned = (1,) * (len(out_shape) - len(shape)) + shape
+            # Only operands that broadcast along the batch axis while covering a non-trivial
+            # trailing block trigger the defect; [.., 1, H] / [H] do not (measured).
+            if aligned[0] == 1 and any(d > 1 for d in aligned[1:-1]):
+                bad.append((i, shape, out_shape))
+        return bad
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [
+            f"{n.name or n.op_type} input {i} {list(s)} -> {list(o)}"
+            for n in self._feeding_nodes(graph)
+            for i, s, o in self._bad_operands(n)
+        ]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_tile")
+        changed = False
+        for node in self._feeding_nodes(graph):
+            for i, shape, out_shape in self._bad_operands(node):
+                value = cast(ir.Value, node.inputs[i])  # an operand with a static shape: never a missing input
+                batch = out_shape[0]
+                aligned = (1,) * (len(out_shape) - len(shape)) + shape
+                array = _const(value)
+                if array is not None:
+                    tiled = np.ascontiguousarray(np.broadcast_to(array.reshape(aligned), (batch, *aligned[1:])))
+                    new = _add_initializer(graph, names(value.name or "const"), tiled)
+                else:
+                    if len(shape) != len(out_shape):
+                        reshaped = _new_value(names("reshaped"), value.dtype, aligned)
+                        target = _add_initializer(graph, names("shape"), np.array(aligned, dtype=np.int64))
+                        graph.insert_before(node, ir.Node("", "Reshape", [value, target], outputs=[reshaped]))
+                        value = reshaped
+                    repeats = _add_initializer(
+                        graph, names("repeats"), np.array([batch] + [1] * (len(out_shape) - 1), dtype=np.int64)
+                    )
+                    new = _new_value(names("tiled"), value.dtype, (batch, *aligned[1:]))
+                    graph.insert_before(node, ir.Node("", "Tile", [value, repeats], outputs=[new]))
+                node.replace_input_with(i, new)
+                changed = True
+        return changed
+
+
+# ------------------------------------------------------------- rank > 5 Reshape/Transpose/Reshape -> rank <= 5
+
+_MAX_HTP_RANK = 5
+
+
+def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[int]]:
+    """Merge input axes that stay next to each other, in order, after the transpose.
+
+    Returns the merged input shape and the permutation of the merged axes; transposing the merged tensor moves
+    the same elements to the same places as the original transpose.
+    """
+    groups: list[list[int]] = []
+    for axis in perm:
+        if groups and groups[-1][-1] + 1 == axis:
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # merged axes in input order
+    merged_shape = [math.prod(shape[a] for a in groups[g]) for g in order]
+    position = {g: i for i, g in enumerate(order)}
+    return merged_shape, [position[g] for g in range(len(groups))]
+
+
+class FoldHighRankTranspose(QnnPass):
+    """Rewrite ``Reshape -> Transpose -> Reshape`` through a rank-6+ tensor with the same chain at rank <= 5.
+
+    QNN HTP takes tensors of rank <= 5 only. Swin's window partition and reverse (``view(B, H/w, w, W/w, w, C)
+    .permute(0, 1, 3, 2, 4, 5)``) go through rank 6, but the axes that the permutation keeps together can be
+    merged first: the merged transpose moves the same elements to the same places, so the rewrite is exact.
+    """
+
+    name = "fold_high_rank_transpose"
+    defect = "rank-6 tensors are refused by QNN HTP (Swin window partition)"
+
+    def match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            return None
+        src = node.inputs[0]
+        first = src.producer() if src is not None else None
+        shape = _shape(src)
+        if first is None or first.op_type != "Reshape" or shape is None or len(shape) <= _MAX_HTP_RANK:
+            return None
+        uses = list(node.outputs[0].uses())
+        if (
+            node.outputs[0].is_graph_output()
+            or not uses
+            or any(u.node.op_type != "Reshape" or u.idx != 0 for u in uses)
+        ):
+            return None
+        perm_attr = node.attributes.get("perm")
+        perm = list(perm_attr.as_ints()) if perm_attr is not None else list(reversed(range(len(shape))))
+        merged_shape, merged_perm = _coalesce(shape, perm)
+        if len(merged_shape) > _MAX_HTP_RANK:
+            return None
+        return first, merged_shape, merged_perm
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_rank")
+        changed = False
+        for node, (first, merged_shape, merged_perm) in self.matched(graph):
+            x = cast(ir.Value, first.inputs[0])  # match read its shape
+            target = _add_initializer(graph, names("shape"), np.array(merged_shape, dtype=np.int64))
+            flat = _new_value(names("merged"), x.dtype, merged_shape)
+            moved_shape = [merged_shape[a] for a in merged_perm]
+            moved = _new_value(names("moved"), x.dtype, moved_shape)
+            new_nodes = [
+                ir.Node("", "Reshape", [x, target], outputs=[flat]),
+                ir.Node("", "Transpose", [flat], attributes=[ir.AttrInt64s("perm", merged_perm)], outputs=[moved]),
+            ]
+            graph.insert_after(node, new_nodes)
+            for use in list(node.outputs[0].uses()):
+                use.node.replace_input_with(0, moved)
+            changed = True
+        return changed
+
+
+# ---------------------------------------------------------------------- zero-width Concat inputs dropped
+
+
+class DropEmptyConcatInputs(QnnPass):
+    """Drop the Concat inputs that have no elements (a zero-width slice concatenated back).
+
+    QNN HTP stops the process (SIGFPE) on a zero-element tensor (onnxruntime-qnn 2.7.0). Phi-3's partial rotary
+    embedding writes ``cat([rotated, x[..., rotary_dim:]])``, whose second part is empty when the rotary covers the
+    whole head. Concatenating nothing changes nothing, so the rewrite is exact; the slice feeding it then has no use
+    and goes too.
+    """
+
+    name = "drop_empty_concat_inputs"
+    defect = "zero-element tensors stop the process inside QNN HTP (SIGFPE)"
+
+    @staticmethod
+    def _empty(value: ir.Value | None) -> bool:
+        shape = _shape(value)
+        return shape is not None and 0 in shape
+
+    def _matches(self, graph: ir.Graph) -> list[ir.Node]:
+        return [
+            n
+            for n in graph
+            if n.op_type == "Concat"
+            and n.domain in ("", "ai.onnx")
+            and any(self._empty(v) for v in n.inputs)
+            and not all(self._empty(v) for v in n.inputs)
+        ]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Concat" for n in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        nodes = self._matches(graph)
+        for node in nodes:
+            kept = [v for v in node.inputs if not self._empty(v)]
+            names = _names(graph, "qnnx_concat")
+            out = node.outputs[0]
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            axis = node.attributes.get_int("axis", 0)
+            replacement = (
+                ir.Node("", "Identity", kept, outputs=[new])
+                if len(kept) == 1
+                else ir.Node("", "Concat", kept, attributes=[ir.AttrInt64("axis", axis)], outputs=[new])
+            )
+            graph.insert_after(node, replacement)
+            _replace_value(graph, out, new)
+        return bool(nodes)
+
+
+# ----------------------------------------------------------------------------- GatherND -> Gather
+
+
+class GatherNDToGather(QnnPass):
+    """Rewrite ``GatherND`` with constant indices into ``Reshape`` + ``Gather`` (or a bare ``Reshape``).
+
+    QNN HTP rejects GatherND ("Failed to create GatherND node", onnxruntime-qnn 2.7.0); the probe grid
+    shows it failing for every dtype, and HF attention-mask code emits it on a bool mask
+    (``padding_mask[batch_idx, kv_idx]``). With constant indices and ``batch_dims=0`` the gather is a
+    plain Gather of flattened row indices (exact: the same elements are selected).
+    """
+
+    name = "gathernd_to_gather"
+    defect = "GatherND (bool attention-mask path) is rejected by QNN HTP"
+
+    @staticmethod
+    def _plan(node: ir.Node) -> tuple[np.ndarray, tuple[int, ...], tuple[int, ...]] | None:
+        if node.op_type != "GatherND":
+            return None
+        batch_dims = node.attributes.get("batch_dims")
+        if batch_dims is not None and batch_dims.as_int() != 0:
+            return None
+        data_shape = _shape(node.inputs[0])
+        indices = _const(node.inputs[1])
+        if data_shape is None or indices is None or indices.ndim < 1:
+            return None
+        m = indices.shape[-1]
+        if m > len(data_shape) or m == 0:
+            return None
+        dims = np.array(data_shape[:m], dtype=np.int64)
+        idx = indices.astype(np.int64)
+        idx = np.where(idx < 0, idx + dims, idx)
+        if (idx < 0).any() or (idx >= dims).any():
+            return None  # out of range: leave the node, ORT will report it
+        # Row-major strides of the indexed leading block: strides[k] = prod(dims[k + 1 :]).
+        strides = np.ones(m, dtype=np.int64)
+        for k in range(m - 2, -1, -1):
+            strides[k] = strides[k + 1] * dims[k + 1]
+        flat = (idx * strides).sum(axis=-1)
+        rows = int(np.prod(dims))
+        return flat, (rows, *data_shape[m:]), tuple(indices.shape[:-1]) + tuple(data_shape[m:])
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "GatherND" for n in graph if self._plan(n) is not None]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_gathernd")
+        changed = False
+        for node in list(graph):
+            plan = self._plan(node)
+            if plan is None:
+                continue
+            flat, flat_shape, out_shape = plan
+            data, out = cast(ir.Value, node.inputs[0]), node.outputs[0]  # _plan read its shape
+            rows = _add_initializer(graph, names("rows_shape"), np.array(flat_shape, dtype=np.int64))
+            flat_data = _new_value(names("rows"), data.dtype, flat_shape)
+            new_nodes = [ir.Node("", "Reshape", [data, rows], outputs=[flat_data])]
+            if flat.size == flat_shape[0] and np.array_equal(flat.reshape(-1), np.arange(flat_shape[0])):
+                # The gather selects every row in order: only a reshape.
+                final_shape = _add_initializer(graph, names("out_shape"), np.array(out_shape, dtype=np.int64))
+                result = _new_value(names("out"), out.dtype, out_shape)
+                new_nodes.append(ir.Node("", "Reshape", [flat_data, final_shape], outputs=[result]))
+            else:
+                index = _add_initializer(graph, names("index"), flat.astype(np.int32))
+                result = _new_value(names("out"), out.dtype, out_shape)
+                new_nodes.append(
+                    ir.Node("", "Gather", [flat_data, index], attributes=[ir.AttrInt64("axis", 0)], outputs=[result])
+                )
+            for n in new_nodes:
+                graph.insert_before(node, n)
+            _replace_value(graph, out, result)
+            changed = True
+        return changed
+
+
+# ------------------------------------------------------------------------- Unsqueeze on int64 data
+
+
+class UnsqueezeInt64ToReshape(QnnPass):
+    """Replace ``Unsqueeze`` on int64 data by an equivalent ``Reshape`` to the static output shape.
+
+    ``Unsqueeze`` with int64 data SEGFAULTS the process in QNN HTP graph construction (onnxruntime-qnn
+    2.7.0, with or without CPU fallback), taking the Python interpreter down; Reshape on int64 works.
+    Unsqueeze only inserts size-1 axes, so a Reshape to its output shape is exact.
+    """
+
+    name = "unsqueeze_int64_to_reshape"
+    defect = "Unsqueeze on int64 data segfaults the process"
+
+    @staticmethod
+    def _targets(graph: ir.Graph) -> list[ir.Node]:
+        return [
+            n
+            for n in graph
+            if n.op_type == "Unsqueeze"
+            and n.domain in ("", "ai.onnx")
+            and n.inputs[0] is not None
+            and n.inputs[0].dtype == ir.DataType.INT64
+        ]
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "Unsqueeze" for n in self._targets(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_unsqueeze")
+        changed = False
+        unknown: list[str] = []
+        for node in self._targets(graph):
+            out_shape = _shape(node.outputs[0])
+            if out_shape is None:
+                unknown.append(node.name or "Unsqueeze")
+                continue
+            target = _add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
+            result = _new_value(names("out"), node.outputs[0].dtype, out_shape)
+            graph.insert_before(node, ir.Node("", "Reshape", [node.inputs[0], target], outputs=[result]))
+            _replace_value(graph, node.outputs[0], result)
+            changed = True
+        if unknown:
+            log.warning("unsqueeze_int64_to_reshape: output shape unknown for %s; left unchanged", unknown)
+        return changed

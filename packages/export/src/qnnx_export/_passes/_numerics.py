@@ -1,0 +1,106 @@
+"""Numeric-safety rewrites: tests and flags that HTP's fp16 arithmetic would get wrong, made exact."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
+
+__all__ = ["AvgPoolDropUnusedCountIncludePad", "SafeSoftmaxWithoutInf"]
+
+
+# ------------------------------------------------------------- safe softmax: the fully-masked test without -inf
+
+# Rows whose maximum is at or below this are "fully masked". HTP has no infinities: a -inf mask value saturates
+# near -65504 and survives the addition of any score of magnitude below 32768; real scores never come near it.
+_MASKED_ROW_MAX = -32768.0
+
+
+class SafeSoftmaxWithoutInf(QnnPass):
+    """Test for fully-masked rows in a safe softmax with ``ReduceMax(x) <= -32768`` instead of ``== -inf``.
+
+    ``aten._safe_softmax`` (what ``scaled_dot_product_attention`` with a mask uses, so Hugging Face's default
+    "sdpa" attention) returns 0 for a row whose inputs are all -inf. It is exported as
+    ``Where(Equal(ReduceMax(x), -inf), 0, Softmax(x))``, and on QNN HTP, which has no infinities, the test is never
+    true: a fully masked row comes back as a uniform average instead of 0 (onnxruntime-qnn 2.7.0). The threshold
+    gives the same answer for every row whose finite values stay above -32768, on HTP and on the CPU.
+    """
+
+    name = "safe_softmax_without_inf"
+    defect = "Equal(x, -inf) is never true on QNN HTP (no infinities): fully masked attention rows come back wrong"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The -inf operand of an Equal(ReduceMax(x), -inf) that selects between 0 and Softmax(x), or None."""
+        if node.op_type != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            return None
+        for stat, limit in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+            value = _const(limit)
+            producer = stat.producer() if stat is not None else None
+            if value is None or value.size != 1 or not np.isneginf(value.reshape(-1)[0]):
+                continue
+            if producer is None or producer.op_type != "ReduceMax":
+                continue
+            uses = list(node.outputs[0].uses())
+            if uses and all(u.node.op_type == "Where" and u.idx == 0 for u in uses):
+                return limit
+        return None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_safe_softmax")
+        changed = False
+        for node, limit in self.matched(graph):
+            stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
+            dtype = cast(
+                ir.DataType, cast(ir.Value, stat).dtype
+            )  # Equal's operands share a dtype; match found the other one -inf
+            threshold = _add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy()))
+            out = node.outputs[0]
+            new = _new_value(names("masked"), out.dtype, _shape(out))
+            graph.insert_after(node, ir.Node("", "LessOrEqual", [stat, threshold], outputs=[new]))
+            _replace_value(graph, out, new)
+            changed = True
+        return changed
+
+
+# ----------------------------------------------------------------- AveragePool count_include_pad without pads
+
+
+class AvgPoolDropUnusedCountIncludePad(QnnPass):
+    """Clear ``count_include_pad`` on an AveragePool that has no padding and no ceil_mode (it changes nothing there).
+
+    PyTorch's ``avg_pool*d`` defaults to ``count_include_pad=True``, and both exporters write the flag even without
+    padding. QNN HTP then averages wrongly at rank 5 when a window is left over at the end of an axis
+    (``avg_pool3d(x[2, 3, 3, 4, 4], 2)``: 0.45 of the output's scale off; onnxruntime-qnn 2.7.0), while the same
+    pool without the flag is right. With zero pads no window ever holds a padded element, so the rewrite is exact.
+    """
+
+    name = "avgpool_count_include_pad"
+    defect = "AveragePool with count_include_pad=1 is wrong on QNN HTP at rank 5 even without padding"
+
+    @staticmethod
+    def _matches(graph: ir.Graph) -> list[ir.Node]:
+        found = []
+        for n in graph:
+            if n.op_type != "AveragePool" or n.domain not in ("", "ai.onnx"):
+                continue
+            # mypy binds onnx_ir's TypeVar default from the `or`'s bool context; the int default is right.
+            if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):  # type: ignore[arg-type]
+                continue
+            if n.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+                continue
+            pads = n.attributes.get_ints("pads", None)
+            if pads is None or not any(pads):
+                found.append(n)
+        return found
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "AveragePool" for n in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        nodes = self._matches(graph)
+        for node in nodes:
+            node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 0)
+        return bool(nodes)

@@ -1,0 +1,66 @@
+"""The pass registry (name -> pass class, in the default run order) and the runner."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import onnx_ir as ir
+
+from qnnx_export._pass_names import DEFAULT_PASSES
+from qnnx_export._passes import _dtypes, _fusions, _layout, _numerics
+from qnnx_export._passes._base import QnnPass
+
+__all__ = ["PASS_REGISTRY", "pass_table", "run_passes"]
+
+log = logging.getLogger(__name__)
+
+# Built in one expression and read-only: nothing registers passes later, so there is no state to race on.
+PASS_REGISTRY: Mapping[str, type[QnnPass]] = MappingProxyType(
+    {
+        cls.name: cls
+        for cls in (
+            _layout.GatherNDToGather,
+            _layout.UnsqueezeInt64ToReshape,
+            _fusions.FuseErfGelu,
+            _layout.FoldHighRankTranspose,
+            _layout.DropEmptyConcatInputs,
+            _numerics.AvgPoolDropUnusedCountIncludePad,
+            _numerics.SafeSoftmaxWithoutInf,
+            _fusions.FuseSoftplus,
+            _fusions.LogSigmoidToSoftplus,
+            _fusions.FuseRMSNorm,
+            _fusions.RMSNormWeightLast,
+            _layout.TileLayerNormBroadcast,
+            _dtypes.Int64InputsToInt32,
+        )
+    }
+)
+if tuple(PASS_REGISTRY) != DEFAULT_PASSES:  # pragma: no cover - guards edits of either list
+    raise ImportError(f"_pass_names.DEFAULT_PASSES {DEFAULT_PASSES} != registered passes {tuple(PASS_REGISTRY)}")
+
+
+def run_passes(model: ir.Model, names: Iterable[str]) -> list[tuple[str, bool]]:
+    """Run the named passes in order on ``model`` (in place); return ``(name, changed)`` per pass."""
+    # A hand-written loop rather than onnx_ir.passes.Sequential/PassManager: those return one PassResult for the
+    # whole sequence (no per-pass `modified` for the report) and wrap a failing pass's error in PassError, while
+    # callers here get the pass's own PreconditionError/PostconditionError, and a KeyError for an unknown name
+    # only when the run reaches it.
+    report: list[tuple[str, bool]] = []
+    for name in names:
+        cls = PASS_REGISTRY[name]
+        result = cls()(model)
+        report.append((name, bool(result.modified)))
+        if result.modified:
+            log.debug("pass %s changed the graph", name)
+    return report
+
+
+def pass_table() -> list[dict[str, Any]]:
+    """Return ``[{name, defect, doc}]`` for every registered pass (used by the docs)."""
+    return [
+        {"name": n, "defect": c.defect, "doc": (c.__doc__ or "").strip().splitlines()[0]}
+        for n, c in PASS_REGISTRY.items()
+    ]
