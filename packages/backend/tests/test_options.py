@@ -143,9 +143,25 @@ def test_exporter_is_part_of_the_cache_key_material(a, b):
     ],
 )
 def test_provider_options_of_the_installed_ep_are_accepted(name: str) -> None:
-    """Options the installed onnxruntime-qnn knows (read from its EP library) pass, not only a fixed list."""
-    opts = BackendOptions.from_mapping({"provider_options": {name: "1"}})
-    assert opts.provider_options == ((name, "1"),)
+    """Options the installed onnxruntime-qnn knows (read from its EP library) pass, not only a fixed list; on a
+    release that lacks one (these came with 2.6-2.7), it is refused by name."""
+    import qnnx_detection
+
+    if name in qnnx_detection.known_provider_options():
+        opts = BackendOptions.from_mapping({"provider_options": {name: "1"}})
+        assert opts.provider_options == ((name, "1"),)
+    else:
+        with pytest.raises(InvalidOptionsError, match=name):
+            BackendOptions.from_mapping({"provider_options": {name: "1"}})
+
+
+def test_known_provider_options_are_identifiers() -> None:
+    """The option names read from the EP library are identifiers, never the library's file names."""
+    import qnnx_detection
+
+    known = qnnx_detection.known_provider_options()
+    assert "htp_performance_mode" in known
+    assert all(name.isidentifier() for name in known), sorted(n for n in known if not n.isidentifier())
 
 
 def test_misspelt_provider_option_gets_a_suggestion() -> None:

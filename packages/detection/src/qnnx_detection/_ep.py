@@ -111,7 +111,8 @@ def known_provider_options() -> frozenset[str]:
     except (QnnNotInstalledError, OSError, AttributeError) as exc:
         logger.debug("cannot read the QNN EP library for its option names: %s", exc)
         return frozenset()
-    names = (m.group(1) for m in re.finditer(rb"\x00([a-z][a-z0-9_.]{2,60})\x00", data))
+    # Option names are identifiers: strings with a dot are the library's source and data file names.
+    names = (m.group(1) for m in re.finditer(rb"\x00([a-z][a-z0-9_]{2,60})\x00", data))
     return frozenset(n.decode() for n in names if n.startswith(_OPTION_PREFIXES))
 
 
