@@ -135,6 +135,7 @@ def test_compile_for_generation_helper() -> None:
     with torch.no_grad():
         eager = model.generate(prompt, max_new_tokens=8, do_sample=False)
     compile_for_generation(model, max_cache_len=48, options={"soc_model": 60})
+    compile_for_generation(model, max_cache_len=48, options={"soc_model": 60})  # again: no nesting, no double padding
     with torch.no_grad():
         got = model.generate(prompt, max_new_tokens=8, do_sample=False)
         model.generate(prompt[:, :4], max_new_tokens=4, do_sample=False)

@@ -88,7 +88,11 @@ def compile_for_generation(
     # generate() must not compile the forward a second time (its CompileConfig is made for CUDA graphs).
     if hasattr(config, "disable_compile"):
         config.disable_compile = True
-    eager_forward = model.forward
+    # Compiling a model a second time starts again from what it ran before the first (no nested compile, no
+    # second layer of padding).
+    eager_forward = getattr(model, "_qnnx_eager_forward", None) or model.forward
+    if isinstance(model.generate, _BucketedGenerate):
+        model.generate = model.generate.__wrapped__
     model.forward = torch.compile(
         eager_forward, backend="qnn", fullgraph=True, dynamic=False, options=dict(options or {})
     )
