@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE))
 import _report  # noqa: E402  (a sibling module of this script)
 
 MODEL_NAMES = ("mlp", "cnn", "transformer", "bert", "resnet", "mlp_large")
-# The default set: the five models at every batch, plus one weight-heavy MLP at batch 1 only, which shows
+# The default set: the five benchmark models at every batch, plus one weight-heavy MLP at batch 1 only, which shows
 # how compile memory grows with weight bytes once the fixed cost (QNN libraries, simulator, exporter) is paid.
 DEFAULT_MODELS = ("mlp", "cnn", "transformer", "bert", "resnet", "mlp_large@1")
 BACKENDS = ("qnnx", "openvino", "inductor")
