@@ -270,13 +270,16 @@ def _chain(ops: list[str], seed: int) -> onnx.ModelProto:
     return _model(nodes, inits, [2, 8, 8], 21)
 
 
-@given(
-    ops=st.lists(st.sampled_from(_CHAIN_OPS), min_size=2, max_size=4),
-    activation=st.sampled_from(["uint8", "uint16"]),
-    weight=st.sampled_from(["uint8", "int8", "uint16", "int16"]),
-    per_channel=st.booleans(),
-    seed=st.integers(0, 3),
-)
+# How a random chain is quantized: activation type, weight type, per-channel weights, the weights' seed.
+_QUANTIZED = {
+    "activation": st.sampled_from(["uint8", "uint16"]),
+    "weight": st.sampled_from(["uint8", "int8", "uint16", "int16"]),
+    "per_channel": st.booleans(),
+    "seed": st.integers(0, 3),
+}
+
+
+@given(ops=st.lists(st.sampled_from(_CHAIN_OPS), min_size=2, max_size=4), **_QUANTIZED)
 def test_opcheck_agrees_with_qnn_on_random_quantized_chains(
     tmp_path_factory: pytest.TempPathFactory, ops: list[str], activation: str, weight: str, per_channel: bool, seed: int
 ) -> None:
@@ -328,13 +331,7 @@ def _image_chain(ops: list[str], seed: int) -> onnx.ModelProto:
     return _model(nodes, inits, [1, 4, 8, 8], 21)
 
 
-@given(
-    ops=st.lists(st.sampled_from(_IMAGE_OPS), min_size=2, max_size=4),
-    activation=st.sampled_from(["uint8", "uint16"]),
-    weight=st.sampled_from(["uint8", "int8", "uint16", "int16"]),
-    per_channel=st.booleans(),
-    seed=st.integers(0, 3),
-)
+@given(ops=st.lists(st.sampled_from(_IMAGE_OPS), min_size=2, max_size=4), **_QUANTIZED)
 def test_opcheck_agrees_with_qnn_on_random_quantized_image_chains(
     tmp_path_factory: pytest.TempPathFactory, ops: list[str], activation: str, weight: str, per_channel: bool, seed: int
 ) -> None:

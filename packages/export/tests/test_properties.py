@@ -142,5 +142,62 @@ def test_signature_round_trip_property(data: st.DataObject) -> None:
         onnx_output_names=("a", "b", "c", "d"),
         onnx_output_dtypes=("float32",) * 4,
         output_container=data.draw(st.sampled_from(["tuple", "list", "single"])),
+        writebacks=data.draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), max_size=2)),
+        row_writebacks=data.draw(st.lists(_row_writebacks(), max_size=2)),
     )
     assert qe.GraphSignature.from_dict(sig.to_dict()) == sig
+
+
+def _row_writebacks() -> st.SearchStrategy[qe.RowWriteback]:
+    """Row write-backs whose positions come from an ONNX output or from an argument, never both."""
+    from_output = st.builds(
+        qe.RowWriteback,
+        arg_index=st.integers(0, 9),
+        dim=st.integers(0, 3),
+        values=st.integers(0, 3),
+        index=st.integers(0, 3),
+    )
+    from_argument = st.builds(
+        qe.RowWriteback,
+        arg_index=st.integers(0, 9),
+        dim=st.integers(0, 3),
+        values=st.integers(0, 3),
+        index_arg=st.integers(0, 9),
+    )
+    return st.one_of(from_output, from_argument)
+
+
+@given(
+    written=st.lists(st.integers(0, 5), min_size=1, max_size=6, unique=True),
+    dim=st.integers(0, 1),
+    positions_from_argument=st.booleans(),
+)
+def test_row_writeback_leaves_the_tensor_as_index_copy_does(
+    written: list[int], dim: int, positions_from_argument: bool
+) -> None:
+    """Property: applying a row write-back (rows as a numpy output, positions from an output or an argument)
+    leaves the target exactly as eager's ``index_copy_``; positions a pass legalized to int32 work too."""
+    size = max(written) + 1
+    shape = [size, 3] if dim == 0 else [3, size]
+    target = torch.arange(float(size * 3)).reshape(shape)
+    expected = target.clone()
+    index = torch.tensor(written)
+    new_shape = list(shape)
+    new_shape[dim] = len(written)
+    new = -torch.arange(float(len(written) * 3)).reshape(new_shape)
+    expected.index_copy_(dim, index, new)
+    outputs = [new.numpy(), index.to(torch.int32).numpy()]
+    if positions_from_argument:
+        row = qe.RowWriteback(arg_index=0, dim=dim, values=0, index_arg=1)
+        row.apply(target, outputs, [target, index])
+    else:
+        row = qe.RowWriteback(arg_index=0, dim=dim, values=0, index=1)
+        row.apply(target, outputs, [target])
+    assert torch.equal(target, expected)
+
+
+def test_row_writeback_needs_exactly_one_source_of_positions() -> None:
+    with pytest.raises(qe.errors.SignatureError, match="exactly one"):
+        qe.RowWriteback(arg_index=0, dim=0, values=0, index=1, index_arg=2)
+    with pytest.raises(qe.errors.SignatureError, match="exactly one"):
+        qe.RowWriteback(arg_index=0, dim=0, values=0)

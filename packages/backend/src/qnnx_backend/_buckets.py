@@ -123,22 +123,27 @@ def _upper_bounds(symbols: Sequence[Any]) -> tuple[int | None, ...]:
     return tuple(bounds)
 
 
+def ladder_bucket(size: int, ladder: str | tuple[int, ...], upper: int | None = None) -> int | None:
+    """The smallest bucket of ``ladder`` that holds ``size``, or None when ``size`` is past every bucket.
+
+    ``"auto"`` is the powers of two from :data:`AUTO_MIN` up, capped at ``upper`` (Dynamo's maximum) and never below
+    ``size``; a tuple is the user's own sizes.
+    """
+    if ladder == "auto":
+        bucket = max(AUTO_MIN, 1 << max(0, size - 1).bit_length())
+        return max(min(bucket, upper), size) if upper is not None else bucket
+    fitting = [b for b in cast("tuple[int, ...]", ladder) if b >= size]  # any str but "auto" is refused earlier
+    return min(fitting) if fitting else None
+
+
 def choose(sizes: Sequence[int], plan: BucketPlan, ladder: str | tuple[int, ...]) -> tuple[int, ...] | None:
     """The bucket for these sizes (one per dynamic size), or None when a size is past every bucket."""
     chosen = []
     for size, upper in zip(sizes, plan.upper, strict=True):
-        if ladder == "auto":
-            bucket = max(AUTO_MIN, 1 << max(0, size - 1).bit_length())
-            if upper is not None:
-                bucket = min(bucket, upper)
-        else:
-            fitting = [
-                b for b in cast("tuple[int, ...]", ladder) if b >= size
-            ]  # any str but "auto" is rejected earlier
-            if not fitting:
-                return None
-            bucket = min(fitting)
-        chosen.append(max(bucket, size))
+        bucket = ladder_bucket(size, ladder, upper)
+        if bucket is None:
+            return None
+        chosen.append(bucket)
     return tuple(chosen)
 
 

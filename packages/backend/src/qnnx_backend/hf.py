@@ -8,11 +8,11 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
-from qnnx_backend._buckets import AUTO_MIN, NEUTRAL_RTOL
+from qnnx_backend._buckets import AUTO_MIN, NEUTRAL_RTOL, ladder_bucket
 from qnnx_backend.errors import InvalidOptionsError
 
 __all__ = ["compile_for_generation"]
@@ -160,13 +160,9 @@ class _BucketedGenerate:
             return None  # lengths that count the prompt's tokens would count the padding too
         # At least one padding token, even for a prompt of a bucket's exact length: generate() drops an attention
         # mask without zeros, which would make a second prefill graph for that bucket.
-        length, room = ids.shape[1], self._cache - new
-        if self._ladder == "auto":
-            bucket = max(AUTO_MIN, 1 << length.bit_length())
-        else:
-            fitting = [b for b in cast("tuple[int, ...]", self._ladder) if b > length]
-            bucket = min(fitting) if fitting else length
-        if bucket > room or bucket == length:
+        length = ids.shape[1]
+        bucket = ladder_bucket(length + 1, self._ladder)
+        if bucket is None or bucket > self._cache - new:
             return None  # past the last bucket, or the padded prompt and the new tokens would not fit the cache
         return bucket
 

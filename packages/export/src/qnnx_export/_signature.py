@@ -107,14 +107,10 @@ class RowWriteback:
 
     def apply(self, target: torch.Tensor, onnx_outputs: Sequence[Any], args: Sequence[Any]) -> None:
         """Write the rows into ``target`` (the caller's tensor), as eager's ``index_copy_`` leaves it."""
-        import numpy as np
         import torch
 
-        def tensor(x: Any) -> torch.Tensor:
-            return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
-
-        positions = tensor(args[self.index_arg] if self.index_arg >= 0 else onnx_outputs[self.index])
-        rows = tensor(onnx_outputs[self.values])
+        positions = torch.as_tensor(args[self.index_arg] if self.index_arg >= 0 else onnx_outputs[self.index])
+        rows = torch.as_tensor(onnx_outputs[self.values])  # numpy arrays are shared, not copied
         target.index_copy_(self.dim, positions.reshape(-1).to(torch.int64), rows.to(target.dtype))
 
 

@@ -21,6 +21,7 @@ imports neither torch nor onnx.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -123,6 +124,7 @@ def _depends_on(node: Any, target: Any, memo: dict[Any, bool]) -> bool:
     return memo.get(node, node is target)
 
 
+@functools.cache
 def _partial_writes() -> dict[Any, tuple[int, ...]]:
     """ATen ops that write part of their first argument -> the positions of the arguments that say what is written
     (positions and values)."""
