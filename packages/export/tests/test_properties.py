@@ -150,21 +150,9 @@ def test_signature_round_trip_property(data: st.DataObject) -> None:
 
 def _row_writebacks() -> st.SearchStrategy[qe.RowWriteback]:
     """Row write-backs whose positions come from an ONNX output or from an argument, never both."""
-    from_output = st.builds(
-        qe.RowWriteback,
-        arg_index=st.integers(0, 9),
-        dim=st.integers(0, 3),
-        values=st.integers(0, 3),
-        index=st.integers(0, 3),
-    )
-    from_argument = st.builds(
-        qe.RowWriteback,
-        arg_index=st.integers(0, 9),
-        dim=st.integers(0, 3),
-        values=st.integers(0, 3),
-        index_arg=st.integers(0, 9),
-    )
-    return st.one_of(from_output, from_argument)
+    where = {"arg_index": st.integers(0, 9), "dim": st.integers(0, 3), "values": st.integers(0, 3)}
+    positions = st.sampled_from([{"index": 2}, {"index_arg": 7}])
+    return st.builds(lambda w, p: qe.RowWriteback(**w, **p), st.fixed_dictionaries(where), positions)
 
 
 @given(
