@@ -35,12 +35,12 @@ import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from qnnx_backend import _buckets, _report
-from qnnx_backend._session import recreate_and_run
+from qnnx_backend._program import recreate_and_run
 from qnnx_backend.errors import QnnDeviceError, QnnRuntimeError, SavedGraphError
 
 if TYPE_CHECKING:
     from qnnx_backend._compiled import QnnGraph
-    from qnnx_backend._session import QnnProgram
+    from qnnx_backend._program import Program, QnnProgram, Target
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def serialize(graph: QnnGraph) -> bytes:
 
 
 def _variant_record(graph: QnnGraph, variant: Any, blobs: list[bytes]) -> dict[str, Any]:
-    from qnnx_backend._session import QnnProgram
+    from qnnx_backend._program import QnnProgram
 
     program = variant._program
     frozen = variant._frozen
@@ -259,19 +259,19 @@ def _variant_record(graph: QnnGraph, variant: Any, blobs: list[bytes]) -> dict[s
     record: dict[str, Any] = {
         "kind": "qnn" if isinstance(program, QnnProgram) else "none",
         "signature": program.signature.to_dict(),
-        "param_indices": list(program.param_indices),
-        "out_dtypes": [_dtype_name(d) for d in getattr(program, "_out_dtypes", ())],
+        "param_indices": list(program.target.param_indices),
+        "out_dtypes": [_dtype_name(d) for d in program.out_dtypes] if isinstance(program, QnnProgram) else [],
         "fp16": graph._options.fp16,
-        "device": program.device,
-        "soc_model": program.soc_model,
+        "device": program.target.device,
+        "soc_model": program.target.soc_model,
         "onnx_nodes": rep.onnx_nodes,
         "passes_applied": list(rep.passes_applied),
         "input_shapes": [list(s) for s in rep.input_shapes],
         "bucket": None if rep.bucket is None else list(rep.bucket),
     }
-    if record["kind"] == "none":
+    if not isinstance(program, QnnProgram):
         return record
-    source, session_kwargs = program._recreate_from
+    source, session_kwargs = program.source.model, program.source.kwargs
     record["session"] = {
         "provider_options": dict(session_kwargs.get("provider_options") or {}),
         "allow_cpu_fallback": bool(session_kwargs.get("allow_cpu_fallback")),
@@ -285,7 +285,7 @@ def _variant_record(graph: QnnGraph, variant: Any, blobs: list[bytes]) -> dict[s
         except OSError as exc:
             logger.info("qnn backend: cached context %s is gone (%s); compiling it again to save it", source, exc)
     if context is None:
-        context = _compile_context(model, program.device, session_kwargs)
+        context = _compile_context(model, program.target.device, session_kwargs)
     record["context"] = {"model_file": _ctx_name(), "files": _add(context, blobs)}
     return record
 
@@ -299,11 +299,12 @@ def _ctx_name() -> str:
 def _onnx_model(graph: QnnGraph, variant: Any, program: QnnProgram) -> Any:
     """The ONNX model ``program`` was compiled from; exported again when it came from the context cache."""
     import qnnx_export
-    from qnnx_backend._session import DeviceRejected, StagedModel, _exported
+    from qnnx_backend._build import CompileContext, export_once
+    from qnnx_backend._session import DeviceRejected, StagedModel
 
     staged = program.source_model
-    if staged is None and isinstance(program._recreate_from[0], StagedModel):
-        staged = program._recreate_from[0]
+    if staged is None and isinstance(program.source.model, StagedModel):
+        staged = program.source.model
     if staged is not None:
         return staged
     opts = graph._options
@@ -313,13 +314,13 @@ def _onnx_model(graph: QnnGraph, variant: Any, program: QnnProgram) -> Any:
             "cannot be rebuilt here without calibration; save it from a process that compiled it (cache=False)"
         )
     logger.info("qnn backend: graph %d came from the context cache; exporting it to save it", variant.report.graph_id)
-    args = _example_args(variant._gm, frozen=variant._frozen, param_indices=program.param_indices)
+    args = _example_args(variant._gm, frozen=variant._frozen, param_indices=program.target.param_indices)
     with torch.set_grad_enabled(graph._examples.grad_enabled):
         analysis = qnnx_export.analyze(variant._gm, args)
         if opts.exporter != "torch.onnx":
             analysis = qnnx_export.lift_mutations(analysis) or analysis
         try:
-            return StagedModel(_exported(variant._gm, args, opts, analysis, {}, {}))
+            return StagedModel(export_once(CompileContext(gm=variant._gm, args=args, options=opts, analysis=analysis)))
         except DeviceRejected as exc:
             raise SavedGraphError(
                 f"graph {variant.report.graph_id} came from the context cache, and exporting it again to save its "
@@ -422,7 +423,7 @@ def deserialize(data: bytes) -> LoadedGraph:
 class _LoadedVariant:
     """One static graph of a loaded function: its program, and one session re-creation on a run-time failure."""
 
-    def __init__(self, program: Any, sym_positions: tuple[int, ...], report: _report.CompileReport) -> None:
+    def __init__(self, program: Program, sym_positions: tuple[int, ...], report: _report.CompileReport) -> None:
         self._program = program
         self._sym_positions = sym_positions
         self.report = report
@@ -521,21 +522,22 @@ class LoadedGraph(SerializableCallable):
     ) -> _LoadedVariant:
         import qnnx_detection
         import qnnx_export
-        from qnnx_backend._session import _NoSessionProgram
+        from qnnx_backend._program import NoSessionProgram, Target
 
         start = time.perf_counter()
         device = str(record["device"])
         status = qnnx_detection.probe(initialize=False).backend(device)
-        common: dict[str, Any] = {
-            "param_indices": tuple(int(i) for i in record["param_indices"]),
-            "device": device,
-            "soc_model": self._target_soc,
-            "is_simulator": bool(status.is_simulator),
-        }
+        target = Target(
+            device=device,
+            soc_model=self._target_soc,
+            is_simulator=bool(status.is_simulator),
+            param_indices=tuple(int(i) for i in record["param_indices"]),
+        )
         signature = qnnx_export.GraphSignature.from_dict(record["signature"])
         cache = "aot"
+        program: Program
         if record["kind"] == "none":
-            program: Any = _NoSessionProgram(signature, common)
+            program = NoSessionProgram(signature, target)
         else:
             if not status.available:
                 raise QnnDeviceError(
@@ -544,20 +546,20 @@ class LoadedGraph(SerializableCallable):
                     "loaded function has no PyTorch graph to fall back to. Load it where onnxruntime-qnn reaches "
                     "that device, or compile the model here",
                 )
-            program, cache = self._session(n, record, blobs, signature, common)
+            program, cache = self._session(n, record, blobs, signature, target)
         bucket = record.get("bucket")
         report = _report.CompileReport(
             graph_id=_report.next_graph_id(),
             device=device,
             requested_device=self._requested,
             strict=self._strict,
-            is_simulator=common["is_simulator"],
+            is_simulator=target.is_simulator,
             soc_model=self._target_soc,
             soc_name=qnnx_detection.soc_name(self._target_soc),
             cache=cache,
             onnx_nodes=record.get("onnx_nodes"),
             passes_applied=tuple(record.get("passes_applied") or ()),
-            placement=dict(getattr(program, "placement", {})),
+            placement=dict(program.placement),
             input_shapes=tuple(tuple(s) for s in record.get("input_shapes") or ()),
             bucket=None if bucket is None else tuple(bucket),
             timings={"total": time.perf_counter() - start},
@@ -572,13 +574,14 @@ class LoadedGraph(SerializableCallable):
         record: Mapping[str, Any],
         blobs: Sequence[memoryview],
         signature: Any,
-        common: Mapping[str, Any],
+        target: Target,
     ) -> tuple[QnnProgram, str]:
         """The program of one saved QNN graph: from its context, or rebuilt from its ONNX model on a mismatch."""
         import qnnx_detection
-        from qnnx_backend._session import QnnProgram, create_for_device
+        from qnnx_backend._program import QnnProgram, SessionSource
+        from qnnx_backend._session import create_for_device
 
-        device = common["device"]
+        device = target.device
         kwargs = {
             "soc_model": self._target_soc,
             "provider_options": {str(k): str(v) for k, v in record["session"]["provider_options"].items()},
@@ -625,9 +628,9 @@ class LoadedGraph(SerializableCallable):
             onnx_nodes=record.get("onnx_nodes"),
             passes_applied=tuple(record.get("passes_applied") or ()),
             out_dtypes=tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
-            recreate_from=(source, kwargs),
+            target=target,
+            source=SessionSource(source, kwargs),
             fp16=bool(record["fp16"]),
-            **common,
         )
         return program, cache
 

@@ -19,9 +19,10 @@ import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from qnnx_backend import _aot, _buckets, _report
+from qnnx_backend._build import CompileContext, build_program
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
+from qnnx_backend._program import Program, recreate_and_run
 from qnnx_backend._session import DeviceRejected as _DeviceRejected
-from qnnx_backend._session import QnnProgram, build_program, recreate_and_run
 from qnnx_backend.errors import (
     QnnDeviceError,
     QnnFallbackWarning,
@@ -404,9 +405,10 @@ class QnnGraph(SerializableCallable):
 
         devices = [d for d in ([device] if device != "auto" else CHAIN) if d not in exclude]
         attempts: list[_report.Attempt] = []
-        shared: dict[str, Any] = {}  # export result shared across devices of one chain
-        if calibration is not None:
-            shared["calibration"] = calibration
+        # One context for every device of the chain: the graph is exported (and quantized) once.
+        ctx = CompileContext(
+            gm=gm, args=args, options=opts, analysis=analysis, timings=timings, calibration=calibration
+        )
         for pos, dev in enumerate(devices):
             nxt = devices[pos + 1] if pos + 1 < len(devices) else "eager PyTorch"
             t = time.perf_counter()
@@ -421,14 +423,12 @@ class QnnGraph(SerializableCallable):
                 continue
             try:
                 quantization = None
-                if "calibration" in shared:
+                if ctx.calibration is not None:
                     from qnnx_backend import _quantize
 
-                    program, quantization = _quantize.build_program(
-                        gm, args, dev, opts, analysis, shared, timings, graph_id
-                    )
+                    program, quantization = _quantize.build_program(ctx, dev, graph_id)
                 else:
-                    program = build_program(gm, args, dev, opts, analysis, shared, timings)
+                    program = build_program(ctx, dev)
             except _DeviceRejected as exc:
                 attempts.append(
                     _report.Attempt(device=dev, ok=False, reason=exc.cause, seconds=time.perf_counter() - t)
@@ -442,14 +442,14 @@ class QnnGraph(SerializableCallable):
             rep = _report.CompileReport(
                 device=dev,
                 attempts=tuple(attempts),
-                is_simulator=program.is_simulator,
-                soc_model=program.soc_model,
-                soc_name=qnnx_detection.soc_name(program.soc_model) if program.soc_model is not None else None,
+                is_simulator=program.target.is_simulator,
+                soc_model=program.target.soc_model,
+                soc_name=qnnx_detection.soc_name(program.target.soc_model),
                 cache=program.cache,
                 onnx_nodes=program.onnx_nodes,
                 passes_applied=program.passes_applied,
-                placement=program.placement,
-                cpu_nodes=dict(getattr(program, "cpu_nodes", {})),
+                placement=dict(program.placement),
+                cpu_nodes=dict(program.cpu_nodes),
                 timings=timings,
                 quantization=quantization,
                 **base,
@@ -541,7 +541,7 @@ class _QnnVariant:
         owner: QnnGraph,
         gm: torch.fx.GraphModule,
         args: Sequence[object],
-        program: QnnProgram,
+        program: Program,
         report: _report.CompileReport,
         exclude: frozenset[str],
         calibration: Any = None,
@@ -565,10 +565,10 @@ class _QnnVariant:
         # Frozen weights are snapshots: remember which tensors and which versions were frozen, so that an in-place
         # update after compile (optimizer step, load_state_dict, no_grad fill_) triggers a recompile instead of a
         # silently stale result.
-        self._frozen = _FrozenWeights(args, program.param_indices)
+        self._frozen = _FrozenWeights(args, program.target.param_indices)
         # Programs compiled for other weights of the same graph, still current: Dynamo serves modules of the same
         # structure compiled apart (one per transformer layer) with one graph, passing each module's weights.
-        self._others: list[tuple[_FrozenWeights, QnnProgram, _report.CompileReport]] = []
+        self._others: list[tuple[_FrozenWeights, Program, _report.CompileReport]] = []
 
     def __call__(self, args: Sequence[object]) -> Any:
         if self._fallback is not None:

@@ -326,15 +326,16 @@ def _placement(
 ) -> dict[str, str]:
     """Build the session the backend would build (same options, same split, same retries and placement checks) and
     read ORT's placement of each node."""
-    from qnnx_backend._session import _check_share, _with_plan, create_for_device
+    from qnnx_backend._build import check_share, with_plan
+    from qnnx_backend._session import create_for_device
 
     kwargs = {
         "soc_model": soc,
         "provider_options": dict(opts.provider_options),
         "allow_cpu_fallback": opts.resolved_partition == "mixed",
     }
-    session = create_for_device(model, device, _with_plan(kwargs, plan))
-    _check_share(session, plan, opts)
+    session = create_for_device(model, device, with_plan(kwargs, plan))
+    check_share(session, plan, opts)
     import qnnx_detection
 
     placed = qnnx_detection.node_placement(session) or {}

@@ -34,6 +34,9 @@ from qnnx_backend.errors import QnnFallbackWarning, QuantizationError
 if TYPE_CHECKING:
     import torch
 
+    from qnnx_backend._build import CompileContext
+    from qnnx_backend._program import Program
+
 logger = logging.getLogger(__name__)
 
 _QDQ_OPSET = 21
@@ -245,25 +248,18 @@ def call_quantizing(graph: Any, args: Sequence[object]) -> Any:
 # -- compile ---------------------------------------------------------------------------------------------------
 
 
-def build_program(
-    gm: torch.fx.GraphModule,
-    args: Sequence[object],
-    device: str,
-    opts: Any,
-    analysis: Any,
-    shared: dict[str, Any],
-    timings: dict[str, float],
-    graph_id: int,
-) -> tuple[Any, QuantizationReport]:
+def build_program(ctx: CompileContext, device: str, graph_id: int) -> tuple[Program, QuantizationReport]:
     """Compile the quantized graph for ``device`` and check it against eager PyTorch on the calibration inputs;
     a graph that cannot run quantized is compiled in float (raises QuantizationError under strict).
 
     Raises DeviceRejected (from the float build) when the device cannot take the graph at all.
     """
+    from qnnx_backend._build import build_program as build
     from qnnx_backend._session import DeviceRejected
-    from qnnx_backend._session import build_program as build
 
-    calibration: Calibration = shared["calibration"]
+    calibration = ctx.calibration
+    assert calibration is not None, "the quantized build needs the graph's calibration"
+    gm, args, opts, timings = ctx.gm, ctx.args, ctx.options, ctx.timings
     spec = calibration.spec
     base: dict[str, Any] = {
         "scheme": spec.label,
@@ -276,11 +272,11 @@ def build_program(
     figures: dict[str, Any] = {}
     if not calibration.samples:
         reason = f"it was not calibrated. {_HOW_TO}"
-    elif analysis.mutated_indices:
+    elif ctx.analysis.mutated_indices:
         reason = "it writes in place into its arguments, which quantization does not support"
     else:
         try:
-            program = build(gm, args, device, opts, analysis, shared, timings)
+            program = build(ctx, device)
         except (QuantizeFailed, DeviceRejected) as exc:
             reason = f"the quantized graph was not compiled ({exc})"
         else:
@@ -305,8 +301,7 @@ def build_program(
     warnings.warn(
         f"qnn backend: graph {graph_id} runs in float on {device}: {reason}", QnnFallbackWarning, stacklevel=6
     )
-    shared.pop("calibration", None)
-    program = build(gm, args, device, opts, analysis, shared, timings)
+    program = build(ctx.in_float(), device)
     return program, QuantizationReport(used=False, reason=reason, **figures, **base)
 
 
@@ -381,20 +376,28 @@ class QuantizedModel:
         return path
 
 
-def quantized_model(exported: Any, args: Sequence[object], shared: dict[str, Any], timings: dict[str, float]) -> Any:
-    """The QDQ model of ``exported`` for ``shared["calibration"]`` (made once per chain); raises QuantizeFailed."""
-    if "quantized" not in shared:
+def quantized_model(exported: Any, ctx: CompileContext) -> QuantizedModel:
+    """The QDQ model of ``exported`` for ``ctx.calibration``, made once per graph (``ctx.memo``); raises
+    QuantizeFailed, with the same cause for every device once it failed."""
+    memo = ctx.memo
+    if memo.quantize_refusal is not None:
+        raise QuantizeFailed(memo.quantize_refusal)
+    if memo.quantized is None:
+        assert ctx.calibration is not None
         t = time.perf_counter()
         try:
-            shared["quantized"] = _quantize(exported, args, shared["calibration"])
+            memo.quantized = _quantize(exported, ctx.args, ctx.calibration)
         except Exception as exc:
-            shared["quantized"] = QuantizeFailed(f"{type(exc).__name__}: {exc}".splitlines()[0][:400])
-            shared["quantized"].__cause__ = exc
-        timings["quantize"] = time.perf_counter() - t
-    result = shared["quantized"]
-    if isinstance(result, QuantizeFailed):
-        raise result
-    return result
+            memo.quantize_refusal = _failure(exc)
+            raise QuantizeFailed(memo.quantize_refusal) from exc
+        finally:
+            ctx.timings["quantize"] = time.perf_counter() - t
+    quantized: QuantizedModel = memo.quantized
+    return quantized
+
+
+def _failure(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
 
 
 class _Reader:
@@ -520,9 +523,10 @@ def explain_quantized(
         "min_sqnr": spec.min_sqnr,
     }
     try:
-        model = quantized_model(exported, args, {"calibration": calibration}, {})
-    except QuantizeFailed as exc:
-        return exported, QuantizationReport(used=False, reason=f"onnxruntime's quantization failed ({exc})", **base)
+        model = _quantize(exported, args, calibration)
+    except Exception as exc:
+        failed = f"onnxruntime's quantization failed ({_failure(exc)})"
+        return exported, QuantizationReport(used=False, reason=failed, **base)
     figures = measure(_CpuRunner(model), gm, args, calibration)
     sqnr = figures.get("sqnr_db")
     below = spec.min_sqnr is not None and sqnr is not None and sqnr < spec.min_sqnr
