@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_close_fp16
+from integration_helpers import assert_close_fp16
 
 import qnnx_backend
 from qnnx_backend.errors import SavedGraphError
@@ -53,6 +53,7 @@ _LOADER = textwrap.dedent(
     torch.save(got, sys.argv[3])
     print(json.dumps({
         "caches": [r.cache for r in qnnx_backend.compile_reports()],
+        "devices": [r.device for r in qnnx_backend.compile_reports()],
         "opcheck_imported": "qnnx_opcheck" in sys.modules,
         "warnings": warnings,
     }))
@@ -61,7 +62,13 @@ _LOADER = textwrap.dedent(
 
 
 def _load_in_subprocess(
-    saved: Path, inputs: dict[str, object], tmp_path: Path, *, model: str, versions: str = ""
+    saved: Path,
+    inputs: dict[str, object],
+    tmp_path: Path,
+    *,
+    model: str,
+    versions: str = "",
+    env: dict[str, str] | None = None,
 ) -> tuple[dict[str, object], object]:
     torch.save(inputs, tmp_path / "inputs.pt")
     code = _LOADER.replace("__MODEL__", model).replace("__VERSIONS__", versions)
@@ -70,7 +77,7 @@ def _load_in_subprocess(
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "QNNX_CACHE": "0"},
+        env={**os.environ, "QNNX_CACHE": "0", **(env or {})},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -135,6 +142,26 @@ def test_fingerprint_mismatch_rebuilds_from_the_saved_model_or_raises_under_stri
     assert_close_fp16(out, expected)
     result, _ = _load_in_subprocess(tmp_path / "strict.qnnx", {"x": x}, tmp_path, model=_NET, versions="9.9.9")
     assert "onnxruntime-qnn" in result["error"] and "9.9.9" in result["error"] and "strict=False" in result["error"]
+
+
+def test_where_qnn_is_not_usable_the_saved_model_runs_on_the_cpu_ep_or_strict_raises(tmp_path: Path) -> None:
+    """Loaded where its QNN device is not usable, a saved graph runs its saved ONNX model on ONNX Runtime's CPU EP,
+    with one warning and float32 results; saved under strict, loading raises and names the way out."""
+    net, x = _net(), torch.randn(2, 8)
+    with torch.no_grad():
+        expected = net(x)
+        for name, strict in (("loose.qnnx", False), ("strict.qnnx", True)):
+            torch._dynamo.reset()
+            options = {**OPTIONS, "strict": strict}
+            fn = torch.compile(forward, backend="qnn", fullgraph=True, options=options).aot_compile(((net, x), {}))
+            fn.save_compiled_function(str(tmp_path / name))
+    off = {"QNNX_DISABLE": "1"}
+    result, out = _load_in_subprocess(tmp_path / "loose.qnnx", {"x": x}, tmp_path, model=_NET, env=off)
+    assert result["caches"] == ["aot-cpu"] and result["devices"] == ["ort-cpu"]
+    assert len(result["warnings"]) == 1 and "CPU EP" in result["warnings"][0]
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)  # float32 on the CPU, not fp16 on HTP
+    result, _ = _load_in_subprocess(tmp_path / "strict.qnnx", {"x": x}, tmp_path, model=_NET, env=off)
+    assert "not usable here" in result["error"] and "strict=False" in result["error"]
 
 
 def test_a_graph_served_from_the_context_cache_is_saved_with_its_model(tmp_path: Path) -> None:

@@ -535,22 +535,22 @@ class LoadedGraph(SerializableCallable):
         )
         signature = qnnx_export.GraphSignature.from_dict(record["signature"])
         cache = "aot"
+        reason = None
         program: Program
         if record["kind"] == "none":
             program = NoSessionProgram(signature, target)
+        elif not status.available:
+            # No PyTorch graph to fall back to, but the saved ONNX model runs on ONNX Runtime's CPU EP.
+            reason = f"the saved graph was compiled for {device}, which is not usable here ({status.reason})"
+            program = self._on_cpu_ep(n, record, blobs, signature, target, reason)
+            cache = "aot-cpu"
         else:
-            if not status.available:
-                raise QnnDeviceError(
-                    device,
-                    f"the saved graph was compiled for {device}, which is not usable here ({status.reason}); a "
-                    "loaded function has no PyTorch graph to fall back to. Load it where onnxruntime-qnn reaches "
-                    "that device, or compile the model here",
-                )
             program, cache = self._session(n, record, blobs, signature, target)
         bucket = record.get("bucket")
         report = _report.CompileReport(
             graph_id=_report.next_graph_id(),
-            device=device,
+            device="ort-cpu" if cache == "aot-cpu" else device,
+            reason=reason,
             requested_device=self._requested,
             strict=self._strict,
             is_simulator=target.is_simulator,
@@ -633,6 +633,50 @@ class LoadedGraph(SerializableCallable):
             fp16=bool(record["fp16"]),
         )
         return program, cache
+
+    def _on_cpu_ep(
+        self,
+        n: int,
+        record: Mapping[str, Any],
+        blobs: Sequence[memoryview],
+        signature: Any,
+        target: Target,
+        reason: str,
+    ) -> Program:
+        """The saved ONNX model of one graph on ONNX Runtime's CPU EP (its QNN device is not usable here); raises
+        QnnDeviceError under strict, or when the CPU EP cannot run it either."""
+        import warnings
+
+        from qnnx_backend._program import CpuEpProgram, SessionSource
+        from qnnx_backend._session import DeviceRejected, create_on_cpu_ep
+        from qnnx_backend.errors import QnnFallbackWarning
+
+        device = target.device
+        if self._strict:
+            raise QnnDeviceError(
+                device,
+                f"{reason}. Load it where onnxruntime-qnn reaches that device, compile the model here, or save it "
+                "with strict=False to let a loaded function run its saved ONNX model on ONNX Runtime's CPU EP",
+            )
+        model = self._write(f"graph{n}-model", record["model"], blobs)
+        try:
+            session = create_on_cpu_ep(str(model))
+        except DeviceRejected as exc:
+            raise QnnDeviceError(device, f"{reason}, and {exc.cause}") from exc
+        message = f"qnn backend: {reason}; it runs its saved ONNX model on ONNX Runtime's CPU EP"
+        warnings.warn(message, QnnFallbackWarning, stacklevel=2)
+        logger.warning("%s", message)
+        return CpuEpProgram(
+            session=session,
+            signature=signature,
+            target=target,
+            source=SessionSource(str(model), {}),
+            cache="aot-cpu",
+            onnx_nodes=record.get("onnx_nodes"),
+            passes_applied=tuple(record.get("passes_applied") or ()),
+            out_dtypes=tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
+            fp16=bool(record["fp16"]),
+        )
 
     def _check_ops(self, model: Path, device: str, mixed: bool) -> None:
         """The operator check a fresh compile runs, against the tables of the onnxruntime-qnn installed here."""

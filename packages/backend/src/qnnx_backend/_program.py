@@ -299,6 +299,24 @@ class QnnProgram:
         )
 
 
+class CpuEpProgram(QnnProgram):
+    """A saved graph run from its saved ONNX model on ONNX Runtime's CPU EP, where its QNN device is not usable."""
+
+    def recreate(self) -> CpuEpProgram:
+        assert isinstance(self.source.model, str)
+        return CpuEpProgram(
+            session=_session.create_on_cpu_ep(self.source.model),
+            signature=self.signature,
+            target=self.target,
+            source=self.source,
+            cache=self.cache,
+            onnx_nodes=self.onnx_nodes,
+            passes_applied=self.passes_applied,
+            out_dtypes=self.out_dtypes,
+            fp16=self.fp16,
+        )
+
+
 def recreate_and_run(program: Program, args: Sequence[object], label: str, exc: Exception) -> tuple[Program, Any]:
     """After a run-time failure of the EP (e.g. an NPU subsystem restart): one new session and one more run.
 

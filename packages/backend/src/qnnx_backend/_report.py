@@ -9,7 +9,12 @@ from typing import Any
 
 import attrs
 
-DEVICE_LABELS = {"npu": "QNN HTP (NPU)", "gpu": "QNN GPU", "eager": "PyTorch eager (CPU)"}
+DEVICE_LABELS = {
+    "npu": "QNN HTP (NPU)",
+    "gpu": "QNN GPU",
+    "eager": "PyTorch eager (CPU)",
+    "ort-cpu": "ONNX Runtime CPU EP",
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -68,7 +73,9 @@ class QuantizationReport:
 class CompileReport:
     """What happened to one Dynamo graph (one static shape): where it runs and why.
 
-    ``device`` is ``"npu"``, ``"gpu"`` or ``"eager"`` (the original PyTorch graph on the CPU).
+    ``device`` is ``"npu"``, ``"gpu"`` or ``"eager"`` (the original PyTorch graph on the CPU); a loaded saved
+    function whose QNN device is not usable where it is loaded runs its saved ONNX model on ``"ort-cpu"`` (ONNX
+    Runtime's CPU EP).
     """
 
     graph_id: int
@@ -77,14 +84,15 @@ class CompileReport:
     strict: bool
     attempts: tuple[Attempt, ...] = ()
     reason: str | None = None
-    """Why the graph runs on eager PyTorch, when it does."""
+    """Why the graph runs on eager PyTorch (or, loaded from a saved function, on ONNX Runtime's CPU EP), when it does."""
     is_simulator: bool | None = None
     """True when QNN HTP is the host simulator (x86_64), False on Snapdragon silicon, None for eager."""
     soc_model: int | None = None
     soc_name: str | None = None
     cache: str = "off"
     """``"off"``, ``"hit"`` (context loaded, no export), ``"miss"`` (compiled and stored), ``"bypass"``, or for a
-    loaded saved function ``"aot"`` (its saved context) or ``"aot-rebuilt"`` (rebuilt from its saved ONNX model)."""
+    loaded saved function ``"aot"`` (its saved context), ``"aot-rebuilt"`` (rebuilt from its saved ONNX model) or
+    ``"aot-cpu"`` (its saved ONNX model on ONNX Runtime's CPU EP)."""
     onnx_nodes: int | None = None
     passes_applied: tuple[str, ...] = ()
     placement: Mapping[str, int] = attrs.field(factory=dict)

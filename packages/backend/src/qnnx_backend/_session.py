@@ -33,8 +33,8 @@ class StagedModel:
     every initializer above 1 KiB.
 
     ORT memory-maps external data instead of parsing a copy of the weights, and no serialized copy of the model is
-    held in memory: for a 96 MiB-weight MLP, session creation peaks about 100 MiB lower than from the model's bytes
-    (whose copy the ``InferenceSession`` object also keeps for its whole life; onnxruntime 1.24). Pass it wherever a
+    held in memory, so session creation peaks lower than from the model's bytes (whose copy the ``InferenceSession``
+    object also keeps for its whole life; onnxruntime 1.24; figures in docs/benchmarks.md). Pass it wherever a
     model path is accepted (``os.PathLike``). The temporary folder is removed when this object is garbage; a session
     created from it keeps its own mapping of the data (see :meth:`keep_for`).
     """
@@ -90,7 +90,8 @@ def runtime_versions() -> dict[str, str]:
 @functools.cache
 def _opcheck_version() -> str:
     """qnnx-opcheck's version, read from its distribution's metadata: a cache hit then imports neither qnnx-opcheck
-    nor onnx (about 50 ms of a warm first call); the module's own when it is not installed as a distribution."""
+    nor onnx (imports a warm first call does not need); the module's own when it is not installed as a
+    distribution."""
     import importlib.metadata
 
     try:
@@ -114,6 +115,22 @@ def versions() -> dict[str, str]:
         "qnnx-opcheck": _opcheck_version(),
         "qnnx-backend": __version__,
     }
+
+
+def create_on_cpu_ep(model: StagedModel | str) -> Any:
+    """An ONNX Runtime session on the CPU EP alone (a saved graph whose QNN device is not usable here).
+
+    Raises DeviceRejected with ORT's message when the CPU EP cannot run the model (an op or dtype it lacks).
+    """
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        return onnxruntime.InferenceSession(os.fspath(model), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own exception types (Fail, NotImplemented, InvalidGraph)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DeviceRejected(f"ONNX Runtime's CPU EP cannot run it ({first[:300]})") from exc
 
 
 _MIXED_RETRIES = 4
