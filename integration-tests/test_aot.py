@@ -164,6 +164,43 @@ def test_where_qnn_is_not_usable_the_saved_model_runs_on_the_cpu_ep_or_strict_ra
     assert "not usable here" in result["error"] and "strict=False" in result["error"]
 
 
+_CRASHING_LOAD = (
+    "import os, qnnx_backend._session as s\n"
+    "real = s.create_for_device\n"
+    "def dies(model, *a, **k):\n"
+    "    if str(model).endswith('model_ctx.onnx'):\n"
+    "        os._exit(3)  # as a native crash in the EP would: no Python clean-up\n"
+    "    return real(model, *a, **k)\n"
+    "s.create_for_device = dies\n"
+)
+
+
+def test_a_saved_context_that_killed_its_loader_is_rebuilt_from_the_saved_model(tmp_path: Path) -> None:
+    """A process that dies while ONNX Runtime loads a saved context leaves a mark: every later process on this
+    machine rebuilds that graph from its saved ONNX model (one warning) instead of crashing the same way."""
+    net, x = _net(), torch.randn(2, 8)
+    with torch.no_grad():
+        expected = net(x)
+        fn = torch.compile(forward, backend="qnn", fullgraph=True, options=OPTIONS).aot_compile(((net, x), {}))
+        fn.save_compiled_function(str(tmp_path / "net.qnnx"))
+    env = {"QNNX_CTXCACHE_DIR": str(tmp_path / "store")}
+    torch.save({"x": x}, tmp_path / "inputs.pt")
+    crashing = _CRASHING_LOAD + _LOADER.replace("__MODEL__", _NET).replace("__VERSIONS__", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", crashing, str(tmp_path / "net.qnnx"), str(tmp_path / "inputs.pt"), str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "QNNX_CACHE": "0", **env},
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    for _ in range(2):  # remembered: not only the first process after the crash rebuilds
+        result, out = _load_in_subprocess(tmp_path / "net.qnnx", {"x": x}, tmp_path, model=_NET, env=env)
+        assert result["caches"] == ["aot-rebuilt"]
+        assert len(result["warnings"]) == 1 and "died while loading" in result["warnings"][0]
+        assert_close_fp16(out, expected)
+
+
 def test_a_graph_served_from_the_context_cache_is_saved_with_its_model(tmp_path: Path) -> None:
     """A cache hit has no exported model in memory: saving exports it again, and the file loads and rebuilds."""
     net, x = _net(), torch.randn(2, 8)

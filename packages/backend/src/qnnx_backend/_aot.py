@@ -17,6 +17,7 @@ Weights are frozen into both models: a loaded function ignores the parameter val
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -469,6 +470,7 @@ class LoadedGraph(SerializableCallable):
         self._plan = None if plan is None else _plan_from_dict(plan)
         saved_soc = options.get("soc_model")
         self._target_soc = int(saved_soc) if saved_soc is not None else qnnx_detection.resolve_soc_model(None)
+        self._blob_sha256 = [str(entry["sha256"]) for entry in header["blobs"]]
         saved = {k: v for k, v in header["fingerprint"].items() if k != "options"}
         self._version_differences = fingerprint_differences(saved, runtime_versions())
         self._variants: dict[tuple[object, ...], _LoadedVariant] = {}
@@ -594,10 +596,19 @@ class LoadedGraph(SerializableCallable):
         cache = "aot"
         if not differences:
             ctx = self._write(f"graph{n}-context", record["context"], blobs)
-            try:
-                session = create_for_device(str(ctx), device, kwargs)
-            except qnnx_detection.errors.SessionCreationError as exc:
-                differences.append(f"its compiled context did not load ({exc.cause})")
+            store, name = _crash_guard(record["context"], self._blob_sha256)
+            if store is not None and store.load_crashed(name):
+                differences.append(
+                    "a process died while loading its compiled context on this machine (a crash in ONNX Runtime "
+                    "or QNN), so it is not loaded again"
+                )
+            else:
+                try:
+                    # Marked while ORT reads it: if the process dies here, the next one rebuilds instead.
+                    with store.guard_load(name) if store is not None else contextlib.nullcontext():
+                        session = create_for_device(str(ctx), device, kwargs)
+                except qnnx_detection.errors.SessionCreationError as exc:
+                    differences.append(f"its compiled context did not load ({exc.cause})")
             source = str(ctx)
         if session is None:
             cause = "; ".join(differences)
@@ -703,6 +714,21 @@ class LoadedGraph(SerializableCallable):
         if model_file not in files["files"]:
             raise SavedGraphError(f"the saved graph's model file {model_file!r} is not among its files; {_FIX_SAVE}")
         return folder / model_file
+
+
+def _crash_guard(files: Mapping[str, Any], blob_sha256: Sequence[str]) -> tuple[Any, str]:
+    """The context store that records crashed loads on this machine (the default one: a saved function does not
+    carry the saving machine's cache folder) and the name of one saved context in it; (None, name) when no store
+    can be opened."""
+    digests = sorted(blob_sha256[i] for i in files["files"].values())
+    name = "qnnx-aot-context:" + hashlib.sha256("+".join(digests).encode()).hexdigest()
+    try:
+        from qnnx_backend._session import store
+
+        return store(None, None), name
+    except Exception as exc:  # a crash record is best effort: never a reason not to load
+        logger.debug("qnn backend: no context store to record crashed loads (%s)", exc)
+        return None, name
 
 
 def _plan_from_dict(plan: Mapping[str, Any]) -> _buckets.BucketPlan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +31,11 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _external_hex(name: str) -> str:
+    """The marker folder of a context outside the store: never the 64-hex-digit name of an entry."""
+    return "x" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
 class _PinsMixin(_StoreBase):
     """Markers that keep an entry from eviction, or tell that a loader died; stale owners of staging and pins."""
 
@@ -54,6 +60,41 @@ class _PinsMixin(_StoreBase):
                     marker.unlink()
                 with contextlib.suppress(OSError):
                     marker.parent.rmdir()
+
+    @contextlib.contextmanager
+    def guard_load(self, name: str) -> Iterator[None]:
+        """Mark that this process is loading ``name`` for the duration of the block.
+
+        ``name`` stands for a compiled context that is not an entry of this store (one shipped with an application,
+        or saved with a model); pick a name that changes with its content, such as its SHA-256. If the process dies
+        inside the block (a native crash in the execution provider), :meth:`load_crashed` answers True for ``name``
+        in every later process on this host, so the caller can stop feeding ONNX Runtime a context that kills it.
+        Best effort: nothing is marked in a read-only or disabled store.
+        """
+        with self._marker(_external_hex(name), ".loading"):
+            yield
+
+    def load_crashed(self, name: str) -> bool:
+        """Whether a process on this host died inside :meth:`guard_load` for ``name``.
+
+        Remembered (under ``crashes/``) until :meth:`clear`: a context that crashed a process once is not tried
+        again by a later one.
+        """
+        hex_ = _external_hex(name)
+        record = self._dir("crashes") / hex_
+        if record.is_file():
+            return True
+        if not self._crashed_loader(hex_):
+            return False
+        if self._mode == "readwrite":
+            try:
+                self._mkdir(record.parent)
+                payload = {"name": name, "host": _HOST_ID, "seen": self._clock()}
+                _fs.write_json_atomic(record, payload, durable=False)
+            except OSError as exc:
+                _log.debug("could not record the crashed load of %s: %s", name, exc)
+        _log.warning("a process died while loading %s; it is marked as crashing", name)
+        return True
 
     def _crashed_loader(self, key_hex: str) -> bool:
         """True when a process on this host died while loading this entry (its marker outlived it)."""

@@ -182,7 +182,7 @@ class _PruneMixin(_ListingMixin):
         )
 
     def clear(self) -> int:
-        """Delete every entry, staging dir, quarantine and lock of this store; returns entries removed.
+        """Delete every entry, staging dir, quarantine, lock and crash record of this store; returns entries removed.
 
         Raises:
             NotACacheRootError: the root has no ``ctxcache-root.json`` marker (never wipe a user folder).
@@ -192,7 +192,7 @@ class _PruneMixin(_ListingMixin):
         count = 0
         for key_hex, _ in list(self._iter_entry_dirs()):
             count += self._evict(key_hex)
-        for name in ("staging", "quarantine", "trash", "pins"):
+        for name in ("staging", "quarantine", "trash", "pins", "crashes"):
             for path in list(self._dir(name).iterdir()) if self._dir(name).is_dir() else []:
                 if not path.name.startswith(".nfs"):
                     _fs.rmtree_quiet(path)
