@@ -544,10 +544,10 @@ class LoadedGraph(SerializableCallable):
         elif not status.available:
             # No PyTorch graph to fall back to, but the saved ONNX model runs on ONNX Runtime's CPU EP.
             reason = f"the saved graph was compiled for {device}, which is not usable here ({status.reason})"
-            program = self._on_cpu_ep(n, record, blobs, signature, target, reason)
+            program = self._on_cpu_ep(n, record, blobs, target, reason)
             cache = "aot-cpu"
         else:
-            program, cache = self._session(n, record, blobs, signature, target)
+            program, cache = self._session(n, record, blobs, target)
         bucket = record.get("bucket")
         report = _report.CompileReport(
             graph_id=_report.next_graph_id(),
@@ -575,7 +575,6 @@ class LoadedGraph(SerializableCallable):
         n: int,
         record: Mapping[str, Any],
         blobs: Sequence[memoryview],
-        signature: Any,
         target: Target,
     ) -> tuple[QnnProgram, str]:
         """The program of one saved QNN graph: from its context, or rebuilt from its ONNX model on a mismatch."""
@@ -633,15 +632,7 @@ class LoadedGraph(SerializableCallable):
                 ) from exc
             source, cache = str(model), "aot-rebuilt"
         program = QnnProgram(
-            session=session,
-            signature=signature,
-            cache=cache,
-            onnx_nodes=record.get("onnx_nodes"),
-            passes_applied=tuple(record.get("passes_applied") or ()),
-            out_dtypes=tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
-            target=target,
-            source=SessionSource(source, kwargs),
-            fp16=bool(record["fp16"]),
+            session=session, target=target, source=SessionSource(source, kwargs), cache=cache, **_call_plan(record)
         )
         return program, cache
 
@@ -650,7 +641,6 @@ class LoadedGraph(SerializableCallable):
         n: int,
         record: Mapping[str, Any],
         blobs: Sequence[memoryview],
-        signature: Any,
         target: Target,
         reason: str,
     ) -> Program:
@@ -678,15 +668,7 @@ class LoadedGraph(SerializableCallable):
         warnings.warn(message, QnnFallbackWarning, stacklevel=2)
         logger.warning("%s", message)
         return CpuEpProgram(
-            session=session,
-            signature=signature,
-            target=target,
-            source=SessionSource(str(model), {}),
-            cache="aot-cpu",
-            onnx_nodes=record.get("onnx_nodes"),
-            passes_applied=tuple(record.get("passes_applied") or ()),
-            out_dtypes=tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
-            fp16=bool(record["fp16"]),
+            session=session, target=target, source=SessionSource(str(model), {}), cache="aot-cpu", **_call_plan(record)
         )
 
     def _check_ops(self, model: Path, device: str, mixed: bool) -> None:
@@ -714,6 +696,19 @@ class LoadedGraph(SerializableCallable):
         if model_file not in files["files"]:
             raise SavedGraphError(f"the saved graph's model file {model_file!r} is not among its files; {_FIX_SAVE}")
         return folder / model_file
+
+
+def _call_plan(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a program of one saved graph needs beside its session: the call plan saved with it."""
+    import qnnx_export
+
+    return {
+        "signature": qnnx_export.GraphSignature.from_dict(record["signature"]),
+        "onnx_nodes": record.get("onnx_nodes"),
+        "passes_applied": tuple(record.get("passes_applied") or ()),
+        "out_dtypes": tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
+        "fp16": bool(record["fp16"]),
+    }
 
 
 def _crash_guard(files: Mapping[str, Any], blob_sha256: Sequence[str]) -> tuple[Any, str]:

@@ -283,8 +283,11 @@ class QnnProgram:
 
     def recreate(self) -> QnnProgram:
         """A new session from the same source (after a run-time failure of the EP); the same split, pinned again."""
-        session = _session.create_for_device(self.source.model, self.target.device, self.source.kwargs)
-        return QnnProgram(
+        return self._with_session(_session.create_for_device(self.source.model, self.target.device, self.source.kwargs))
+
+    def _with_session(self, session: Any) -> Any:
+        """This program with another session of the same model."""
+        return type(self)(
             session=session,
             signature=self.signature,
             target=self.target,
@@ -304,17 +307,8 @@ class CpuEpProgram(QnnProgram):
 
     def recreate(self) -> CpuEpProgram:
         assert isinstance(self.source.model, str)
-        return CpuEpProgram(
-            session=_session.create_on_cpu_ep(self.source.model),
-            signature=self.signature,
-            target=self.target,
-            source=self.source,
-            cache=self.cache,
-            onnx_nodes=self.onnx_nodes,
-            passes_applied=self.passes_applied,
-            out_dtypes=self.out_dtypes,
-            fp16=self.fp16,
-        )
+        fresh: CpuEpProgram = self._with_session(_session.create_on_cpu_ep(self.source.model))
+        return fresh
 
 
 def recreate_and_run(program: Program, args: Sequence[object], label: str, exc: Exception) -> tuple[Program, Any]:
