@@ -19,7 +19,8 @@ nox.options.error_on_external_run = True
 ROOT = Path(__file__).parent
 PYTHON = "3.11"
 LEAVES = ("detection", "export", "opcheck", "ctxcache")
-PACKAGES = (*LEAVES, "backend")
+# clikit: the foundation every package may import (CLI conventions, the chip table); testkit: test support only.
+PACKAGES = ("clikit", *LEAVES, "backend", "testkit")
 # The default pins: what CI, the demo and the benchmarks run. A range such as torch>=2.13,<2.15 would make pip
 # pick 2.14.1, a 5.5 GB CUDA build; the matrix session tests 2.14 on purpose.
 TORCH = "torch==2.13.0"
@@ -34,7 +35,10 @@ def _install(session: nox.Session, torch: str = TORCH, ort_qnn: str = ORT_QNN, t
     session.install("--upgrade", "pip")
     session.install(torch, ort_qnn)
     extra = "[test]" if test else ""
-    args = [arg for name in PACKAGES for arg in ("-e", f"{ROOT / 'packages' / name}{extra}")]
+    # One pip command: the siblings each package requires (qnnx-clikit, and qnnx-testkit for the test extras) are
+    # then taken from the tree, not from PyPI.
+    names = PACKAGES if test else tuple(n for n in PACKAGES if n != "testkit")
+    args = [arg for name in names for arg in ("-e", f"{ROOT / 'packages' / name}{extra}")]
     session.install(*args, *(TEST_EXTRAS if test else ()))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close_fp16
+from integration_helpers import assert_close_fp16
 
 import qnnx_backend
 from qnnx_backend.errors import UnsupportedGraphError

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import qnnx_clikit
 import qnnx_ctxcache
 import qnnx_ctxcache.__main__ as ctxcache_cli
 import qnnx_detection
@@ -55,17 +56,16 @@ def _args(program: str, model: str, *extra: str) -> tuple[str, ...]:
     return {"qnnx-detect": extra, "qnnx-opcheck": (model, *extra), "qnnx-ctxcache": ("ls", *extra)}[program]
 
 
-def test_the_soc_tables_copied_into_opcheck_and_ctxcache_match_qnnx_detection() -> None:
-    """Every chip name and alias qnnx-detection accepts maps to the same number in the two copies, which hold
-    nothing more (the leaves cannot import qnnx-detection's table)."""
+def test_every_cli_and_qnnx_detection_read_one_chip_table() -> None:
+    """--soc-model of qnnx-opcheck and qnnx-ctxcache is qnnx-clikit's, and every chip name and alias qnnx-detection
+    knows resolves to the same number there, in any spelling."""
+    assert {soc.number for soc in SOC_TABLE} == {chip.number for chip in qnnx_clikit.CHIPS}
     for cli in (opcheck_cli, ctxcache_cli):
-        assert set(cli._SOC_NAMES) == {soc.number for soc in SOC_TABLE}
-        for soc in SOC_TABLE:
-            spellings = (soc.name, soc.marketing_name, *soc.aliases)
-            assert set(cli._SOC_NAMES[soc.number]) == set(spellings), soc.name
-            for spelling in spellings:
-                assert cli.soc_model(spelling) == qnnx_detection.resolve_soc_model(spelling) == soc.number
-                assert cli.soc_model(spelling.upper().replace(" ", "-")) == soc.number
+        assert cli.soc_model is qnnx_clikit.soc_model
+    for soc in SOC_TABLE:
+        for spelling in (soc.name, soc.marketing_name, *soc.aliases):
+            assert qnnx_clikit.soc_model(spelling) == qnnx_detection.resolve_soc_model(spelling) == soc.number
+            assert qnnx_clikit.soc_model(spelling.upper().replace(" ", "-")) == soc.number
 
 
 @pytest.mark.parametrize("program", sorted(_PACKAGES))

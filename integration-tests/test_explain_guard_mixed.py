@@ -6,10 +6,10 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_close_fp16
 from hypothesis import given
 from hypothesis import strategies as st
-from models import MLP
+from integration_helpers import assert_close_fp16
+from integration_models import MLP
 from torch import nn
 
 import qnnx_backend

@@ -6,9 +6,9 @@ from __future__ import annotations
 import warnings
 
 import torch
-from conftest import assert_close_fp16
 from hypothesis import given
 from hypothesis import strategies as st
+from integration_helpers import assert_close_fp16
 
 import qnnx_backend
 

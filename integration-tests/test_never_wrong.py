@@ -10,9 +10,9 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close_fp16
 from hypothesis import given
 from hypothesis import strategies as st
+from integration_helpers import assert_close_fp16
 
 import qnnx_backend
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +17,8 @@ import qnnx_opcheck as oc
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime_qnn")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "opcheck"))
 
+# tools/opcheck/probe.py and tables.py: on sys.path through pytest's pythonpath option (root pyproject.toml).
 import probe as opcheck_probe
 import tables as opcheck_tables
 

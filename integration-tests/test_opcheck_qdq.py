@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import qnnx_opcheck
+from qnnx_testkit.strategies import qdq_settings, seeds
 
 pytest.importorskip("onnxruntime_qnn")
 
@@ -271,12 +272,7 @@ def _chain(ops: list[str], seed: int) -> onnx.ModelProto:
 
 
 # How a random chain is quantized: activation type, weight type, per-channel weights, the weights' seed.
-_QUANTIZED = {
-    "activation": st.sampled_from(["uint8", "uint16"]),
-    "weight": st.sampled_from(["uint8", "int8", "uint16", "int16"]),
-    "per_channel": st.booleans(),
-    "seed": st.integers(0, 3),
-}
+_QUANTIZED = {**qdq_settings(), "seed": seeds(3)}
 
 
 @given(ops=st.lists(st.sampled_from(_CHAIN_OPS), min_size=2, max_size=4), **_QUANTIZED)

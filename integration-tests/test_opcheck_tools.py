@@ -11,16 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tables as opcheck_tables  # tools/opcheck/tables.py: on sys.path through pytest's pythonpath option
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools" / "opcheck"
 TABLES = ROOT / "packages" / "opcheck" / "src" / "qnnx_opcheck" / "tables"
-
-
-def _tables_module():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(TOOLS))
-    import tables
-
-    return tables
 
 
 def test_operators_doc_is_up_to_date() -> None:
@@ -37,7 +32,7 @@ def test_operators_doc_is_up_to_date() -> None:
 def test_derive_marks_later_non_function_ops_unsupported() -> None:
     """tools/opcheck/tables.derive: an op the release notes add later (Shape, 2.5.0) is rejected in 2.4.0."""
     table = json.loads((TABLES / "htp-2.7.0-soc60.json").read_text())
-    derived = _tables_module().derive(table, "2.4.0")
+    derived = opcheck_tables.derive(table, "2.4.0")
     cells = derived["ops"]["::Shape"]["variants"][-1]["dtypes"]
     assert {c["status"] for c in cells.values()} == {"rejected"}
     assert all("2.5.0" in c["evidence"] for c in cells.values())

@@ -8,14 +8,15 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_close_fp16
 from hypothesis import given
 from hypothesis import strategies as st
+from integration_helpers import assert_close_fp16
 from torch import nn
 
 import qnnx_backend
 import qnnx_detection
 from qnnx_backend.errors import QnnDeviceError
+from qnnx_testkit.strategies import seeds
 
 AUTO = {"soc_model": 60}  # the defaults: device='auto', strict=False, partition='auto'
 
@@ -201,7 +202,7 @@ _OPS = {**_SUPPORTED, **_REFUSED}
 @given(
     supported=st.lists(st.sampled_from(sorted(_SUPPORTED)), min_size=1, max_size=3),
     refused=st.lists(st.sampled_from(sorted(_REFUSED)), min_size=1, max_size=2),
-    seed=st.integers(0, 2**16),
+    seed=seeds(),
 )
 def test_random_chains_of_supported_and_refused_ops_match_eager(
     supported: list[str], refused: list[str], seed: int

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -88,6 +90,43 @@ def test_layering_rule_holds():
     """Leaves never import each other; only export and backend import torch; opcheck/export never import ORT."""
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "check_layers.py")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def _check_layers():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_layers", ROOT / "tools" / "check_layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("package", "code", "broken"),
+    [
+        ("clikit", "import attrs", "foundation qnnx-clikit imports attrs"),
+        ("clikit", "import qnnx_detection", "foundation qnnx-clikit imports qnnx_detection"),
+        ("detection", "from qnnx_opcheck import check_model", "leaf qnnx-detection imports qnnx_opcheck"),
+        ("opcheck", "import torch", "qnnx-opcheck imports torch"),
+        ("export", "import onnxruntime", "qnnx-export imports onnxruntime"),
+        ("backend", "import qnnx_testkit", "imports qnnx_testkit"),
+        ("detection", "def f():\n    import qnnx_testkit.strategies", "imports qnnx_testkit"),
+        ("detection", "import qnnx_clikit", None),
+        ("backend", "import qnnx_export, qnnx_ctxcache, torch, onnxruntime", None),
+        ("testkit", "import qnnx_testkit, hypothesis", None),
+    ],
+)
+def test_the_layering_check_catches_each_broken_rule(tmp_path, package, code, broken):
+    """Each rule of tools/check_layers.py fires on a tree that breaks it, and allowed imports pass."""
+    src = tmp_path / "packages" / package / "src" / f"qnnx_{package}"
+    src.mkdir(parents=True)
+    (src / "mod.py").write_text(code + "\n")
+    found = _check_layers().violations(tmp_path)
+    if broken is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and broken in found[0], found
 
 
 def test_importing_packages_does_no_work():

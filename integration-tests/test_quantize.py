@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import cosine, rel_error
+from integration_helpers import cosine, rel_error
 
 import qnnx_backend
 from qnnx_backend.errors import QnnFallbackWarning, QuantizationError

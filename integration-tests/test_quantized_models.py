@@ -8,13 +8,14 @@ import warnings
 
 import pytest
 import torch
-from conftest import cosine
 from hypothesis import given
 from hypothesis import strategies as st
-from models import tiny_hf
+from integration_helpers import cosine
+from integration_models import tiny_hf
 
 import qnnx_backend
 from qnnx_backend.errors import QnnFallbackWarning
+from qnnx_testkit.strategies import seeds
 
 SAMPLES = 16
 HELD_OUT = range(100, 106)
@@ -70,7 +71,7 @@ def test_a_model_quantization_would_harm_runs_float_and_says_so() -> None:
     channels=st.sampled_from([4, 8, 16]),
     depth=st.integers(1, 3),
     conv=st.booleans(),
-    seed=st.integers(0, 2**16),
+    seed=seeds(),
 )
 def test_random_small_graphs_quantized_a16w8_keep_30_db(channels: int, depth: int, conv: bool, seed: int) -> None:
     """Property: a random small conv or MLP stack quantized a16w8 keeps at least 30 dB SQNR against float eager on

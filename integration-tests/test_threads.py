@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_close_fp16
+from integration_helpers import assert_close_fp16
+
+from qnnx_testkit import pythonpath_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -21,8 +24,7 @@ _CONCURRENT = textwrap.dedent(
     import sys, threading, traceback
     import torch
     from torch import nn
-    sys.path.insert(0, sys.argv[2])
-    from models import MLP, SmallCNN, randomize_batchnorm
+    from integration_models import MLP, SmallCNN, randomize_batchnorm
 
     class Residual(nn.Module):
         def __init__(self):
@@ -74,15 +76,16 @@ _MODELS = 5
 
 
 def _run(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **pythonpath_env(HERE)}  # the child imports integration_models
     return subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout, cwd=HERE
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout, cwd=HERE, env=env
     )
 
 
 def _concurrent_compiles_in_fresh_processes(tmp_path: Path, runs: int) -> None:
     for run in range(runs):
         out = tmp_path / f"run{run}.pt"
-        proc = _run(_CONCURRENT, str(out), str(HERE))
+        proc = _run(_CONCURRENT, str(out))
         assert proc.returncode == 0, f"run {run}: {proc.stderr[-3000:]}"
         result = torch.load(out, weights_only=True)
         assert not result["errors"], f"run {run}:\n" + "\n".join(result["errors"])

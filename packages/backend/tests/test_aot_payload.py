@@ -10,14 +10,12 @@ from hypothesis import strategies as st
 
 from qnnx_backend._aot import FORMAT_VERSION, MAGIC, fingerprint_differences, pack_payload, unpack_payload
 from qnnx_backend.errors import SavedGraphError
+from qnnx_testkit.strategies import flipped_bytes, json_values, truncations
 
-_json_leaf = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=12)
-_json = st.recursive(
-    _json_leaf,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12,
+# JSON values whose integers fit a double (|n| <= 2**53), nested at most 12 leaves deep.
+headers = st.dictionaries(
+    st.text(min_size=1, max_size=10).filter(lambda k: k not in ("format", "blobs")), json_values()
 )
-headers = st.dictionaries(st.text(min_size=1, max_size=10).filter(lambda k: k not in ("format", "blobs")), _json)
 blob_lists = st.lists(st.binary(max_size=64), max_size=5)
 
 
@@ -33,20 +31,17 @@ def test_payload_round_trips(header: dict, blobs: list[bytes]) -> None:
 @given(headers, blob_lists, st.data())
 def test_truncated_payload_is_refused(header: dict, blobs: list[bytes], data: st.DataObject) -> None:
     """Any truncation raises SavedGraphError, never another exception."""
-    payload = pack_payload(header, blobs)
-    cut = data.draw(st.integers(0, len(payload) - 1))
+    truncated = data.draw(truncations(pack_payload(header, blobs)))
     with pytest.raises(SavedGraphError):
-        unpack_payload(payload[:cut])
+        unpack_payload(truncated)
 
 
 @given(headers, blob_lists, st.data())
 def test_any_flipped_byte_is_refused(header: dict, blobs: list[bytes], data: st.DataObject) -> None:
     """Every byte is covered by the magic, a length or a SHA-256: flipping any one raises SavedGraphError."""
-    payload = bytearray(pack_payload(header, blobs))
-    at = data.draw(st.integers(0, len(payload) - 1))
-    payload[at] ^= data.draw(st.integers(1, 255))
+    flipped = data.draw(flipped_bytes(pack_payload(header, blobs)))
     with pytest.raises(SavedGraphError):
-        unpack_payload(bytes(payload))
+        unpack_payload(flipped)
 
 
 @given(st.binary(max_size=200))

@@ -9,11 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qnnx_backend._faithful import RTOL_FP32, compare_outputs
+from qnnx_testkit.strategies import seeds, shapes
 
-shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3)
 
-
-@given(shape=shapes, seed=st.integers(0, 2**16))
+@given(shape=shapes(), seed=seeds())
 def test_identical_outputs_agree(shape: list[int], seed: int) -> None:
     """An output compared with itself (NaN and inf included) agrees."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
@@ -22,7 +21,7 @@ def test_identical_outputs_agree(shape: list[int], seed: int) -> None:
     assert compare_outputs((x, x.to(torch.int64)), (x.clone(), x.to(torch.int64)), RTOL_FP32) is None
 
 
-@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), rel=st.floats(1e-2, 10.0))
+@given(shape=shapes(min_rank=1), rel=st.floats(1e-2, 10.0))
 def test_error_beyond_tolerance_is_reported(shape: list[int], rel: float) -> None:
     """An element off by more than rtol of the output's scale is reported with its size."""
     ref = torch.rand(shape) + 0.5

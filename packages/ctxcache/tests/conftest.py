@@ -1,4 +1,4 @@
-"""Shared fixtures and Hypothesis profiles for qnnx-ctxcache tests."""
+"""Shared fixtures for qnnx-ctxcache tests (the Hypothesis profiles come from the qnnx-testkit plugin)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache.testing import forget_verified
-
-settings.register_profile("dev", max_examples=25)
-settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(autouse=True)

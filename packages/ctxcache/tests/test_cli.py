@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _cc_helpers import key_for
+from ctxcache_helpers import key_for
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache.__main__ import main, parse_size

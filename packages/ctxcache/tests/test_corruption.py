@@ -8,12 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _cc_helpers import key_for
+from ctxcache_helpers import key_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache.testing import FakeBuild, forget_verified
+from qnnx_testkit.strategies import flipped_bytes, json_scalars, json_values
 
 PAYLOAD = bytes(range(256)) * 16  # 4 KiB context binary
 
@@ -128,11 +129,7 @@ def test_any_single_byte_flip_is_detected_by_full_check(
     entry_dir = _stored(store)
     name = data.draw(st.sampled_from(["model_ctx.onnx", "model_ctx_qnn.bin"]))
     target = entry_dir / name
-    size = target.stat().st_size
-    offset = data.draw(st.integers(0, size - 1))
-    mask = data.draw(st.integers(1, 255))
-    original = target.read_bytes()
-    _overwrite_keep_mtime(target, offset, bytes([original[offset] ^ mask]))
+    _overwrite_keep_mtime(target, 0, data.draw(flipped_bytes(target.read_bytes())))
     report = store.verify(full=True)
     assert [p.reason for p in report.problems] == ["corrupt:checksum"]
     assert store.get(key_for(), full_verify=True) is None
@@ -258,11 +255,7 @@ def test_entry_from_other_versions_is_never_reached(store: cc.ContextStore) -> N
     assert store.get(key_for()) is None
 
 
-_json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=10), st.floats(allow_nan=False)),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=10), children, max_size=4),
-    max_leaves=10,
-)
+_json_values = json_values(json_scalars(max_int=None, max_text=10, floats=True), max_key=10, max_leaves=10)
 _MANIFEST_FIELDS = [
     "format",
     "schema_version",

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _cc_helpers import CHILD_PRELUDE, key_for, run_child
+from ctxcache_helpers import CHILD_PRELUDE, key_for, run_child
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache.testing import FakeBuild

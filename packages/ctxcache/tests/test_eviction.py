@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _cc_helpers import key_for
+from ctxcache_helpers import key_for
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache._store import _HOST_ID

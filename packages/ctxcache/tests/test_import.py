@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from _cc_helpers import run_child
+from ctxcache_helpers import run_child
 
 import qnnx_ctxcache as cc
 

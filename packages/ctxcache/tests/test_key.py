@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from _cc_helpers import TESTS_DIR, key_for, run_child
+from ctxcache_helpers import TESTS_DIR, key_for, run_child
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache.errors import InvalidKeyError, UnhashableKeyError
+from qnnx_testkit import pythonpath_env
+from qnnx_testkit.strategies import json_scalars, json_values, key_materials
 
 # Golden keys: any change here means every user's cache is invalidated. Bump KEY_SCHEMA_VERSION on purpose.
 GOLDEN_DEFAULT = "aa669bc30dc0f2972bf7d3c7a3d2c1702fd4276684f641fe7b55792448d04086"
@@ -52,9 +54,9 @@ def test_key_is_sha256_of_canonical_material() -> None:
 
 def test_key_is_stable_across_processes_and_hash_seeds() -> None:
     """A new interpreter with another PYTHONHASHSEED computes the same key."""
-    code = f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r})\nfrom _cc_helpers import key_for; print(key_for().hex)"
+    code = "from ctxcache_helpers import key_for; print(key_for().hex)"
     for seed in ("0", "12345"):
-        done = run_child(code, env={"PYTHONHASHSEED": seed})
+        done = run_child(code, env={"PYTHONHASHSEED": seed, **pythonpath_env(TESTS_DIR)})
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == key_for().hex
 
@@ -181,10 +183,7 @@ def test_missing_required_fields_are_all_reported() -> None:
     assert "versions" in message
 
 
-_json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=8))
-_options = st.dictionaries(
-    st.text(min_size=1, max_size=6), st.one_of(st.text(max_size=6), st.integers(0, 9)), max_size=5
-)
+_options = key_materials(st.one_of(st.text(max_size=6), st.integers(0, 9)), min_size=0, max_size=5, max_key=6)
 
 
 @given(a=_options, b=_options)
@@ -194,13 +193,8 @@ def test_key_equality_matches_canonical_equality(a: dict[str, object], b: dict[s
     assert (ka.hex == kb.hex) == (cc.canonical_json(ka.material) == cc.canonical_json(kb.material))
 
 
-@given(
-    specs=st.recursive(
-        _json_scalar,
-        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
-        max_leaves=12,
-    )
-)
+# Integers beyond 64 bits too: the canonical form must not depend on a fixed-width encoding.
+@given(specs=json_values(json_scalars(max_int=2**70, max_text=8), max_size=3, max_key=4))
 def test_json_specs_roundtrip_and_order_independence(specs: object) -> None:
     """Any JSON-able input spec hashes; its material survives a JSON round trip unchanged."""
     key = key_for(input_specs=[specs])

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 import pytest
-from _cc_helpers import key_for
+from ctxcache_helpers import key_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +35,7 @@ from qnnx_ctxcache.errors import (
     StoreNotWritableError,
 )
 from qnnx_ctxcache.testing import FakeBuild, forget_verified
+from qnnx_testkit.strategies import flipped_bytes, truncations
 
 OPTIONS = cc.StoreOptions(min_age_seconds=0, durable=False)
 Members = list[tuple[tarfile.TarInfo, bytes]]
@@ -432,11 +433,10 @@ def _spans(archive: Path) -> list[tuple[str, int, int]]:
 @given(data=st.data())
 def test_a_flipped_byte_in_any_member_is_refused(shipped: Shipped, dest: cc.ContextStore, data: st.DataObject) -> None:
     """One changed byte anywhere in any member (the archive manifest included) is refused."""
-    raw = bytearray(shipped.tar.read_bytes())
+    raw = shipped.tar.read_bytes()
     _name, offset, size = data.draw(st.sampled_from(_spans(shipped.tar)), label="member")
-    raw[offset + data.draw(st.integers(0, size - 1), label="offset")] ^= data.draw(st.integers(1, 255), label="xor")
     bad = shipped.tar.with_name("flipped.tar")
-    bad.write_bytes(bytes(raw))
+    bad.write_bytes(data.draw(flipped_bytes(raw, start=offset, stop=offset + size), label="flipped"))
     _refused(dest, bad)
 
 
@@ -448,14 +448,10 @@ def test_any_damage_is_refused_or_harmless(
     """A flipped byte or a cut anywhere in the file: refused, or it hit only bytes that carry nothing
     (tar padding, the gzip header's time) and every entry arrives byte-identical. Never a wrong entry."""
     archive = data.draw(st.sampled_from([shipped.tar, shipped.tgz]), label="archive")
-    raw = bytearray(archive.read_bytes())
-    if data.draw(st.booleans(), label="truncate"):
-        raw = raw[: data.draw(st.integers(0, len(raw) - 1), label="length")]
-    else:
-        raw[data.draw(st.integers(0, len(raw) - 1), label="offset")] ^= data.draw(st.integers(1, 255), label="xor")
+    raw = archive.read_bytes()
     base = tmp_path_factory.mktemp("damage")
     bad = base / archive.name
-    bad.write_bytes(bytes(raw))
+    bad.write_bytes(data.draw(truncations(raw) | flipped_bytes(raw), label="damaged"))
     device = _store(base / "device")
     before = _listing(device.root)
     try:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _cc_helpers import CHILD_PRELUDE, key_for, run_child
+from ctxcache_helpers import CHILD_PRELUDE, key_for, run_child
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache.testing import FakeBuild, forget_verified

@@ -15,7 +15,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from _cc_helpers import TESTS_DIR, run_child
+from ctxcache_helpers import TESTS_DIR, run_child
 
 import qnnx_ctxcache as cc
 

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from _cc_helpers import key_for
+from ctxcache_helpers import key_for
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule

@@ -10,7 +10,7 @@ from pathlib import Path
 import attrs
 import filelock
 import pytest
-from _cc_helpers import key_for
+from ctxcache_helpers import key_for
 
 import qnnx_ctxcache as cc
 from qnnx_ctxcache import _fs

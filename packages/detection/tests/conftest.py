@@ -1,16 +1,9 @@
-"""Hypothesis profiles and shared fixtures for qnnx-detection's tests."""
+"""Shared fixtures for qnnx-detection's tests (the Hypothesis profiles come from the qnnx-testkit plugin)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from detection_helpers import QNNX_VARS
-from hypothesis import settings
-
-settings.register_profile("dev", max_examples=40, deadline=None)
-settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Subprocess helpers shared by qnnx-detection's tests (named uniquely: tests of several packages may share sys.path)."""
+"""Subprocess helpers shared by qnnx-detection's tests (named uniquely, as every package's test helpers are)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from qnnx_detection import _verdicts
 from qnnx_detection._overrides import probe_cache_root
 from qnnx_detection._verdicts import VerdictStore, key_material, verdict_key
 from qnnx_detection.testing import FakeEnvironment, QnnDevice, use_environment
+from qnnx_testkit.strategies import json_scalars, key_materials
 
 
 @pytest.fixture
@@ -231,8 +232,8 @@ def test_folder_identity_changes_when_a_library_changes(tmp_path: Path) -> None:
 
 # -- properties --------------------------------------------------------------------------------------------------
 
-_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**31), 2**31), st.text(max_size=12))
-_materials = st.dictionaries(st.text(min_size=1, max_size=8), _leaf, min_size=1, max_size=8)
+_leaf = json_scalars(max_int=2**31)
+_materials = key_materials(_leaf)
 _reasons = st.one_of(st.none(), st.text(min_size=1, max_size=40))
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from detection_helpers import run_python
+
+from qnnx_testkit import pythonpath_env
 
 # The spy wraps ONNX Runtime's public registration function before qnnx_detection registers anything; register_ep()
 # looks the function up on the onnxruntime module at call time (the documented seam in qnnx_detection.testing).
@@ -123,8 +124,7 @@ def test_broken_onnxruntime_qnn_is_a_report(tmp_path: Path) -> None:
     package.mkdir()
     (package / "__init__.py").write_text("raise OSError('libQnnHtp.so: wrong ELF class')\n")
     code = "import json, qnnx_detection as qd\nr = qd.probe()\nprint(json.dumps([b.reason for b in r.backends]))\n"
-    pythonpath = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
-    result = run_python(code, env={"PYTHONPATH": pythonpath})
+    result = run_python(code, env=pythonpath_env(tmp_path))
     assert result.returncode == 0, result.stderr
     reasons = json.loads(result.stdout)
     assert all("wrong ELF class" in reason for reason in reasons)

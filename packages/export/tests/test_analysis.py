@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from capture import capture, only
+from export_capture import capture, only
 
 import qnnx_export as qe
 

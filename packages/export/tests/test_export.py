@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,12 +16,13 @@ import onnx
 import pytest
 import torch
 import torch.nn as nn
-from capture import capture, only
-from models_small import CONTRACT_MODELS
-from qnn_helpers import Capture, compile_and_run, cosine, cpu_session, qnn_session, rel_err, run_exported
+from export_capture import capture, only
+from export_models_small import CONTRACT_MODELS
+from export_qnn_helpers import Capture, compile_and_run, cosine, cpu_session, qnn_session, rel_err, run_exported
 
 import qnnx_export as qe
 from qnnx_export.errors import ExportError, QnnxExportError, SignatureError
+from qnnx_testkit import pythonpath_env
 
 
 @pytest.fixture(autouse=True)
@@ -103,11 +105,10 @@ def test_model_bytes_deterministic_in_process() -> None:
 
 _CHILD = textwrap.dedent(
     """
-    import hashlib, sys, torch
+    import hashlib, torch
     torch.set_grad_enabled(False)
-    sys.path.insert(0, {tests!r})
-    from capture import capture, only
-    from models_small import CONTRACT_MODELS
+    from export_capture import capture, only
+    from export_models_small import CONTRACT_MODELS
     import qnnx_export as qe
     model, x = CONTRACT_MODELS[{name!r}]()
     cap = only(capture(model, x)[0])
@@ -127,8 +128,9 @@ def test_model_bytes_and_fingerprint_stable_across_processes(name: str) -> None:
         + " "
         + qe.fingerprint(cap.gm, cap.example_inputs)
     )
-    code = _CHILD.format(tests=str(Path(__file__).parent), name=name)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    code = _CHILD.format(name=name)
+    env = {**os.environ, **pythonpath_env(Path(__file__).parent)}  # the child imports the helpers too
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True, env=env)
     assert res.stdout.strip().splitlines()[-1] == here
 
 
@@ -330,7 +332,7 @@ def test_graph_without_onnx_outputs() -> None:
 def test_lifted_writes_become_outputs_and_never_go_to_torch_onnx() -> None:
     """A graph writing a buffer exports with lift_mutations: the new value is an extra output with a writeback;
     without the option, or with exporter='torch.onnx' (which drops writes), export refuses."""
-    from capture import capture, only
+    from export_capture import capture, only
 
     class Counter(torch.nn.Module):
         def __init__(self) -> None:
@@ -356,7 +358,7 @@ def test_lifted_writes_become_outputs_and_never_go_to_torch_onnx() -> None:
 
 def test_float_state_updated_from_itself_is_not_lifted() -> None:
     """count += 1.0 on a float buffer would accumulate fp16 rounding on HTP: the export refuses to lift it."""
-    from capture import capture, only
+    from export_capture import capture, only
 
     class Counter(torch.nn.Module):
         def __init__(self) -> None:

@@ -9,14 +9,15 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from capture import Captured, capture, only
+from export_capture import Captured, capture, only
+from export_qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_err, run_exported
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_err, run_exported
 from torch.utils._pytree import tree_flatten
 
 import qnnx_export as qe
 from qnnx_export.errors import ExportError, InvalidOptionsError
+from qnnx_testkit.strategies import seeds, shapes
 
 FAST = qe.ExportOptions(exporter="fast")
 TORCH_ONNX = qe.ExportOptions(exporter="torch.onnx")
@@ -591,7 +592,7 @@ def _draw_step(draw: st.DrawFn, cur: torch.Tensor, inputs: list[torch.Tensor]) -
     kinds += ["matmul"] if rank >= 2 and dt != torch.bool else []  # 1-D @ 2-D leaves a squeeze_: declined
     kinds += ["compare", "where"] if dt != torch.bool else []
     kind = draw(st.sampled_from(kinds))
-    seed = draw(st.integers(0, 2**16))
+    seed = draw(seeds())
     k = len(inputs) - 1  # index in ``others`` of an operand appended now
     if kind == "unary":
         table = _FLOAT_UNARY if dt.is_floating_point else _INT_UNARY if dt == torch.int64 else _BOOL_UNARY
@@ -664,8 +665,8 @@ def _draw_step(draw: st.DrawFn, cur: torch.Tensor, inputs: list[torch.Tensor]) -
 def _op_chains(draw: st.DrawFn) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor], list[str]]:
     """A chain of 2-6 supported ops with its inputs; each step is checked on real tensors while drawing."""
     dtype = draw(st.sampled_from([torch.float32, torch.float32, torch.float32, torch.int64, torch.bool]))
-    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=4)))
-    inputs = [_leaf(dtype, shape, draw(st.integers(0, 2**16)))]
+    shape = tuple(draw(shapes(min_rank=1, max_rank=4, max_side=5)))
+    inputs = [_leaf(dtype, shape, draw(seeds()))]
     steps: list[Step] = []
     labels: list[str] = []
     cur = inputs[0]
@@ -710,7 +711,7 @@ def _conv_bn(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     stride, padding, dilation = draw(st.integers(1, 2)), draw(st.integers(0, 2)), draw(st.integers(1, 2))
     conv = nn.Conv2d(cin, cout, k, stride, padding, dilation, groups, bias=draw(st.booleans()))
     bn = nn.BatchNorm2d(cout, eps=draw(st.sampled_from([1e-5, 1e-3])), affine=draw(st.booleans()))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    gen = torch.Generator().manual_seed(draw(seeds()))
     for p in (*conv.parameters(), *bn.parameters()):
         p.copy_(torch.randn(p.shape, generator=gen))
     bn.running_mean.copy_(torch.randn(cout, generator=gen))

@@ -18,7 +18,7 @@ import onnx_ir as ir
 import pytest
 import torch
 import torch.fx
-from qnn_helpers import cpu_session, rel_err
+from export_qnn_helpers import cpu_session, rel_err
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 

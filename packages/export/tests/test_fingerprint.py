@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from capture import capture, only
+from export_capture import capture, only
+from export_models_small import CONTRACT_MODELS
 from hypothesis import given
 from hypothesis import strategies as st
-from models_small import CONTRACT_MODELS
 
 import qnnx_export as qe
 from qnnx_export import _export

@@ -5,13 +5,23 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from export_onnx_builders import (
+    add_layernorm,
+    erf_gelu,
+    gathernd,
+    make_model,
+    rmsnorm,
+    to_bytes,
+    to_ir,
+    unsqueeze_int64,
+)
+from export_qnn_helpers import cpu_session
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
-from onnx_builders import add_layernorm, erf_gelu, gathernd, make_model, rmsnorm, to_bytes, to_ir, unsqueeze_int64
-from qnn_helpers import cpu_session
 
 from qnnx_export._passes import DEFAULT_PASSES, PASS_REGISTRY, pass_table, run_passes
+from qnnx_testkit.strategies import seeds, shapes
 
 
 def _run(model_bytes: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -51,7 +61,7 @@ def test_registry_and_table() -> None:
     op=st.sampled_from(["Add", "Mul", "Sub", "Div"]),
     rank2=st.booleans(),
     dynamic=st.booleans(),
-    seed=st.integers(0, 2**16),
+    seed=seeds(),
 )
 def test_tile_layernorm_broadcast_preserves_results(
     batch: int, seq: int, hidden: int, op: str, rank2: bool, dynamic: bool, seed: int
@@ -88,7 +98,7 @@ def test_tile_layernorm_batch1_untouched() -> None:
     assert not _apply(model, "tile_layernorm_broadcast")[1]
 
 
-@given(batch=st.integers(1, 3), seq=st.integers(1, 5), hidden=st.sampled_from([4, 16]), seed=st.integers(0, 999))
+@given(batch=st.integers(1, 3), seq=st.integers(1, 5), hidden=st.sampled_from([4, 16]), seed=seeds(999))
 def test_rmsnorm_weight_last_is_exact(batch: int, seq: int, hidden: int, seed: int) -> None:
     """Mul(w, normalized) becomes Mul(normalized, w) and results are bit-identical on CPU."""
     model, feeds = rmsnorm(batch, seq, hidden, weight_first=True, seed=seed)
@@ -106,9 +116,9 @@ def test_rmsnorm_weight_last_ignores_other_muls() -> None:
 
 
 @given(
-    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    shape=shapes(min_rank=1, max_side=5),
     form=st.sampled_from(["half_x_first", "mul_half_last", "div_two_last", "mul_inv_sqrt2"]),
-    seed=st.integers(0, 999),
+    seed=seeds(999),
 )
 def test_fuse_erf_gelu(shape: list[int], form: str, seed: int) -> None:
     """Each Erf GELU form becomes one Gelu node (no Erf left) with the same values."""
@@ -123,8 +133,8 @@ def test_fuse_erf_gelu(shape: list[int], form: str, seed: int) -> None:
 
 def test_fuse_erf_gelu_ignores_plain_erf() -> None:
     """An Erf that is not part of GELU is left (it stays rejected by QNN, which is reported, not hidden)."""
+    from export_onnx_builders import make_model
     from onnx import helper as h
-    from onnx_builders import make_model
 
     model = make_model(
         [h.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, [3])], [("y", TensorProto.FLOAT, [3])], {}
@@ -134,9 +144,9 @@ def test_fuse_erf_gelu_ignores_plain_erf() -> None:
 
 @st.composite
 def _gathernd_case(draw: st.DrawFn) -> tuple[list[int], np.ndarray, int]:
-    data_shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+    data_shape = draw(shapes(min_rank=1))
     m = draw(st.integers(1, len(data_shape)))
-    batch = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
+    batch = draw(shapes(min_rank=1, max_side=3))
     cols = [
         draw(st.lists(st.integers(-d, d - 1), min_size=int(np.prod(batch)), max_size=int(np.prod(batch))))
         for d in data_shape[:m]
@@ -146,7 +156,7 @@ def _gathernd_case(draw: st.DrawFn) -> tuple[list[int], np.ndarray, int]:
     return data_shape, indices, dtype
 
 
-@given(case=_gathernd_case(), seed=st.integers(0, 999))
+@given(case=_gathernd_case(), seed=seeds(999))
 def test_gathernd_to_gather_exact(case: tuple[list[int], np.ndarray, int], seed: int) -> None:
     """GatherND with constant (also negative) indices becomes Reshape/Gather with identical results."""
     data_shape, indices, dtype = case
@@ -167,10 +177,10 @@ def test_gathernd_identity_becomes_reshape() -> None:
 
 
 @given(
-    shape=st.lists(st.integers(1, 4), min_size=0, max_size=3),
+    shape=shapes(),
     n_axes=st.integers(1, 2),
     negative=st.booleans(),
-    seed=st.integers(0, 999),
+    seed=seeds(999),
 )
 def test_unsqueeze_int64_to_reshape(shape: list[int], n_axes: int, negative: bool, seed: int) -> None:
     """Unsqueeze on int64 data becomes an exact Reshape; no int64 Unsqueeze is left."""
@@ -185,8 +195,8 @@ def test_unsqueeze_int64_to_reshape(shape: list[int], n_axes: int, negative: boo
 
 def test_int64_inputs_to_int32() -> None:
     """An int64 input used only as Gather indices becomes int32 without a Cast; other uses get a Cast."""
+    from export_onnx_builders import make_model
     from onnx import helper as h
-    from onnx_builders import make_model
 
     table = np.arange(12, dtype=np.float32).reshape(6, 2)
     nodes = [
@@ -231,7 +241,7 @@ def test_default_pipeline_is_noop_on_clean_graph() -> None:
     hidden=st.sampled_from([4, 16]),
     weight_first=st.booleans(),
     magnitude=st.sampled_from([1.0, 400.0, 3000.0]),
-    seed=st.integers(0, 999),
+    seed=seeds(999),
 )
 def test_fuse_rmsnorm_keeps_results(
     batch: int, seq: int, hidden: int, weight_first: bool, magnitude: float, seed: int
@@ -274,7 +284,7 @@ def test_fuse_rmsnorm_skips_graph_with_group_norm() -> None:
     assert not _apply(model, "fuse_rmsnorm")[1]
 
 
-@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), scale=st.sampled_from([1.0, 9.0, 30.0]))
+@given(shape=shapes(min_rank=1, max_side=5), scale=st.sampled_from([1.0, 9.0, 30.0]))
 def test_logsigmoid_to_softplus_keeps_results(shape: list[int], scale: float) -> None:
     """Log(Sigmoid(x)) becomes Neg(Softplus(Neg(x))) with the same values (and no -inf for large -x)."""
     x = (np.random.default_rng(len(shape)).standard_normal(shape) * scale).astype(np.float32)
@@ -287,7 +297,7 @@ def test_logsigmoid_to_softplus_keeps_results(shape: list[int], scale: float) ->
 
 
 @given(
-    dims=st.lists(st.integers(1, 3), min_size=6, max_size=7),
+    dims=shapes(min_rank=6, max_rank=7, max_side=3),
     perm=st.data(),
 )
 def test_fold_high_rank_transpose_is_exact(dims: list[int], perm: st.DataObject) -> None:

@@ -8,12 +8,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn as nn
-from capture import capture, only
+from export_capture import capture, only
+from export_qnn_helpers import cpu_session, rel_err, run_exported
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from qnn_helpers import cpu_session, rel_err, run_exported
 
 import qnnx_export as qe
+from qnnx_testkit.strategies import seeds, shapes
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +34,7 @@ def mlps(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     layers: list[nn.Module] = []
     for (a, b), act in zip(itertools.pairwise(widths), acts, strict=True):
         layers += [nn.Linear(a, b, bias=draw(st.booleans())), ACTS[act]()]
-    torch.manual_seed(draw(st.integers(0, 2**16)))
+    torch.manual_seed(draw(seeds()))
     model = nn.Sequential(*layers[:-1]).eval()
     return model, torch.randn(draw(st.integers(1, 3)), widths[0])
 
@@ -43,7 +44,7 @@ def cnns(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     cin, cout = draw(st.integers(1, 4)), draw(st.integers(1, 6))
     k = draw(st.sampled_from([1, 3]))
     size = draw(st.integers(k + 1, 9))
-    torch.manual_seed(draw(st.integers(0, 2**16)))
+    torch.manual_seed(draw(seeds()))
     layers: list[nn.Module] = [nn.Conv2d(cin, cout, k, padding=draw(st.integers(0, 1)))]
     if draw(st.booleans()):
         bn = nn.BatchNorm2d(cout)
@@ -76,7 +77,7 @@ class _Attention(nn.Module):
 def attentions(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     heads = draw(st.sampled_from([1, 2, 4]))
     dim = heads * draw(st.sampled_from([2, 4, 8]))
-    torch.manual_seed(draw(st.integers(0, 2**16)))
+    torch.manual_seed(draw(seeds()))
     model = _Attention(dim, heads, draw(st.booleans())).eval()
     return model, torch.randn(draw(st.integers(1, 3)), draw(st.integers(1, 6)), dim)
 
@@ -124,7 +125,7 @@ def test_signature_round_trip_property(data: st.DataObject) -> None:
             arg_index=data.draw(st.integers(0, 20)),
             dtype=data.draw(st.sampled_from(["float32", "int64", "bool"])),
             onnx_dtype=data.draw(st.sampled_from(["float32", "int32", "bool"])),
-            shape=tuple(data.draw(st.lists(st.integers(0, 5), max_size=4))),
+            shape=tuple(data.draw(shapes(max_rank=4, min_side=0, max_side=5))),
         )
         for i in range(n_in)
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx_builders import add_layernorm, erf_gelu, gathernd, rmsnorm, to_bytes, to_ir, unsqueeze_int64
-from qnn_helpers import cpu_session, qnn_session
+from export_onnx_builders import add_layernorm, erf_gelu, gathernd, rmsnorm, to_bytes, to_ir, unsqueeze_int64
+from export_qnn_helpers import cpu_session, qnn_session
 
 from qnnx_export._passes import run_passes
 
@@ -96,8 +96,8 @@ def test_unsqueeze_int64_rewritten_runs_exactly() -> None:
 def test_int64_saturation_defect() -> None:
     """QNN saturates an int64 input beyond int32 silently; the legalized signature refuses it instead."""
     import torch
-    from capture import capture, only
-    from qnn_helpers import run_exported
+    from export_capture import capture, only
+    from export_qnn_helpers import run_exported
 
     import qnnx_export as qe
     from qnnx_export.errors import SignatureError

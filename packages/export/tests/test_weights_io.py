@@ -11,13 +11,14 @@ import onnx
 import pytest
 import torch
 import torch.nn as nn
-from capture import capture, only
+from export_capture import capture, only
+from export_qnn_helpers import cpu_session, rel_err, run_exported
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from qnn_helpers import cpu_session, rel_err, run_exported
 
 import qnnx_export as qe
 from qnnx_export.errors import ExportError
+from qnnx_testkit.strategies import seeds
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +89,7 @@ def test_model_taken_before_a_change_keeps_the_exported_weights() -> None:
 
 
 @settings(max_examples=15, deadline=None)
-@given(width=st.sampled_from([4, 16, 64, 200]), seed=st.integers(0, 2**16))
+@given(width=st.sampled_from([4, 16, 64, 200]), seed=seeds())
 def test_saved_external_model_equals_model_bytes(
     tmp_path_factory: pytest.TempPathFactory, width: int, seed: int
 ) -> None:

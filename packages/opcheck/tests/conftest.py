@@ -1,19 +1,11 @@
-"""Hypothesis profiles and shared helpers for qnnx-opcheck tests."""
+"""qnnx-opcheck's test run: @slow tests are skipped unless asked for (the Hypothesis profiles come from the
+qnnx-testkit plugin)."""
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
-from hypothesis import settings
-
-settings.register_profile("dev", max_examples=30, deadline=None)
-settings.register_profile("ci", max_examples=30, derandomize=True, deadline=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

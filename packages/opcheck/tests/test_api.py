@@ -6,7 +6,7 @@ import json
 
 import attrs
 import pytest
-from graphs import inp, model, node, unary
+from opcheck_graphs import inp, model, node, unary
 
 import qnnx_opcheck as oc
 from qnnx_opcheck import errors

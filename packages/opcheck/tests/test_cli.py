@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import const, inp, model, node, unary
+from opcheck_graphs import const, inp, model, node, unary
 
 import qnnx_opcheck as oc
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from graphs import const, inp, model, node, unary
-from graphs import const as const_init
 from onnx import TensorProto, helper, numpy_helper
+from opcheck_graphs import const, inp, model, node, unary
+from opcheck_graphs import const as const_init
 
 import qnnx_opcheck as oc
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import const, inp, model, node
 from onnx import helper
+from opcheck_graphs import const, inp, model, node
 
 import qnnx_opcheck as oc
 from qnnx_opcheck import errors

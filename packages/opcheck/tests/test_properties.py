@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import qnnx_opcheck as oc
+from qnnx_testkit.strategies import shapes
 
 TABLE, _ = oc.load_table("htp", "2.7.0", 60)
 UNARY = [
@@ -68,8 +69,7 @@ def graphs(draw: st.DrawFn, ops: list[str] | None = None, dtype: str | None = No
     """A random valid DAG of elementwise nodes over one static-shape input."""
     dt = dtype or draw(st.sampled_from(list(DTYPES)))
     pool = [op for op in (ops or UNARY + BINARY) if _valid(op, dt)]
-    rank = draw(st.integers(1, 4))
-    shape = draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank))
+    shape = draw(shapes(min_rank=1, max_rank=4))
     n = draw(st.integers(1, 12))
     values, nodes, inits = ["x"], [], []
     for i in range(n):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from graphs import const, inp, model, node
 from hypothesis import given
-from hypothesis import strategies as st
 from onnx import TensorProto
+from opcheck_graphs import const, inp, model, node
 
 import qnnx_opcheck as oc
+from qnnx_testkit.strategies import qdq_settings
 
 _NP = {"uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16}
 
@@ -106,11 +106,7 @@ def test_qdq_form_not_probed_is_a_hazard() -> None:
     assert v.status != "supported" and v.dtype == "qdq_uint8"
 
 
-@given(
-    activation=st.sampled_from(["uint8", "uint16"]),
-    weight=st.sampled_from(["uint8", "int8", "uint16", "int16"]),
-    per_channel=st.booleans(),
-)
+@given(**qdq_settings())
 def test_contrib_domain_never_changes_a_verdict(activation: str, weight: str, per_channel: bool) -> None:
     """The same QDQ graph with com.microsoft Q/DQ gets the same verdict for every node as with ONNX Q/DQ."""
     std = _check(_qdq_layernorm(activation, weight, per_channel))

@@ -9,10 +9,10 @@ from unittest import mock
 
 import numpy as np
 import onnx
-from graphs import const, inp, model, node
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from opcheck_graphs import const, inp, model, node
 
 import qnnx_opcheck as oc
 from qnnx_opcheck import _model

@@ -10,16 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 
+from qnnx_clikit import Parser, error, message_and_fix, out, parse_args, soc_model
 from qnnx_ctxcache._key import diff_key_material
 from qnnx_ctxcache._store import (
     ROOT_MARKER,
@@ -89,7 +89,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
-    _out(json.dumps(_jsonable(payload), indent=1, sort_keys=True) if args.json else text)
+    out(json.dumps(_jsonable(payload), indent=1, sort_keys=True) if args.json else text)
 
 
 def _human(n: int) -> str:
@@ -129,53 +129,6 @@ def _key_prefix(text: str) -> str:
     return text
 
 
-# QNN soc_model numbers of the chip names qnnx-detect and the qnn backend accept: a copy of qnnx-detection's SoC
-# table (the qnnx leaves do not import each other; the repository's integration tests check that the copy
-# matches). Names compare case-insensitively, ignoring spaces, '-' and '_'.
-_SOC_NAMES: dict[int, tuple[str, ...]] = {
-    30: ("SM8350", "Snapdragon 888", "snapdragon888"),
-    36: ("SM8450", "Snapdragon 8 Gen 1", "8gen1", "snapdragon8gen1"),
-    39: ("SA8295P", "Snapdragon SA8295P (automotive)", "sa8295"),
-    42: ("SM8475", "Snapdragon 8+ Gen 1", "8+gen1", "8plusgen1", "snapdragon8+gen1"),
-    43: ("SM8550", "Snapdragon 8 Gen 2", "8gen2", "snapdragon8gen2"),
-    52: ("SA8775P", "Snapdragon SA8775P (automotive)", "sa8775"),
-    57: ("SM8650", "Snapdragon 8 Gen 3", "8gen3", "snapdragon8gen3"),
-    60: ("SC8380XP", "Snapdragon X Elite", "xelite", "snapdragonxelite", "x1e", "x1elite"),
-    69: ("SM8750", "Snapdragon 8 Elite", "8elite", "snapdragon8elite"),
-    87: ("SM8850", "Snapdragon 8 Elite Gen 5", "8elitegen5", "snapdragon8elitegen5"),
-    88: ("SC8480XP", "Snapdragon X2 Elite", "x2elite", "snapdragonx2elite", "x2e"),
-}
-
-
-def _spelling(name: str) -> str:
-    return re.sub(r"[\s_\-]+", "", name).lower()
-
-
-def soc_model(text: str) -> int:
-    """``--soc-model``: a QNN SoC number (``60``) or a chip name (``SM8650``, ``SC8380XP``, ``x-elite``)."""
-    value = text.strip()
-    if value.isdecimal() and value.isascii():
-        return int(value)
-    wanted = _spelling(value)
-    for number, names in _SOC_NAMES.items():
-        if wanted and wanted in map(_spelling, names):
-            return number
-    accepted = ", ".join(names[0] for names in _SOC_NAMES.values())
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not a SoC; accepted: a non-negative QNN SoC number (e.g. 60) or a chip name: {accepted}"
-    )
-
-
-class _UsageError(Exception):
-    """A bad command line (exit 2)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        raise _UsageError(message)
-
-
 class _Failure(Exception):
     """A command that cannot do what was asked (exit 3): the message, and what to do about it."""
 
@@ -186,7 +139,7 @@ class _Failure(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
         description="Inspect and maintain a qnnx-ctxcache store of compiled ONNX Runtime EP contexts.",
         epilog=_EPILOG,
@@ -195,16 +148,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, default=None, help="cache root (default: $QNNX_CTXCACHE_DIR or per-user)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--json", action="store_true", help="machine-readable output (also after the command)")
-    common = _Parser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-    soc = _Parser(add_help=False)
+    soc = Parser(add_help=False)
     soc.add_argument(
         "--soc-model",
         type=soc_model,
         metavar="SOC",
         help="only entries compiled for this SoC: a QNN SoC number or a chip name, e.g. 60 or SC8380XP, SM8650",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     sub.add_parser("dir", parents=[common], help="print the cache root")
     sub.add_parser("ls", parents=[common, soc], help="list entries, least recently used first")
     sub.add_parser("stats", parents=[common], help="sizes and counters")
@@ -288,33 +241,6 @@ def _soc_of(store: ContextStore, key: str) -> int | None:
     return None
 
 
-def _message_and_fix(exc: Exception) -> tuple[str, str | None]:
-    """An error's message, and the fix it names after "Fix:" (None when it names none)."""
-    text = str(exc).strip()
-    head, sep, fix = text.partition(" Fix: ")
-    return (head, fix.rstrip(".") or None) if sep else (text, None)
-
-
-def _out(text: str) -> None:
-    """Print to stdout; a reader that left (``| head``) is not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # keep Python from failing again on the flush at exit
-        os.close(devnull)
-
-
-def _error(as_json: bool, kind: str, message: str, fix: str | None, code: int) -> int:
-    """Report an error: one line on stderr (and the fix); with --json, one JSON document on stdout too."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    if fix:
-        print(f"{PROG}: fix: {fix}", file=sys.stderr)
-    if as_json:
-        _out(json.dumps({"error": {"type": kind, "message": message, "fix": fix, "exit_code": code}}, indent=2))
-    return code
-
-
 def _pack_text(report: PackReport) -> str:
     lines = [
         f"packed {len(report.entries)} entries into {report.archive} ({_human(report.size_bytes)}, "
@@ -341,20 +267,16 @@ def _unpack_text(report: UnpackReport) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``--help``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = _parser().parse_args(argv)
-    except _UsageError as exc:
-        return _error("--json" in argv, "UsageError", str(exc), f"see `{PROG} --help`", EXIT_USAGE)
-    except SystemExit as exc:  # --help, --version
-        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    args = parse_args(_parser(), argv)
+    if isinstance(args, int):  # --help, --version, or a usage error (reported)
+        return args
     try:
         return _run(args)
     except _Failure as exc:
-        return _error(args.json, exc.kind, str(exc), exc.fix, EXIT_ERROR)
+        return error(PROG, args.json, exc.kind, str(exc), exc.fix, EXIT_ERROR)
     except (QnnxCtxcacheError, OSError) as exc:
-        message, fix = _message_and_fix(exc)
-        return _error(args.json, type(exc).__name__, message, fix, EXIT_ERROR)
+        message, fix = message_and_fix(exc)
+        return error(PROG, args.json, type(exc).__name__, message, fix, EXIT_ERROR)
 
 
 def _run(args: argparse.Namespace) -> int:

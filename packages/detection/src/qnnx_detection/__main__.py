@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
+from qnnx_clikit import Parser, error, out, parse_args
 from qnnx_detection._overrides import ENV_SOC_MODEL
 from qnnx_detection._probe import probe
 from qnnx_detection._report import BackendStatus, ProbeReport
@@ -45,16 +45,6 @@ errors: one line on stderr; with --json, also {"error": {"type", "message", "fix
 """
 
 
-class _UsageError(Exception):
-    """A bad command line (exit 2)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        raise _UsageError(message)
-
-
 def _soc_model(text: str) -> int:
     try:
         return parse_soc_model(text, source="--soc-model")
@@ -63,7 +53,7 @@ def _soc_model(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
         description="Report what Qualcomm QNN (through ONNX Runtime) can do on this machine: which backends "
         "initialize, on real silicon or the host simulator, which SoC, and the versions involved.",
@@ -148,21 +138,17 @@ def render_table(report: ProbeReport) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (0 usable, 1 none usable, 2 usage error, 3 error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = _parser().parse_args(argv)
-    except _UsageError as exc:
-        return _error("--json" in argv, "UsageError", str(exc), f"see `{PROG} --help`", EXIT_USAGE)
-    except SystemExit as exc:  # --help, --version
-        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    args = parse_args(_parser(), argv)
+    if isinstance(args, int):  # --help, --version, or a usage error (reported)
+        return args
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(name)s: %(message)s")
     try:
         report = _probe(args.soc_model)
     except Exception as exc:  # the probe reports problems instead of raising: this is a bug, say so cleanly
         fix = "run again with --verbose and report the output"
-        return _error(args.json, type(exc).__name__, f"the probe failed: {exc}", fix, EXIT_ERROR)
-    _out(json.dumps(report.to_dict(), indent=2) if args.json else render_table(report))
+        return error(PROG, args.json, type(exc).__name__, f"the probe failed: {exc}", fix, EXIT_ERROR)
+    out(json.dumps(report.to_dict(), indent=2) if args.json else render_table(report))
     if args.device:
         return EXIT_USABLE if report.backend(args.device).available else EXIT_NONE_USABLE
     return EXIT_USABLE if report.any_available else EXIT_NONE_USABLE
@@ -181,26 +167,6 @@ def _probe(soc_model: int | None) -> ProbeReport:
             os.environ.pop(ENV_SOC_MODEL, None)
         else:
             os.environ[ENV_SOC_MODEL] = before
-
-
-def _out(text: str) -> None:
-    """Print to stdout; a reader that left (``qnnx-detect --json | head``) is not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # keep Python from failing again on the flush at exit
-        os.close(devnull)
-
-
-def _error(as_json: bool, kind: str, message: str, fix: str | None, code: int) -> int:
-    """Report an error: one line on stderr (and the fix); with --json, one JSON document on stdout too."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    if fix:
-        print(f"{PROG}: fix: {fix}", file=sys.stderr)
-    if as_json:
-        _out(json.dumps({"error": {"type": kind, "message": message, "fix": fix, "exit_code": code}}, indent=2))
-    return code
 
 
 if __name__ == "__main__":

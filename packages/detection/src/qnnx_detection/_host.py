@@ -7,8 +7,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from qnnx_clikit import chip_number
 from qnnx_detection._native import is_x86
-from qnnx_detection._soc import lookup_name
 
 # Linux exposes the part name in soc0/machine on Qualcomm kernels ("SM8550") and the device-tree compatible list
 # ("qcom,sm8550\0qcom,..."); Windows on Snapdragon names the chip in the processor brand string
@@ -59,7 +59,7 @@ def brand_candidates(brand: str) -> list[str]:
 def soc_from_candidates(candidates: Sequence[str]) -> int | None:
     """Return the QNN number of the first candidate that names a known chip, or None."""
     for name in candidates:
-        number = lookup_name(name)
+        number = chip_number(name)
         if number is not None:
             return number
     return None

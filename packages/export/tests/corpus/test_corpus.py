@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from qnn_helpers import Capture, compile_and_run, cosine, qnn_session, rel_err
+from export_qnn_helpers import Capture, compile_and_run, cosine, qnn_session, rel_err
 
 from corpus.models import CORPUS
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
+from qnnx_clikit import Parser, error, message_and_fix, out, parse_args, soc_model
 from qnnx_opcheck._check import check_model
 from qnnx_opcheck._report import OpCheckReport
 from qnnx_opcheck._tables import available_tables
@@ -43,42 +42,7 @@ exit codes:
 errors: one line on stderr; with --json, also {"error": {"type", "message", "fix", "exit_code"}} on stdout
 """
 
-# QNN soc_model numbers of the chip names qnnx-detect and the qnn backend accept: a copy of qnnx-detection's SoC
-# table (the qnnx leaves do not import each other; the repository's integration tests check that the copy
-# matches). Names compare case-insensitively, ignoring spaces, '-' and '_'.
-_SOC_NAMES: dict[int, tuple[str, ...]] = {
-    30: ("SM8350", "Snapdragon 888", "snapdragon888"),
-    36: ("SM8450", "Snapdragon 8 Gen 1", "8gen1", "snapdragon8gen1"),
-    39: ("SA8295P", "Snapdragon SA8295P (automotive)", "sa8295"),
-    42: ("SM8475", "Snapdragon 8+ Gen 1", "8+gen1", "8plusgen1", "snapdragon8+gen1"),
-    43: ("SM8550", "Snapdragon 8 Gen 2", "8gen2", "snapdragon8gen2"),
-    52: ("SA8775P", "Snapdragon SA8775P (automotive)", "sa8775"),
-    57: ("SM8650", "Snapdragon 8 Gen 3", "8gen3", "snapdragon8gen3"),
-    60: ("SC8380XP", "Snapdragon X Elite", "xelite", "snapdragonxelite", "x1e", "x1elite"),
-    69: ("SM8750", "Snapdragon 8 Elite", "8elite", "snapdragon8elite"),
-    87: ("SM8850", "Snapdragon 8 Elite Gen 5", "8elitegen5", "snapdragon8elitegen5"),
-    88: ("SC8480XP", "Snapdragon X2 Elite", "x2elite", "snapdragonx2elite", "x2e"),
-}
 _DEVICES = {"npu": "htp", "htp": "htp", "gpu": "gpu"}
-
-
-def _spelling(name: str) -> str:
-    return re.sub(r"[\s_\-]+", "", name).lower()
-
-
-def soc_model(text: str) -> int:
-    """``--soc-model``: a QNN SoC number (``60``) or a chip name (``SM8650``, ``SC8380XP``, ``x-elite``)."""
-    value = text.strip()
-    if value.isdecimal() and value.isascii():
-        return int(value)
-    wanted = _spelling(value)
-    for number, names in _SOC_NAMES.items():
-        if wanted and wanted in map(_spelling, names):
-            return number
-    accepted = ", ".join(names[0] for names in _SOC_NAMES.values())
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not a SoC; accepted: a non-negative QNN SoC number (e.g. 60) or a chip name: {accepted}"
-    )
 
 
 def _device(text: str) -> str:
@@ -99,18 +63,8 @@ def _version(text: str) -> str:
     )
 
 
-class _UsageError(Exception):
-    """A bad command line (exit 2)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        raise _UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description="Check, node by node, whether a QNN device (NPU/HTP or GPU) can run an ONNX model.",
         epilog=_EPILOG,
@@ -180,57 +134,26 @@ def _markdown(report: OpCheckReport, problems_only: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``--help``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = _parser().parse_args(argv)
-    except _UsageError as exc:
-        return _error("--json" in argv, "UsageError", str(exc), f"see `{PROG} --help`", EXIT_USAGE)
-    except SystemExit as exc:  # --help, --version
-        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    args = parse_args(_parser(), argv)
+    if isinstance(args, int):  # --help, --version, or a usage error (reported)
+        return args
     try:
         report = check_model(args.model, args.device, onnxruntime_qnn=args.version, soc_model=args.soc_model)
     except (UnknownBackendError, InvalidVersionError) as exc:
-        return _error(args.json, type(exc).__name__, *_message_and_fix(exc), EXIT_USAGE)
+        return error(PROG, args.json, type(exc).__name__, *message_and_fix(exc), EXIT_USAGE)
     except ModelLoadError as exc:
         fix = "pass the path of a readable .onnx file (its external data is not needed)"
-        return _error(args.json, type(exc).__name__, _message_and_fix(exc)[0], fix, EXIT_UNREADABLE)
+        return error(PROG, args.json, type(exc).__name__, message_and_fix(exc)[0], fix, EXIT_UNREADABLE)
     except QnnxOpcheckError as exc:  # a broken installation (missing table)
-        message, named = _message_and_fix(exc)
-        return _error(args.json, type(exc).__name__, message, named or "reinstall qnnx-opcheck", EXIT_UNREADABLE)
+        message, named = message_and_fix(exc)
+        return error(PROG, args.json, type(exc).__name__, message, named or "reinstall qnnx-opcheck", EXIT_UNREADABLE)
     if args.json:
-        _out(json.dumps(report.to_dict(), indent=2))
+        out(json.dumps(report.to_dict(), indent=2))
     elif args.markdown:
-        _out(_markdown(report, args.problems_only))
+        out(_markdown(report, args.problems_only))
     else:
-        _out(_text(report, args.problems_only))
+        out(_text(report, args.problems_only))
     return EXIT_SUPPORTED if report.supported else EXIT_UNSUPPORTED
-
-
-def _out(text: str) -> None:
-    """Print to stdout; a reader that left (``| head``) is not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # keep Python from failing again on the flush at exit
-        os.close(devnull)
-
-
-def _message_and_fix(exc: Exception) -> tuple[str, str | None]:
-    """An error's message, and the fix it names after "Fix:" (None when it names none)."""
-    text = str(exc).strip()
-    head, sep, fix = text.partition(" Fix: ")
-    return (head, fix.rstrip(".") or None) if sep else (text, None)
-
-
-def _error(as_json: bool, kind: str, message: str, fix: str | None, code: int) -> int:
-    """Report an error: one line on stderr (and the fix); with --json, one JSON document on stdout too."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    if fix:
-        print(f"{PROG}: fix: {fix}", file=sys.stderr)
-    if as_json:
-        _out(json.dumps({"error": {"type": kind, "message": message, "fix": fix, "exit_code": code}}, indent=2))
-    return code
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Helpers shared by the qnnx-ctxcache tests (a plain module: tests/ is not a package)."""
+"""Helpers shared by the qnnx-ctxcache tests (importable by name: `pythonpath = ["tests"]` in pyproject.toml)."""
 
 from __future__ import annotations
 

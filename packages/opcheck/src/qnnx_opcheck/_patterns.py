@@ -1,0 +1,229 @@
+"""The multi-node and attribute patterns a table lists (``patterns``): fusions QNN makes (Erf inside GELU), ops it
+computes wrongly in some configurations, fp16 semantics, runtime values where QNN wants constants, static shapes
+and ranks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from qnnx_opcheck._model import NodeView
+from qnnx_opcheck._values import _ValueRules
+from qnnx_opcheck._view import FLOATS
+
+__all__ = ["_Patterns"]
+
+# onnx.TensorProto element types of floats (FLOAT, DOUBLE, FLOAT16, BFLOAT16): a Cast to another type truncates.
+_FLOAT_ELEM_TYPES = (1, 11, 10, 16)
+_COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "Clip"})
+
+
+class _Patterns(_ValueRules):
+    """The matchers of the table's patterns: ``(index, node) -> bool`` unless said otherwise."""
+
+    def _dynamic_value(self, node: NodeView) -> tuple[str, tuple[Any, ...]] | None:
+        for name in list(node.input) + list(node.output):
+            if not name or self._is_const(name):
+                continue
+            shape = self._shape(name)
+            if shape is not None and any(not isinstance(d, int) for d in shape):
+                return name, tuple(d if d is not None else "?" for d in shape)
+        return None
+
+    def _over_rank(self, node: NodeView, max_rank: int) -> tuple[str, int] | None:
+        for name in list(node.input) + list(node.output):
+            shape = self._shape(name) if name and not self._is_const(name) else None
+            if shape is not None and len(shape) > max_rank:
+                return name, len(shape)
+        return None
+
+    def _is_erf_gelu(self, index: int, node: NodeView) -> bool:
+        """Erf inside x * 0.5 * (1 + erf(x / sqrt(2))): the QNN EP fuses it into one Gelu."""
+        pre = self._producer(node.input[0])
+        if pre is None or pre.op_type not in ("Div", "Mul") or len(pre.input) != 2:
+            return False
+        k = self._scalar(pre.input[1])
+        want = math.sqrt(2.0) if pre.op_type == "Div" else 1 / math.sqrt(2.0)
+        if k is None or abs(k - want) > 1e-3:
+            return False
+        x = pre.input[0]
+        adds = self._consumer_nodes(node.output[0])
+        if len(adds) != 1 or adds[0].op_type != "Add":
+            return False
+        add = adds[0]
+        one = next((i for i in add.input if i != node.output[0]), "")
+        if self._scalar(one) is None or abs((self._scalar(one) or 0.0) - 1.0) > 1e-6:
+            return False
+        muls = self._consumer_nodes(add.output[0])
+        if len(muls) != 1 or muls[0].op_type != "Mul":
+            return False
+        mul = muls[0]
+        other = next((i for i in mul.input if i != add.output[0]), "")
+        # Either (x * 0.5) * (1 + erf) or x * (1 + erf) followed by * 0.5.
+        if other == x:
+            tail = self._consumer_nodes(mul.output[0])
+            return (
+                len(tail) == 1
+                and tail[0].op_type == "Mul"
+                and any(abs((self._scalar(i) or 0.0) - 0.5) < 1e-6 for i in tail[0].input)
+            )
+        half = self._producer(other)
+        return (
+            half is not None
+            and half.op_type == "Mul"
+            and x in half.input
+            and any(abs((self._scalar(i) or 0.0) - 0.5) < 1e-6 for i in half.input)
+        )
+
+    def _is_add_const_ln(self, index: int, node: NodeView) -> bool:
+        """Add/Mul(x[N>1,...], const[1,...]) feeding LayerNormalization (wrong rows >= 1 on HTP)."""
+        if len(node.input) != 2:
+            return False
+        a, b = node.input
+        if self._is_const(a) == self._is_const(b):
+            return False
+        const, x = (a, b) if self._is_const(a) else (b, a)
+        cs, xs = self._shape(const), self._shape(x)
+        if cs is None or xs is None or len(cs) < 2 or len(cs) != len(xs):
+            return False
+        if cs[0] != 1 or not isinstance(xs[0], int) or xs[0] <= 1:
+            return False
+        return any(
+            c.op_type == "LayerNormalization" and c.input[0] == node.output[0]
+            for c in self._consumer_nodes(node.output[0])
+        )
+
+    def _is_rmsnorm_mul(self, index: int, node: NodeView) -> bool:
+        """Mul(weight_const, x * 1/sqrt(mean(x^2) + eps)) as written by Llama/T5-style RMSNorm."""
+        p = self._pattern("rmsnorm_mul_weight") or {}
+        orders = p.get("orders", ["const_first"])
+        if len(node.input) != 2:
+            return False
+        a, b = node.input
+        if self._is_const(a) and not self._is_const(b) and "const_first" in orders:
+            inner = b
+        elif self._is_const(b) and not self._is_const(a) and "const_second" in orders:
+            inner = a
+        else:
+            return False
+        mul = self._producer(inner)
+        if mul is None or mul.op_type != "Mul":
+            return False
+        for name in mul.input:
+            prod = self._producer(name)
+            if prod is None:
+                continue
+            if prod.op_type == "Reciprocal":
+                root = self._producer(prod.input[0])
+                if root is not None and root.op_type == "Sqrt":
+                    return True
+            if prod.op_type == "Div" and self._scalar(prod.input[0]) == 1.0:
+                root = self._producer(prod.input[1])
+                if root is not None and root.op_type == "Sqrt":
+                    return True
+        return False
+
+    def _is_float_op(self, index: int, node: NodeView) -> bool:
+        """A float input (HTP computes every float op in fp16)."""
+        return bool(node.input) and self._dtype(node.input[0]) in FLOATS
+
+    def _is_fp16_discontinuous(self, index: int, node: NodeView) -> bool:
+        """Floor/Ceil/Round/Mod/TopK on float, and Cast float -> integer or bool: rounding the input to fp16 moves
+        it across an integer or reorders near-equal values, so the result changes by a whole step."""
+        if not self._is_float_op(index, node):
+            return False
+        if node.op_type == "Cast":
+            to = self._attr(node, "to")
+            return to is not None and to not in _FLOAT_ELEM_TYPES
+        return True
+
+    def _is_pow_fractional(self, index: int, node: NodeView) -> bool:
+        """Pow on float whose exponent is a runtime value or a constant with a non-integer element, unless the base
+        cannot be negative (a positive constant, or computed by ops whose results are >= 0: x^2, |x|, exp, a sum of
+        squares... as L2 normalization and vector norms write it)."""
+        if not self._is_float_op(index, node) or len(node.input) < 2:
+            return False
+        import numpy as np
+
+        exponent = self._const_value(node.input[1])
+        if exponent is not None:
+            try:
+                values = np.asarray(exponent, dtype=np.float64)
+                if not bool((values != np.round(values)).any()):
+                    return False
+            except (TypeError, ValueError):
+                pass
+        return not self._non_negative(node.input[0])
+
+    def _touches_empty(self, node: NodeView) -> bool:
+        """Whether an input or output of the node has no elements (a static dimension of 0)."""
+        for name in (*node.input, *node.output):
+            shape = self._shape(name) if name else None
+            if shape is not None and any(d == 0 for d in shape):
+                return True
+        return False
+
+    def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
+        """GatherElements/ScatterElements whose indices are computed at run time (they may be negative, which
+        QNN HTP gets wrong; constant indices are made non-negative at export or checked here)."""
+        if len(node.input) < 2 or not node.input[1]:
+            return False
+        if not self._is_const(node.input[1]):
+            return not self._non_negative(node.input[1])  # e.g. Max(index, 0), as qnnx writes index_copy
+        value = self._const_value(node.input[1])
+        return value is not None and bool((value < 0).any())
+
+    def _has_runtime_parameters(self, index: int, node: NodeView) -> bool:
+        """A shape-like parameter input (Slice starts/ends/axes/steps, Tile repeats, Expand shape) that is not a
+        constant: QNN HTP refuses the node at session creation."""
+        p = self._pattern("runtime_parameters") or {}
+        positions = p.get("inputs", {}).get(node.op_type, [])
+        return any(i < len(node.input) and node.input[i] and not self._is_const(node.input[i]) for i in positions)
+
+    def _is_dilated(self, index: int, node: NodeView) -> bool:
+        """ConvTranspose with a dilation above 1 (QNN HTP refuses it)."""
+        return any(d != 1 for d in (self._attr(node, "dilations") or []))
+
+    def _uses_nonfinite_constant(self, index: int, node: NodeView) -> bool:
+        """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
+        HTP has no infinities (-inf saturates near -65504), so the comparison is never true and the output is
+        finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
+        nonfinite = [name for name in node.input if name and self._is_const(name) and self._const_nonfinite(name)]
+        if not nonfinite:
+            return False
+        if node.op_type in _COMPARISONS:
+            # Wrong only when an infinity can arrive on the other side at run time: a float graph input, or a
+            # value computed from another inf/NaN constant. A mask built from integers with finfo.min (Hugging
+            # Face's) never holds one, and the comparison is then false in PyTorch too.
+            others = [name for name in node.input if name and name not in nonfinite]
+            return any(self._may_hold_nonfinite(name) for name in others)
+        return any(self._reaches_output_unabsorbed(o) for o in node.output if o)
+
+    def _is_avgpool_defect(self, index: int, node: NodeView) -> bool:
+        """AveragePool conditions QNN HTP computes wrongly (measured by tools/opcheck/conformance.py): a partial
+        last window under ceil_mode, count_include_pad with padding (or at rank 5), a pad of half the kernel or
+        more; an unknown input shape counts as a defect, since the conditions cannot be ruled out."""
+        shape = self._shape(node.input[0]) if node.input else None
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return True
+        spatial = len(shape) - 2
+        kernel = list(self._attr(node, "kernel_shape") or [])
+        if len(kernel) != spatial or (self._attr(node, "auto_pad") or "NOTSET") != "NOTSET":
+            return True
+        strides = list(self._attr(node, "strides") or [1] * spatial)
+        pads = list(self._attr(node, "pads") or [0] * (2 * spatial))
+        dilations = list(self._attr(node, "dilations") or [1] * spatial)
+        if any(d != 1 for d in dilations):
+            return True
+        ceil = bool(self._attr(node, "ceil_mode"))
+        count_pad = bool(self._attr(node, "count_include_pad"))
+        if count_pad and (any(pads) or spatial >= 3):
+            return True
+        for axis in range(spatial):
+            before, after = pads[axis], pads[axis + spatial]
+            if (before or after) and 2 * max(before, after) >= kernel[axis]:
+                return True
+            span = shape[axis + 2] + before + after - kernel[axis]
+            if ceil and span % strides[axis]:
+                return True  # ceil_mode adds a last window that hangs over the end
+        return False

@@ -1,0 +1,244 @@
+"""The checker: one verdict per node from the table entry, the node's dtypes/ranks/attributes and the
+multi-node patterns the table lists.
+
+The order of the rules is here (:meth:`_Checker._decide`); the rules themselves are grouped by theme in the base
+classes: QDQ (``_qdq``), the table's patterns (``_patterns``, on the value analysis of ``_values``), measured
+conditions (``_conditions``), all reading the graph through ``_view``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from qnnx_opcheck._conditions import _Conditions
+from qnnx_opcheck._model import NodeView
+from qnnx_opcheck._outcomes import KIND_STATUS, Decision, cell_decision
+from qnnx_opcheck._patterns import _Patterns
+from qnnx_opcheck._qdq import _QdqRules
+from qnnx_opcheck._report import NodeVerdict
+from qnnx_opcheck._view import FLOATS, QDQ_DOMAINS
+
+__all__ = ["_Checker"]
+
+_log = logging.getLogger("qnnx_opcheck._check")  # the checker's warnings keep the name they always had
+
+
+class _Checker(_QdqRules, _Patterns, _Conditions):
+    """The verdicts of one graph's nodes against one table (the rules are split by theme across the base classes)."""
+
+    def verdicts(self) -> list[NodeVerdict]:
+        out = []
+        for i, node in enumerate(self.f.nodes):
+            try:
+                out.append(self._verdict(i, node))
+            except Exception as exc:  # never let one odd node break the whole check
+                _log.warning("could not check node %s (%s): %s", node.name, node.op_type, exc)
+                out.append(
+                    NodeVerdict(
+                        node_name=node.name or f"n{i}",
+                        op_type=node.op_type,
+                        domain=node.domain,
+                        status="hazard",
+                        kind="unknown_dtype",
+                        reason=f"opcheck could not evaluate this node ({type(exc).__name__}: {exc})",
+                    )
+                )
+        return self._with_node_units(out)
+
+    def _verdict(self, index: int, node: NodeView) -> NodeVerdict:
+        name = node.name or f"n{index}"
+        domain = node.domain
+        kind, reason, evidence, dtype = self._decide(index, node, domain)
+        return NodeVerdict(
+            node_name=name,
+            op_type=node.op_type,
+            domain=domain,
+            status=KIND_STATUS.get(kind, "unsupported"),  # type: ignore[arg-type]
+            reason=reason,
+            evidence=evidence,
+            dtype=dtype,
+            kind=kind,
+        )
+
+    def _decide(self, index: int, node: NodeView, domain: str) -> Decision:
+        p = self._pattern("constant_folded")
+        # Constant nodes become initializers when onnxruntime loads the graph, wherever their output goes.
+        if (
+            p is not None
+            and domain == ""
+            and (node.op_type == "Constant" or (node.output and all(o in self.f.constants for o in node.output if o)))
+        ):
+            return "constant_folded", p["reason"], p.get("evidence"), None
+        p = self._pattern("dropout_removed")
+        if p is not None and node.op_type == "Dropout" and domain == "":
+            mask = node.output[1] if len(node.output) > 1 else ""
+            if not mask or (mask not in self.f.consumers and mask not in self.f.graph_outputs):
+                return "removed", p["reason"], p.get("evidence"), None
+
+        p = self._pattern("qdq_constant_dequantize")
+        if (
+            p is not None
+            and node.op_type == "DequantizeLinear"
+            and domain in QDQ_DOMAINS
+            and self._is_const(node.input[0])
+        ):
+            return "fused", p["reason"], p.get("evidence"), self._dtype(node.input[0])
+
+        kind, reason, evidence, dtype = self._op_decision(node, domain)
+
+        if node.op_type == "Erf" and kind != "supported":
+            p = self._pattern("erf_gelu_fusion")
+            if p is not None and self._is_erf_gelu(index, node):
+                return "fused", p["reason"], p.get("evidence"), dtype
+        if KIND_STATUS.get(kind) == "unsupported":
+            return kind, reason, evidence, dtype
+        p = self._pattern("dynamic_shape")
+        if p is not None and self.f.symbolic_inputs:
+            dyn = self._dynamic_value(node)
+            if dyn is not None:
+                return p["kind"], f"{p['reason']} (value '{dyn[0]}' has shape {list(dyn[1])})", p.get("evidence"), dtype
+        p = self._pattern("rank_limit")
+        if p is not None:
+            big = self._over_rank(node, int(p["max_rank"]))
+            if big is not None:
+                return p["kind"], f"{p['reason']} ('{big[0]}' has rank {big[1]})", p.get("evidence"), dtype
+        p = self._pattern("empty_tensor")
+        if p is not None and self._touches_empty(node):
+            return p["kind"], p["reason"], p.get("evidence"), dtype
+        measured = self._measured(node)
+        if measured is not None:
+            return measured[0], measured[1], measured[2], dtype
+        for pid, matcher in (
+            ("add_const_broadcast_layernorm", self._is_add_const_ln),
+            ("rmsnorm_mul_weight", self._is_rmsnorm_mul),
+            ("fp16_discontinuous", self._is_fp16_discontinuous),
+            ("fp16_imprecise", self._is_float_op),
+            ("pow_fractional_exponent", self._is_pow_fractional),
+            ("averagepool_defects", self._is_avgpool_defect),
+            ("nonfinite_constant", self._uses_nonfinite_constant),
+            ("runtime_indices", self._has_runtime_indices),
+            ("runtime_parameters", self._has_runtime_parameters),
+            ("convtranspose_dilation", self._is_dilated),
+        ):
+            p = self._pattern(pid)
+            if p is not None and node.op_type in p.get("ops", ()) and matcher(index, node):
+                return p["kind"], p["reason"] + (f" Fix: {p['fix']}" if p.get("fix") else ""), p.get("evidence"), dtype
+        if kind == "supported":
+            p = self._pattern("int64_saturation")
+            ops = p.get("ops", ()) if p is not None else ()
+            if p is not None and dtype == "int64" and ("*" in ops or node.op_type in ops):
+                return "caveat", p["reason"], p.get("evidence"), dtype
+        return kind, reason, evidence, dtype
+
+    def _op_decision(self, node: NodeView, domain: str) -> Decision:
+        entry = self.t.entry(domain, node.op_type)
+        where = f"QNN {self.t.backend} table (onnxruntime-qnn {self.t.onnxruntime_qnn})"
+        if entry is None:
+            op = node.op_type if not domain else f"{domain}::{node.op_type}"
+            why = (
+                "it was not probed, so opcheck cannot vouch for it"
+                if not domain
+                else f"the QNN EP takes only the {domain} ops the table lists"
+            )
+            return "unknown_op", f"{op} is not in the {where}: {why}", None, None
+        lo, hi = entry.get("opset", [1, None])
+        opset = self.f.opsets.get(domain)
+        if opset is not None and (opset < lo or (hi is not None and opset > hi)):
+            return (
+                "unknown_op",
+                f"{node.op_type} at opset {opset} is outside the opsets the {where} covers ({lo}..{hi or 'latest'})",
+                entry.get("evidence"),
+                None,
+            )
+        dtype, qdq = self._dtype_keys(node, entry)
+        variants = [v for v in entry["variants"] if self._matches(v.get("when", {}), node)]
+        if not variants:
+            return "unknown_op", f"no {where} entry matches this {node.op_type} node", entry.get("evidence"), dtype
+        if dtype is None:
+            return self._unknown_dtype(node, variants[0], entry)
+        if qdq is not None:
+            decided = self._qdq_decision(node, variants, qdq, entry)
+            if decided is not None:
+                return decided
+        for v in variants:
+            cell = v["dtypes"].get(dtype)
+            if cell is not None:
+                return cell_decision(node, v, dtype, cell, entry)
+        allowed = sorted(k for k, c in variants[0]["dtypes"].items() if c["status"] == "supported")
+        return (
+            "unlisted_dtype",
+            f"{node.op_type} on {dtype} is not in the {where}; supported dtypes: {', '.join(allowed) or 'none'}",
+            entry.get("evidence"),
+            dtype,
+        )
+
+    def _unknown_dtype(self, node: NodeView, variant: dict[str, Any], entry: dict[str, Any]) -> Decision:
+        cells = {k: c["status"] for k, c in variant["dtypes"].items() if not k.startswith("qdq_")}
+        ok = sorted(k for k, s in cells.items() if s == "supported")
+        evidence = variant.get("evidence") or entry.get("evidence")
+        if cells and len(ok) == len(cells):
+            return "supported", None, evidence, None
+        if not ok:
+            return (
+                "rejected",
+                f"{node.op_type} is not supported by QNN {self.t.backend} for any dtype in the table "
+                f"(input dtype unknown)",
+                evidence,
+                None,
+            )
+        return (
+            "unknown_dtype",
+            f"input dtype unknown (shape inference could not type it); QNN {self.t.backend} takes "
+            f"{node.op_type} only for {', '.join(ok)}",
+            evidence,
+            None,
+        )
+
+    def _matches(self, when: dict[str, Any], node: NodeView) -> bool:
+        for key, arg in when.items():
+            if key == "rank" or key == "output_rank":
+                shape = self._shape(node.input[0] if key == "rank" else node.output[0])
+                if shape is None or not (arg[0] <= len(shape) <= arg[1]):
+                    return False
+            elif key == "attr":
+                for name, allowed in arg.items():
+                    if self._attr(node, name) not in allowed:
+                        return False
+            elif key == "const_inputs":
+                if not all(i < len(node.input) and self._is_static(node.input[i]) for i in arg):
+                    return False
+            elif key == "dynamic_inputs":
+                if not all(i < len(node.input) and node.input[i] and not self._is_static(node.input[i]) for i in arg):
+                    return False
+            elif key == "input_dtype":
+                idx, allowed = arg
+                if idx >= len(node.input) or self._dtype(node.input[idx]) not in allowed:
+                    return False
+            elif key == "const_input_not_all":
+                idx, value = arg
+                val = self._const_value(node.input[idx]) if idx < len(node.input) else None
+                if val is None or bool((val == value).all()):
+                    return False
+            elif key == "opset":
+                opset = self.f.opsets.get(node.domain)
+                if opset is None or not (arg[0] <= opset <= arg[1]):
+                    return False
+            else:  # a condition this version does not know: do not apply the variant
+                return False
+        return True
+
+    def _dtype_keys(self, node: NodeView, entry: dict[str, Any]) -> tuple[str | None, str | None]:
+        where, _, idx_s = entry.get("type_from", "input:0").partition(":")
+        idx = int(idx_s or 0)
+        names = node.input if where == "input" else node.output
+        name = names[idx] if idx < len(names) else ""
+        dtype = self._dtype(name)
+        qdq = None
+        if dtype in FLOATS and where == "input":
+            producer = self.f.producers.get(name)
+            if producer is not None and self.f.nodes[producer].op_type == "DequantizeLinear":
+                qtype = self._dtype(self.f.nodes[producer].input[0])
+                if qtype is not None:
+                    qdq = f"qdq_{qtype}"
+        return dtype, qdq

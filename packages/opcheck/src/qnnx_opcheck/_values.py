@@ -1,0 +1,172 @@
+"""What values a tensor can hold, by construction: >= 0 (a square, an absolute value, an exponential...), or inf
+or NaN (from a float graph input or a non-finite constant), and whether an infinity reaches a graph output."""
+
+from __future__ import annotations
+
+from qnnx_opcheck._view import FLOATS, _GraphView
+
+__all__ = ["_ValueRules"]
+
+# Ops whose output is finite (or bool) for an infinite input: an infinity stops there, as a -inf mask does in
+# attention's Softmax.
+_ABSORB_INFINITY = frozenset(
+    {
+        "Softmax",
+        "Exp",
+        "Sigmoid",
+        "Tanh",
+        "Relu",
+        "Clip",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "Greater",
+        "GreaterOrEqual",
+        "IsInf",
+        "IsNaN",
+        "Not",
+        "Shape",
+        "Size",
+        "Cast",
+        "HardSigmoid",
+        "Erf",
+        "Softsign",
+    }
+)
+# Ops whose results are >= 0 whatever they are given, and ops that keep "all inputs >= 0" (how many leading
+# inputs are data: the rest are shapes, axes or indices).
+_NON_NEGATIVE_OPS = frozenset(
+    {
+        "Abs",
+        "Exp",
+        "Relu",
+        "Sigmoid",
+        "Softplus",
+        "Softmax",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "Sqrt",
+        "HardSigmoid",
+        "Shape",
+        "Size",
+    }
+)
+_KEEPS_NON_NEGATIVE = {
+    "Add": 2,
+    "Mul": 2,
+    "Div": 2,
+    "ReduceSum": 1,
+    "ReduceMean": 1,
+    "ReduceMax": 1,
+    "ReduceMin": 1,
+    "Min": 8,
+    "Reshape": 1,
+    "Transpose": 1,
+    "Squeeze": 1,
+    "Unsqueeze": 1,
+    "Expand": 1,
+    "Slice": 1,
+    "Concat": 8,
+    "Identity": 1,
+    "Cast": 1,
+    "Pad": 1,
+    "Gather": 1,
+    "AveragePool": 1,
+    "MaxPool": 1,
+    "Tile": 1,
+    "Flatten": 1,
+}
+
+
+class _ValueRules(_GraphView):
+    """The value analysis the patterns use."""
+
+    def _non_negative(self, name: str, depth: int = 0) -> bool:
+        """Whether ``name`` is >= 0 by construction (NaN aside): a constant >= 0, or the output of an op that only
+        gives non-negative values from what it is given."""
+        import numpy as np
+
+        if depth > 12 or not name:
+            return False
+        if self._is_const(name):
+            value = self._const_value(name)
+            return value is not None and getattr(value, "size", 0) > 0 and bool((np.asarray(value) >= 0).all())
+        idx = self.f.producers.get(name)
+        if idx is None:
+            return False
+        node = self.f.nodes[idx]
+        op = node.op_type
+        if op in _NON_NEGATIVE_OPS:
+            return True
+        if op == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
+            return True  # x * x
+        if op == "Pow" and len(node.input) == 2:
+            exponent = self._const_value(node.input[1])
+            if (
+                exponent is not None
+                and np.asarray(exponent).size == 1
+                and float(np.asarray(exponent).reshape(-1)[0]) % 2 == 0
+            ):
+                return True  # an even power
+        if op in _KEEPS_NON_NEGATIVE:
+            data = [i for i in node.input[: _KEEPS_NON_NEGATIVE[op]] if i]
+            return bool(data) and all(self._non_negative(i, depth + 1) for i in data)
+        if op == "Clip" and len(node.input) > 1 and node.input[1]:
+            return self._non_negative(node.input[1], depth + 1)  # a lower bound >= 0
+        if op == "Max":
+            return any(self._non_negative(i, depth + 1) for i in node.input if i)
+        return False
+
+    def _reaches_output_unabsorbed(self, name: str) -> bool:
+        """Whether an infinity in ``name`` can reach a graph output, i.e. a path to an output that does not pass
+        through an op turning -inf into a finite number (Softmax, Exp, Sigmoid, Relu...) or into a bool."""
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            if cur in self.f.graph_outputs:
+                return True
+            for idx in self.f.consumers.get(cur, ()):
+                consumer = self.f.nodes[idx]
+                if consumer.op_type in _ABSORB_INFINITY:
+                    continue
+                stack.extend(o for o in consumer.output if o)
+        return False
+
+    def _const_nonfinite(self, name: str) -> bool:
+        import numpy as np
+
+        value = self._const_value(name)
+        kind = getattr(getattr(value, "dtype", None), "kind", None)
+        return kind == "f" and not bool(np.isfinite(value).all())
+
+    def _may_hold_nonfinite(self, name: str) -> bool:
+        """Whether ``name`` can hold inf or NaN at run time: it is (or is computed from) a float graph input or a
+        non-finite constant. Overflow inside the graph (exp of a large number) is not tracked."""
+        memo = self.__dict__.setdefault("_nonfinite_memo", {})
+        stack = [name]
+        while stack:
+            cur = stack[-1]
+            if cur in memo:
+                stack.pop()
+                continue
+            if self._is_const(cur):
+                memo[cur] = self._const_nonfinite(cur)
+                stack.pop()
+                continue
+            idx = self.f.producers.get(cur)
+            if idx is None:  # a graph input
+                memo[cur] = self._dtype(cur) in FLOATS
+                stack.pop()
+                continue
+            pending = [i for i in self.f.nodes[idx].input if i and i not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            memo[cur] = any(memo[i] for i in self.f.nodes[idx].input if i)
+            stack.pop()
+        return bool(memo[name])
