@@ -207,7 +207,9 @@ class QnnGraph(SerializableCallable):
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> Any:
         """The callable saved by :meth:`serialize_compile_artifacts`, loaded without Dynamo, export or opcheck."""
-        return _aot.deserialize(data)
+        from qnnx_backend import _aot_load
+
+        return _aot_load.deserialize(data)
 
     def __call__(self, *args: object) -> Any:
         # Compilation happens on the first call of each concrete shape, not inside Dynamo's backend call: Dynamo
