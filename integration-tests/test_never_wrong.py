@@ -149,3 +149,35 @@ def test_sdpa_with_fully_masked_rows_is_right_on_qnn() -> None:
     assert all(r.on_qnn for r in reports), [r.summary() for r in reports]
     assert torch.equal(ref[..., 0, :], torch.zeros_like(ref[..., 0, :]))
     assert_close_fp16(out, ref)
+
+
+def test_a_result_beyond_float16_runs_in_pytorch_with_the_reason() -> None:
+    """erfcx of negative inputs (about 3e9 at -4.6) is beyond float16's 65504, where HTP saturates: the graph runs
+    in PyTorch and says why, instead of returning 131008 (the split graph's Exp saturated on HTP)."""
+    x = torch.linspace(-4.6, 6.5, 20)
+    out, reports = _run(torch.special.erfcx, x)
+    torch.testing.assert_close(out, torch.special.erfcx(x))
+    assert [r.device for r in reports] == ["eager"]
+    assert "65504" in (reports[0].reason or "")
+
+
+def test_a_result_beyond_float16_raises_under_strict() -> None:
+    """With strict on the NPU the same refusal is an error naming the limit."""
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.exp, backend="qnn", options={"device": "npu", "strict": True, "soc_model": 60})
+    with torch.no_grad(), pytest.raises(qnnx_backend.errors.QnnDeviceError, match="65504"):
+        compiled(torch.linspace(0.0, 12.0, 8))  # exp(12) = 162755
+
+
+@given(scale=st.sampled_from([0.5, 1e3, 7e4, 1e6]), sign=st.sampled_from([1.0, -1.0]))
+def test_scaled_outputs_run_on_qnn_only_within_float16(scale: float, sign: float) -> None:
+    """A linear map whose outputs reach scale: on QNN while they fit float16, in PyTorch beyond; never wrong."""
+    weight = torch.full((4, 3), sign * scale / 4.0)
+    x = torch.ones(2, 4)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x @ weight
+
+    out, reports = _run(f, x)
+    assert [r.device for r in reports] == (["npu"] if scale <= 65504 else ["eager"])
+    assert_close_fp16(out, f(x))

@@ -151,10 +151,12 @@ def _guards() -> list[str]:
         "padding and ceil_mode) refuse the node with the evidence.",
         "5. **Optionally at run time**: `verify=True` compares each graph's first call with eager PyTorch.",
         "",
-        "What remains inherent to fp16 is documented rather than guarded: values beyond +-65504 saturate (an "
-        "`exp(20)` or a product of two 400s), and HTP's transcendental functions carry an absolute error of about "
-        "3e-4 (a sigmoid of -8.5 reads 5e-4 instead of 2e-4). `docs/conformance.md` measures every float32 op of "
-        "PyTorch's OpInfo database against eager.",
+        "What remains inherent to fp16 is mostly documented rather than guarded: values beyond +-65504 saturate "
+        "(an `exp(20)` or a product of two 400s; qnnx-backend refuses the NPU for a graph whose output on the "
+        "example inputs is beyond that range, but checks neither later inputs nor values inside the graph), and "
+        "HTP's transcendental functions carry an absolute error of about 3e-4 (a sigmoid of -8.5 reads 5e-4 "
+        "instead of 2e-4). `docs/conformance.md` measures every float32 op of PyTorch's OpInfo database against "
+        "eager.",
         "",
     ]
     return lines

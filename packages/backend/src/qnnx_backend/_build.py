@@ -67,6 +67,8 @@ class ExportMemo:
     fingerprint: str | None = None
     quantized: Any = None
     quantize_refusal: str | None = None
+    range_checked: bool = False
+    range_refusal: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -267,8 +269,50 @@ def _setup(ctx: CompileContext, device: str) -> _DeviceSetup:
     )
 
 
+FP16_MAX = 65504.0
+"""The largest float16; HTP computes float graphs in float16 and saturates beyond it (no infinities)."""
+
+
+def fp16_range_refusal(ctx: CompileContext) -> str | None:
+    """Why HTP's float16 cannot hold the graph's result on the example inputs, or None.
+
+    HTP computes a float graph in float16 and saturates silently at +-65504: an output that eager PyTorch computes
+    beyond that (or as an infinity) would come back as a wrong finite number. The graph runs once in eager
+    PyTorch on the example inputs to see (once per graph; under no_grad). Later inputs are not checked (the
+    ``verify`` option compares a first call with eager). Graphs that write into their arguments are not run here,
+    since the run would apply the writes.
+    """
+    memo = ctx.memo
+    if memo.range_checked:
+        return memo.range_refusal
+    memo.range_checked = True
+    if ctx.analysis.mutated_indices:
+        return None
+    t = time.perf_counter()
+    with torch.no_grad():
+        outputs = ctx.gm(*ctx.args)
+    leaves = torch.utils._pytree.tree_leaves(outputs)
+    for k, value in enumerate(leaves):
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
+            continue
+        beyond = value.detach().abs().nan_to_num(nan=0.0) > FP16_MAX
+        if bool(beyond.any()):
+            worst = float(value.detach().abs().nan_to_num(nan=0.0).max())
+            memo.range_refusal = (
+                f"output {k} reaches {worst:.4g} on the example inputs, beyond float16's +-65504, where HTP (which "
+                "computes float graphs in float16) would saturate it to a wrong finite value"
+            )
+            break
+    ctx.timings["range_check"] = time.perf_counter() - t
+    return memo.range_refusal
+
+
 def build_program(ctx: CompileContext, device: str) -> Program:
     """Compile the graph for ``device`` (or load its compiled context); raises DeviceRejected with the cause."""
+    if device == "npu" and ctx.calibration is None:
+        refusal = fp16_range_refusal(ctx)
+        if refusal is not None:
+            raise DeviceRejected(refusal)
     setup = _setup(ctx, device)
     if ctx.options.cache:
         return _build_cached(ctx, setup)
