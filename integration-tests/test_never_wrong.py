@@ -159,6 +159,9 @@ def test_a_result_beyond_float16_runs_in_pytorch_with_the_reason() -> None:
     torch.testing.assert_close(out, torch.special.erfcx(x))
     assert [r.device for r in reports] == ["eager"]
     assert "65504" in (reports[0].reason or "")
+    with torch.no_grad():  # explain() says the same before any compile
+        (graph,) = qnnx_backend.explain(torch.special.erfcx, x, **NPU).graphs
+    assert graph.final_device == "eager" and "65504" in (graph.reason or "")
 
 
 def test_a_result_beyond_float16_raises_under_strict() -> None:

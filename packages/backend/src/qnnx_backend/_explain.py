@@ -196,6 +196,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     import qnnx_detection
     import qnnx_export
     import qnnx_opcheck
+    from qnnx_backend._build import CompileContext, fp16_range_refusal
     from qnnx_backend._session import StagedModel
 
     opts = BackendOptions.from_mapping(options)
@@ -237,6 +238,12 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
 
             exported, quantization = explain_quantized(exported, gm, inputs, opts.quantize, analysis)
         origins = {name: (origin,) for name, origin in exported.node_origins.items()}
+        range_ctx = CompileContext(gm=gm, args=list(inputs), options=opts, analysis=analysis)
+
+        def fp16_range(dev: str, ctx: CompileContext = range_ctx) -> str | None:
+            # The compile's own check: the NPU computes in float16 (the GPU is not refused for it).
+            return fp16_range_refusal(ctx) if dev == "npu" else None
+
         devices: list[DeviceExplanation] = []
         final, final_report, placement, final_plan = "eager", None, None, CpuPlan()
         for dev in chain:
@@ -257,6 +264,10 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                         device=dev, accepted=False, reason=f"{len(bad)} unsupported node(s)", unsupported=bad
                     )
                 )
+                continue
+            range_refusal = fp16_range(dev) if quantization is None or not quantization.used else None
+            if range_refusal is not None:
+                devices.append(DeviceExplanation(device=dev, accepted=False, reason=range_refusal, unsupported=bad))
                 continue
             plan = plan_cpu_nodes(exported.structure, report) if mode != "whole" else CpuPlan()
             if plan and mode == "auto" and not plan.keeps_majority():
