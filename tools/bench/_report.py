@@ -452,13 +452,13 @@ def _markdown(data: dict[str, Any], cells: Cells, summary: dict[str, Any], png: 
         "",
     ]
     L += _targets_section(summary)
-    L += _reading_lines(cells)
+    L += _reading_lines(cells, meta.get("dependency_imports"))
     L += _first_call_section(cells)
     L += _aot_section(cells)
     L += _steady_section(cells)
     L += _memory_section(cells)
     L += _stage_section(cells)
-    L += _import_section(cells)
+    L += _import_section(cells, meta.get("dependency_imports"))
     L += _accuracy_section(cells)
     if png:
         L += ["## Plot", "", f"![qnnx benchmarks]({png})", ""]
@@ -501,7 +501,7 @@ def _share(cells: Cells, phase: str, keys: tuple[str, ...]) -> tuple[float, floa
     return (min(shares), max(shares)) if shares else None
 
 
-def _reading_lines(cells: Cells) -> list[str]:
+def _reading_lines(cells: Cells, deps: dict[str, Any] | None = None) -> list[str]:
     """A few sentences computed from the tables below: where the time goes, what bounds each ratio."""
     lines = ["## Reading the results", ""]
     export = _share(cells, "cold", ("export",))
@@ -534,6 +534,16 @@ def _reading_lines(cells: Cells) -> list[str]:
             f"{max(c[2] for c in conflict):.2f} s here, while Dynamo's trace alone takes "
             f"{min(c[3] for c in conflict):.2f}-{max(c[3] for c in conflict):.2f} s of every warm first call "
             f"(more than that bound on {len(below)} of {len(conflict)} model x batch)."
+        )
+    seconds = (deps or {}).get("seconds") or {}
+    if seconds:
+        total = sum(seconds.values())
+        heaviest = max(seconds, key=seconds.__getitem__)
+        known = (deps or {}).get("versions") or {}
+        version = known.get(heaviest) or known.get(heaviest.replace("_", "-")) or ""
+        lines.append(
+            f"- Importing the compile's third-party packages ({', '.join(seconds)}) takes {total:.2f} s of every "
+            f"cold first call here, {seconds[heaviest]:.2f} s of it `{heaviest}` {version} (see [Imports](#imports))."
         )
     floor = [
         (m, b, v)
@@ -1049,14 +1059,14 @@ def _stage_section(cells: Cells) -> list[str]:
     return lines
 
 
-def _import_section(cells: Cells) -> list[str]:
+def _import_section(cells: Cells, deps: dict[str, Any] | None = None) -> list[str]:
     by_module: dict[str, list[float]] = defaultdict(list)
     for runs in cells.ok.values():
         for res in runs.values():
             for mod, secs in (res.get("imports_s") or {}).items():
                 by_module[mod].append(secs)
     rows = [[f"`import {m}`", _f(_median(v)), _f(min(v)), _f(max(v)), str(len(v))] for m, v in by_module.items()]
-    return [
+    lines = [
         "## Imports",
         "",
         "Seconds to import, in each fresh child process (not part of the first-call figures). `import qnnx_backend`",
@@ -1065,6 +1075,22 @@ def _import_section(cells: Cells) -> list[str]:
         *_table(["import", "median", "min", "max", "processes"], rows),
         "",
     ]
+    if deps and deps.get("seconds"):
+        versions = deps.get("versions") or {}
+        dep_rows = [
+            [f"`import {m}`", versions.get(m) or versions.get(m.replace("_", "-")) or "–", _f(secs, 3)]
+            for m, secs in deps["seconds"].items()
+        ]
+        lines += [
+            "The third-party packages a cold compile imports inside its first call (the *ONNX export* and *device",
+            "probe* stages), each after torch, Dynamo and the ones above it; median of "
+            f"{deps.get('processes', '?')} fresh processes (`python -X importtime`). A context-cache hit and a",
+            "loaded saved function import none of onnx, onnx-ir or ml_dtypes.",
+            "",
+            *_table(["import", "version", "seconds"], dep_rows),
+            "",
+        ]
+    return lines
 
 
 def _acc(res: dict[str, Any]) -> float:

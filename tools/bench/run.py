@@ -33,6 +33,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -302,6 +303,43 @@ def precompile(work: Path) -> None:
     )
 
 
+# The third-party packages a cold compile imports inside its first call, in the order it does (ml_dtypes comes with
+# onnx, and is measured on its own first so that its share shows).
+DEPENDENCY_IMPORTS = ("ml_dtypes", "onnx", "onnx_ir", "onnxruntime")
+
+
+def dependency_imports(work: Path, processes: int = 3) -> dict[str, Any]:
+    """Seconds each of DEPENDENCY_IMPORTS takes to import in a fresh process after torch and Dynamo (median of
+    ``processes``; each after the ones before it, as ``python -X importtime`` reports it), with the installed
+    versions."""
+    # torch and Dynamo first, as in a first call: what they import already (sympy, numpy) is not counted again.
+    code = "import torch, torch._dynamo; " + "; ".join(f"import {name}" for name in DEPENDENCY_IMPORTS)
+    seconds: dict[str, list[float]] = {name: [] for name in DEPENDENCY_IMPORTS}
+    for _ in range(processes):
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", code],
+            env=child_environment(work),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        for line in proc.stderr.splitlines():
+            parts = [p.strip() for p in line.removeprefix("import time:").split("|")]
+            if len(parts) == 3 and parts[2] in seconds and parts[1].isdigit():
+                seconds[parts[2]].append(int(parts[1]) / 1e6)
+    versions = {}
+    for name in ("ml_dtypes", "numpy", "onnx", "onnx-ir", "onnxruntime"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "seconds": {k: statistics.median(v) for k, v in seconds.items() if v},
+        "versions": versions,
+        "processes": processes,
+    }
+
+
 def _run_child(spec: dict[str, Any], work: Path, run: int, timeout: float) -> dict[str, Any]:
     tag = f"r{run}-{spec['model']}-b{spec['batch']}"
     cache_root = work / tag
@@ -414,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(len(_plan(args, r)) for r in range(args.runs))
     print(f"qnnx bench: {args.runs} run(s), {total} processes; work dir {work}", flush=True)
     precompile(work)
+    data["meta"]["dependency_imports"] = dependency_imports(work)
     t_all = time.perf_counter()
     last_wall: dict[tuple[str, str, str, int], float] = {}
     try:
