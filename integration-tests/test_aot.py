@@ -126,16 +126,21 @@ def test_module_weights_are_frozen_into_the_saved_file(tmp_path: Path) -> None:
     assert_close_fp16(out, expected)
 
 
-def test_fingerprint_mismatch_rebuilds_from_the_saved_model_or_raises_under_strict(tmp_path: Path) -> None:
-    """Another onnxruntime-qnn: the graph is rebuilt from the saved ONNX model with one warning; strict raises."""
+def _save_loose_and_strict(tmp_path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same net saved twice, as loose.qnnx and strict.qnnx (strict=True); returns its input and eager output."""
     net, x = _net(), torch.randn(2, 8)
     with torch.no_grad():
-        expected = net(x)
         for name, strict in (("loose.qnnx", False), ("strict.qnnx", True)):
             torch._dynamo.reset()
             options = {**OPTIONS, "strict": strict}
             fn = torch.compile(forward, backend="qnn", fullgraph=True, options=options).aot_compile(((net, x), {}))
             fn.save_compiled_function(str(tmp_path / name))
+        return x, net(x)
+
+
+def test_fingerprint_mismatch_rebuilds_from_the_saved_model_or_raises_under_strict(tmp_path: Path) -> None:
+    """Another onnxruntime-qnn: the graph is rebuilt from the saved ONNX model with one warning; strict raises."""
+    x, expected = _save_loose_and_strict(tmp_path)
     result, out = _load_in_subprocess(tmp_path / "loose.qnnx", {"x": x}, tmp_path, model=_NET, versions="9.9.9")
     assert result["caches"] == ["aot-rebuilt"]
     assert len(result["warnings"]) == 1 and "onnxruntime-qnn" in result["warnings"][0]
@@ -147,14 +152,7 @@ def test_fingerprint_mismatch_rebuilds_from_the_saved_model_or_raises_under_stri
 def test_where_qnn_is_not_usable_the_saved_model_runs_on_the_cpu_ep_or_strict_raises(tmp_path: Path) -> None:
     """Loaded where its QNN device is not usable, a saved graph runs its saved ONNX model on ONNX Runtime's CPU EP,
     with one warning and float32 results; saved under strict, loading raises and names the way out."""
-    net, x = _net(), torch.randn(2, 8)
-    with torch.no_grad():
-        expected = net(x)
-        for name, strict in (("loose.qnnx", False), ("strict.qnnx", True)):
-            torch._dynamo.reset()
-            options = {**OPTIONS, "strict": strict}
-            fn = torch.compile(forward, backend="qnn", fullgraph=True, options=options).aot_compile(((net, x), {}))
-            fn.save_compiled_function(str(tmp_path / name))
+    x, expected = _save_loose_and_strict(tmp_path)
     off = {"QNNX_DISABLE": "1"}
     result, out = _load_in_subprocess(tmp_path / "loose.qnnx", {"x": x}, tmp_path, model=_NET, env=off)
     assert result["caches"] == ["aot-cpu"] and result["devices"] == ["ort-cpu"]
