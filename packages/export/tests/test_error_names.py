@@ -5,22 +5,17 @@ from __future__ import annotations
 import pytest
 
 from qnnx_export import errors
+from qnnx_testkit import assert_errors_share_root, assert_renamed_error, assert_unknown_error_name_raises
 
 
 @pytest.mark.parametrize(("old", "new"), [("OptionsError", "InvalidOptionsError")])
 def test_a_former_error_name_warns_and_is_the_new_class(old: str, new: str) -> None:
-    with pytest.warns(DeprecationWarning, match=new):
-        cls = getattr(errors, old)
-    assert cls is getattr(errors, new)
+    assert_renamed_error(errors, old, new)
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:
-    with pytest.raises(AttributeError):
-        errors.NoSuchError  # noqa: B018
+    assert_unknown_error_name_raises(errors)
 
 
 def test_every_error_derives_from_the_package_root() -> None:
-    root = errors.QnnxExportError
-    for name in errors.__all__:
-        cls = getattr(errors, name)
-        assert issubclass(cls, root), name
+    assert_errors_share_root(errors, errors.QnnxExportError)

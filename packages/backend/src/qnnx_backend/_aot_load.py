@@ -175,10 +175,10 @@ class LoadedGraph(SerializableCallable):
         elif not status.available:
             # No PyTorch graph to fall back to, but the saved ONNX model runs on ONNX Runtime's CPU EP.
             reason = f"the saved graph was compiled for {device}, which is not usable here ({status.reason})"
-            program = self._on_cpu_ep(n, record, blobs, target, reason)
+            program = self._on_cpu_ep(n, record, blobs, target, _call_plan(record, signature), reason)
             cache = "aot-cpu"
         else:
-            program, cache = self._session(n, record, blobs, target)
+            program, cache = self._session(n, record, blobs, target, _call_plan(record, signature))
         bucket = record.get("bucket")
         report = _report.CompileReport(
             graph_id=_report.next_graph_id(),
@@ -207,6 +207,7 @@ class LoadedGraph(SerializableCallable):
         record: Mapping[str, Any],
         blobs: Sequence[memoryview],
         target: Target,
+        plan: Mapping[str, Any],
     ) -> tuple[QnnProgram, str]:
         """The program of one saved QNN graph: from its context, or rebuilt from its ONNX model on a mismatch."""
         import qnnx_detection
@@ -262,9 +263,7 @@ class LoadedGraph(SerializableCallable):
                     device, f"rebuilding the saved graph from its ONNX model failed: {exc.cause}"
                 ) from exc
             source, cache = str(model), "aot-rebuilt"
-        program = QnnProgram(
-            session=session, target=target, source=SessionSource(source, kwargs), cache=cache, **_call_plan(record)
-        )
+        program = QnnProgram(session=session, target=target, source=SessionSource(source, kwargs), cache=cache, **plan)
         return program, cache
 
     def _on_cpu_ep(
@@ -273,6 +272,7 @@ class LoadedGraph(SerializableCallable):
         record: Mapping[str, Any],
         blobs: Sequence[memoryview],
         target: Target,
+        plan: Mapping[str, Any],
         reason: str,
     ) -> Program:
         """The saved ONNX model of one graph on ONNX Runtime's CPU EP (its QNN device is not usable here); raises
@@ -299,7 +299,7 @@ class LoadedGraph(SerializableCallable):
         warnings.warn(message, QnnFallbackWarning, stacklevel=2)
         logger.warning("%s", message)
         return CpuEpProgram(
-            session=session, target=target, source=SessionSource(str(model), {}), cache="aot-cpu", **_call_plan(record)
+            session=session, target=target, source=SessionSource(str(model), {}), cache="aot-cpu", **plan
         )
 
     def _check_ops(self, model: Path, device: str, mixed: bool) -> None:
@@ -329,12 +329,10 @@ class LoadedGraph(SerializableCallable):
         return folder / model_file
 
 
-def _call_plan(record: Mapping[str, Any]) -> dict[str, Any]:
+def _call_plan(record: Mapping[str, Any], signature: Any) -> dict[str, Any]:
     """What a program of one saved graph needs beside its session: the call plan saved with it."""
-    import qnnx_export
-
     return {
-        "signature": qnnx_export.GraphSignature.from_dict(record["signature"]),
+        "signature": signature,
         "onnx_nodes": record.get("onnx_nodes"),
         "passes_applied": tuple(record.get("passes_applied") or ()),
         "out_dtypes": tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
