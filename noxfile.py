@@ -152,7 +152,12 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def conformance(session: nox.Session) -> None:
-    """Opt-in: every float32 OpInfo op through backend="qnn" against eager PyTorch; writes docs/conformance.md."""
+    """Opt-in: every float32 OpInfo op through backend="qnn" against eager PyTorch (writes docs/conformance.md),
+    then the shape-class suites at depth: every rewrite pass over ranks 1-5 and unit dims on the simulator, and the
+    rank sweep of common patterns through torch.compile (about 40 minutes on the 2-core bench)."""
     _install(session)
     _versions(session)
     session.run("python", "tools/conformance/run.py", *session.posargs)
+    wide = {"HYPOTHESIS_PROFILE": "dev", "QNNX_PASS_CONFORMANCE_EXAMPLES": "80", "QNNX_RANK_SWEEP_EXAMPLES": "150"}
+    session.run("pytest", "packages/export/tests/test_pass_conformance.py", "-p", "no:cacheprovider", env=wide)
+    session.run("pytest", "integration-tests/test_rank_classes.py", "-p", "no:cacheprovider", env=wide)

@@ -244,3 +244,56 @@ def test_explain_names_the_pytorch_module_of_each_node():
         report = qnnx_backend.explain(model, torch.randn(2, 16))
     origins = [o for n in report.graphs[0].nodes for o in n.fx_nodes]
     assert any(o.startswith("net.0 (Linear): aten.") for o in origins), origins
+
+
+class _WritesCache(nn.Module):
+    """A KV cache's pattern: the step's keys are written into a buffer with index_copy_, and read back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(1, 2, 8, 4))
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, new: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        self.keys.index_copy_(2, position, self.proj(new))
+        return self.keys.sum(-1) * 2.0
+
+
+_EXPLAIN_CASES = {
+    "kv_cache_write": (_WritesCache, lambda: (torch.randn(1, 2, 1, 4), torch.tensor([3])), {}),
+    "mlp_fp16": (MLP, lambda: (torch.randn(2, 16),), {"fp16": True}),
+    "embeddings_pass_disabled": (
+        _Embeddings,
+        lambda: (torch.randn(2, 16, 64),),
+        {"disable_passes": ["tile_layernorm_broadcast"]},
+    ),
+    "torch_onnx_exporter": (MLP, lambda: (torch.randn(2, 16),), {"exporter": "torch.onnx"}),
+    "refused_op": (_CoshHead, lambda: (torch.randn(4, 16),), {"partition": "whole"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EXPLAIN_CASES))
+def test_explain_and_compile_take_the_same_decision(name: str) -> None:
+    """explain() is a dry run of the compile's own decision: same device, same ONNX graph size and the same rewrite
+    passes as the compile, for a graph that writes a cache, fp16, a disabled pass, the torch.onnx exporter and a
+    refused op."""
+    cls, make_inputs, options = _EXPLAIN_CASES[name]
+    opts = {"soc_model": 60, **options}
+    torch.manual_seed(0)
+    model = cls().eval()
+    with torch.no_grad():
+        explained = qnnx_backend.explain(model, *make_inputs(), **opts)
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    model = cls().eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(model, backend="qnn", options={**opts, "verify": False})(*make_inputs())
+    reports = qnnx_backend.compile_reports()
+    assert [g.final_device for g in explained.graphs] == [r.device for r in reports], explained.summary()
+    for graph, report in zip(explained.graphs, reports, strict=True):
+        if report.on_qnn:
+            assert graph.onnx_nodes == report.onnx_nodes
+            assert tuple(graph.passes_applied) == tuple(report.passes_applied)
+    if name == "kv_cache_write":
+        assert explained.graphs[0].final_device == "npu"

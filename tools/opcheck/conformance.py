@@ -15,7 +15,7 @@ session attempt before falling back; an ``unsupported`` verdict on a ``right`` c
 
 Usage (about 4 minutes on the 2-core bench):
     python tools/opcheck/conformance.py                 # all cases, summary on stdout
-    python tools/opcheck/conformance.py --only Resize   # cases whose name contains a string
+    python tools/opcheck/conformance.py --only Resize   # cases whose name contains a string (repeatable)
     python tools/opcheck/conformance.py --json out.json
 """
 
@@ -260,10 +260,71 @@ def _runtime_input_cases() -> Iterator[Case]:
         yield _model(f"{label}/runtime_inputs", [node], {**base, **consts}, outs)
 
 
+# Shapes per rank for the shape-class cases: unit dims first, last and inside, odd sizes, batch > 1.
+RANK_SHAPES = {
+    1: ((16,), (1,), (7,)),
+    2: ((1, 16), (16, 64), (7, 3), (5, 1)),
+    3: ((1, 16, 64), (16, 4, 16), (4, 16, 16), (2, 3, 16), (1, 64, 16)),
+    4: ((1, 16, 4, 16), (2, 16, 4, 16), (1, 16, 1, 16), (1, 1, 16, 16), (2, 3, 4, 5)),
+    5: ((1, 2, 3, 4, 16), (2, 1, 3, 1, 5), (2, 3, 4, 5, 6)),
+}
+# One-input ops measured at every rank (the op tables' probes used one default shape).
+RANK_UNARY = {"Softplus": 1.0, "Neg": 1.0, "Log": None, "Sqrt": None, "Exp": 1.0, "Reciprocal": None, "Abs": 1.0}
+
+
+def _shape_class_cases() -> Iterator[Case]:
+    """The classes of rank, unit dims and axis size behind the ops whose outcome depends on them: RMSNormalization
+    over the last axis, one-input elementwise ops, Softmax/LogSoftmax over a unit axis, Div by a constant zero."""
+    for rank, shapes in RANK_SHAPES.items():
+        for i, shape in enumerate(shapes):
+            w = (1 + 0.5 * np.random.default_rng(i).standard_normal(shape[-1])).astype(np.float32)
+            node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-6)
+            yield _model(f"RMSNormalization/r{rank}#{i}", [node], {"x": _x(shape, 3.0, seed=i)}, ["y"], {"w": w}, 23)
+            for op, scale in RANK_UNARY.items():
+                x = _x(shape, 1.0, seed=i) if scale else np.abs(_x(shape, 1.0, seed=i)) + 0.5
+                yield _model(f"{op}/r{rank}#{i}", [helper.make_node(op, ["x"], ["y"])], {"x": x}, ["y"])
+            for op in ("Softmax", "LogSoftmax"):
+                for axis in {-1, 0, rank - 1, rank // 2}:
+                    kind = "unit_axis" if shape[axis] == 1 else "axis"
+                    node = helper.make_node(op, ["x"], ["y"], axis=axis)
+                    yield _model(f"{op}/r{rank}/{kind}/axis{axis}#{i}", [node], {"x": _x(shape, 2.0, seed=i)}, ["y"])
+    for op in ("Softmax", "LogSoftmax"):
+        for shape, axis in (((4, 1), 1), ((4, 1, 5), 1), ((2, 1, 3, 5), 1), ((2, 3, 1), -1), ((1, 4), 0)):
+            node = helper.make_node(op, ["x"], ["y"], axis=axis)
+            yield _model(f"{op}/unit_axis/{'x'.join(map(str, shape))}", [node], {"x": _x(shape, 2.0)}, ["y"])
+    x = _x((4, 5))
+    for label, divisor in (
+        ("const_zero", np.zeros((1, 5), np.float32)),
+        ("const_zero/partly", np.array([[1.0, 0.0, 2.0, -1.0, 3.0]], np.float32)),
+        ("const", np.array([[1.0, 0.5, 2.0, -1.0, 3.0]], np.float32)),
+    ):
+        yield _model(f"Div/{label}", [helper.make_node("Div", ["x", "d"], ["y"])], {"x": x}, ["y"], {"d": divisor})
+    node = helper.make_node("Div", ["x", "d"], ["y"])
+    yield _model("Div/runtime", [node], {"x": x, "d": np.abs(_x((4, 5), seed=2)) + 0.5}, ["y"])
+    # torch.var over one element (correction 1): the mean of squared deviations divided by N - 1 = 0.
+    inits = {"axes": np.array([1], np.int64), "zero": np.array(0.0, np.float32)}
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["v"], keepdims=1),
+        helper.make_node("Div", ["v", "zero"], ["y"]),
+    ]
+    yield _model("Div/const_zero/var_of_one", nodes, {"x": _x((4, 1, 5))}, ["y"], inits)
+
+
 def all_cases() -> list[Case]:
     """Every case, in a stable order."""
     out: list[Case] = []
-    for gen in (_resize_cases, _pool_cases, _conv_transpose_cases, _index_cases, _magnitude_cases, _misc_cases):
+    for gen in (
+        _resize_cases,
+        _pool_cases,
+        _conv_transpose_cases,
+        _index_cases,
+        _magnitude_cases,
+        _misc_cases,
+        _shape_class_cases,
+    ):
         out.extend(gen())
     out.extend(_runtime_input_cases())
     return out
@@ -352,9 +413,43 @@ def classify(supported: bool, outcome: str) -> str:
     return "unsupported_but_right" if outcome == "right" else "agree"
 
 
+def _keys(case: Case) -> list[str]:
+    """The condition classes a case measures (none when its values leave fp16's range: that difference is what HTP
+    is, not a condition of the op)."""
+    from qnnx_opcheck._check import condition_keys
+
+    if case.fp16_range:
+        return []
+    try:
+        return sorted(set(condition_keys(case.model).values()))
+    except Exception:  # a model opcheck cannot read has no condition class
+        return []
+
+
+def _rekey(soc_model: str) -> int:
+    from importlib import metadata
+
+    out = HERE / "data" / f"conformance-htp-{metadata.version('onnxruntime-qnn')}-soc{soc_model}.json"
+    record = json.loads(out.read_text())
+    cases = {c.name: c for c in all_cases()}
+    for row in record["cases"]:
+        case = cases.get(row["case"])
+        if case is not None:
+            row["keys"] = _keys(case)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"rewrote the condition classes of {out.relative_to(HERE.parent.parent)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run only cases whose name contains this string")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run only cases whose name contains this string; repeatable (with --record, the other recorded cases "
+        "are kept)",
+    )
     parser.add_argument("--soc-model", default="60")
     parser.add_argument("--onnxruntime-qnn", default=None, help="table release to check (default: installed)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
@@ -365,12 +460,20 @@ def main(argv: list[str] | None = None) -> int:
         help="also write tools/opcheck/data/conformance-htp-<onnxruntime-qnn>-soc<N>.json, the measured "
         "conditions tools/opcheck/tables.py builds the tables' measured_conditions from",
     )
+    parser.add_argument(
+        "--rekey",
+        action="store_true",
+        help="recompute the condition classes of the recorded cases (after a change of qnnx-opcheck's classes) "
+        "without running them, and rewrite the record",
+    )
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child[0], args.child[1], args.soc_model)
         return 0
-    cases = [c for c in all_cases() if args.only in c.name]
+    if args.rekey:
+        return _rekey(args.soc_model)
+    cases = [c for c in all_cases() if not args.only or any(part in c.name for part in args.only)]
     rows = []
     counts: dict[str, int] = {}
     for n, case in enumerate(cases, 1):
@@ -381,12 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         if case.fp16_range and klass == "supported_but_wrong":
             klass = "fp16_range"
         counts[klass] = counts.get(klass, 0) + 1
-        from qnnx_opcheck._check import condition_keys
-
-        try:
-            keys = sorted(set(condition_keys(case.model).values()))
-        except Exception:  # a model opcheck cannot read has no condition class
-            keys = []
+        keys = _keys(case)
         row = {"case": case.name, "keys": keys, "supported": supported, "reason": reason, "class": klass, **result}
         rows.append(row)
         err = f" err={result['err']:.3g}" if isinstance(result.get("err"), float) else ""
@@ -411,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
             "tolerance": TOLERANCE,
         }
         slim = [{k: r[k] for k in ("case", "keys", "outcome", "err") if k in r} for r in rows]
+        if args.only and out.exists():
+            # A partial run replaces the cases it ran and keeps the others of the record.
+            ran = {r["case"] for r in slim}
+            kept = [r for r in json.loads(out.read_text())["cases"] if r["case"] not in ran]
+            slim = kept + slim
         out.write_text(json.dumps({"provenance": meta, "cases": slim}, indent=1) + "\n")
         print(f"wrote {out.relative_to(HERE.parent.parent)}")
     bad = [r for r in rows if r["class"] in ("supported_but_wrong", "supported_but_crash")]

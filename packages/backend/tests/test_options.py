@@ -18,7 +18,7 @@ def test_defaults_are_documented_values():
     """With no options the backend tries NPU -> GPU -> eager, not strict, no fp16 conversion, no cache."""
     opts = BackendOptions.from_mapping(None)
     assert (opts.device, opts.strict, opts.fp16, opts.cache, opts.cache_dir) == ("auto", False, False, False, None)
-    assert opts.soc_model is None and opts.partition == "auto" and opts.verify is False
+    assert opts.soc_model is None and opts.partition == "auto" and opts.verify is True
 
 
 @given(st.text(min_size=1, max_size=12).filter(lambda k: k not in VALID))

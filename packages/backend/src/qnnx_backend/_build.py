@@ -105,6 +105,18 @@ def _export_args(args: Sequence[object], fp16: bool) -> list[object]:
     ]
 
 
+def analyze(gm: torch.fx.GraphModule, args: Sequence[object], opts: BackendOptions) -> GraphAnalysis:
+    """The graph's analysis as the compile (and ``explain``) uses it: with the options' exporter, in-place writes
+    to inputs and buffers are lifted to outputs that the caller writes back after each run (the direct translator
+    only: torch.onnx drops such writes)."""
+    import qnnx_export
+
+    analysis = qnnx_export.analyze(gm, args)
+    if opts.exporter != "torch.onnx":
+        analysis = qnnx_export.lift_mutations(analysis) or analysis
+    return analysis
+
+
 def export_once(ctx: CompileContext) -> CompilableModel:
     """The graph's ONNX model (quantized when ``ctx`` asks for it), exported once per graph.
 

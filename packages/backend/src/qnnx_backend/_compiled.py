@@ -12,14 +12,14 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from qnnx_backend import _aot, _buckets, _report
-from qnnx_backend._build import CompileContext, build_program
+from qnnx_backend._build import CompileContext, analyze, build_program
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._program import Program, recreate_and_run
 from qnnx_backend._session import DeviceRejected as _DeviceRejected
@@ -352,7 +352,6 @@ class QnnGraph(SerializableCallable):
         calibration: Any = None,
     ) -> _Eager | _QnnVariant:
         import qnnx_detection
-        import qnnx_export
 
         opts = self._options
         start = time.perf_counter()
@@ -388,11 +387,7 @@ class QnnGraph(SerializableCallable):
             return eager("device='cpu' was requested", warn=False)
 
         t = time.perf_counter()
-        analysis = qnnx_export.analyze(gm, args)
-        if opts.exporter != "torch.onnx":
-            # In-place writes to inputs and buffers come back as outputs and are written to the caller's tensors
-            # after each run (the direct translator only: torch.onnx drops such writes).
-            analysis = qnnx_export.lift_mutations(analysis) or analysis
+        analysis = analyze(gm, args, opts)
         timings["analyze"] = time.perf_counter() - t
         if analysis.problems:
             details = [p.detail for p in analysis.problems]
@@ -556,10 +551,6 @@ class _QnnVariant:
         self._exclude = exclude
         self._fallback: _Eager | _QnnVariant | None = None
         self._verified = not owner._options.verify
-        if not self._verified and program.signature.writes:
-            # The guard reruns the graph in eager PyTorch after the QNN run, which would apply the writes twice.
-            logger.info("qnn backend: graph %d writes in place; verify is not applied to it", report.graph_id)
-            self._verified = True
         if report.quantization is not None and report.quantization.used:
             # Checked against eager PyTorch at compile (SQNR, cosine); verify's fp16-level limits do not apply.
             self._verified = True
@@ -588,18 +579,30 @@ class _QnnVariant:
                     else:
                         self._fallback = fresh
                         return fresh(args)
+        checking = not self._verified
+        if checking:
+            self._verified = True
+            # The arguments the graph writes into, as they were before this call: eager PyTorch computes the
+            # reference from a copy of them, and a rejected first call leaves them as the caller passed them.
+            before = {i: cast(torch.Tensor, args[i]).clone() for i in self._written()}
         try:
             out = self._program.run(args)
         except Exception as exc:  # a run-time failure of the EP (e.g. an NPU subsystem restart)
             out = self._recover(args, exc)
             if out is _FELL_BACK:
                 return self._fallback(args)  # type: ignore[misc]
-        if not self._verified:
-            self._verified = True
-            problem = self._check_accuracy(args, out)
+        if checking:
+            problem = self._check_accuracy(args, out, before)
             if problem is not None:
+                for i, value in before.items():
+                    cast(torch.Tensor, args[i]).copy_(value)
                 return self._reject(args, problem)
         return out
+
+    def _written(self) -> list[int]:
+        """The Dynamo arguments the graph writes into (a KV cache's tensors)."""
+        sig = self._program.signature
+        return sorted({i for _, i in sig.writebacks} | {w.arg_index for w in sig.row_writebacks})
 
     def _switch_weights(self, args: Sequence[object]) -> bool:
         """Make current the program compiled earlier for the weights in ``args``, if one is still current."""
@@ -632,28 +635,22 @@ class _QnnVariant:
             self._reject_device(args, cause)
             return _FELL_BACK
 
-    def _check_accuracy(self, args: Sequence[object], out: Any) -> str | None:
+    def _check_accuracy(self, args: Sequence[object], out: Any, before: dict[int, torch.Tensor]) -> str | None:
+        """Why the first QNN call disagrees with eager PyTorch on the same inputs, or None when it agrees. For a
+        graph that writes into its arguments, eager runs on copies of them and the written values are compared
+        too."""
+        eager_args: list[Any] = [before[i].clone() if i in before else a for i, a in enumerate(args)]
         with torch.no_grad():
-            ref = self._gm(*args)
+            ref = self._gm(*eager_args)
         got_leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         ref_leaves = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
+        pairs = [(f"output {k}", g, r) for k, (g, r) in enumerate(zip(got_leaves, ref_leaves))]
+        pairs += [(f"the write into argument {i}", cast(torch.Tensor, args[i]), eager_args[i]) for i in before]
         opts = self._owner._options
-        for k, (g, r) in enumerate(zip(got_leaves, ref_leaves)):
-            if not (g.is_floating_point() and r.is_floating_point()):
-                if not torch.equal(g, r.to(g.dtype)):
-                    return f"output {k} differs from eager PyTorch (non-float output)"
-                continue
-            g64, r64 = g.double().flatten(), r.double().flatten()
-            scale = r64.abs().max().item() if r64.numel() else 0.0
-            err = (g64 - r64).abs().max().item() if r64.numel() else 0.0
-            rel = err / scale if scale > 0 else err
-            denom = (g64.norm() * r64.norm()).item()
-            cos = (g64 @ r64).item() / denom if denom > 0 else (1.0 if err == 0 else 0.0)
-            if not (rel <= opts.verify_rtol and cos >= opts.verify_min_cosine):
-                return (
-                    f"output {k} differs from eager PyTorch: max|err|/max|ref| = {rel:.3g} "
-                    f"(limit {opts.verify_rtol:g}), cosine = {cos:.6f} (limit {opts.verify_min_cosine:g})"
-                )
+        for what, g, r in pairs:
+            problem = mismatch(g, r, opts.verify_rtol, opts.verify_min_cosine)
+            if problem is not None:
+                return f"{what} differs from eager PyTorch: {problem}"
         return None
 
     def _reject(self, args: Sequence[object], problem: str) -> Any:
@@ -677,3 +674,31 @@ class _QnnVariant:
 
 
 _FELL_BACK = object()
+
+
+def mismatch(got: torch.Tensor, ref: torch.Tensor, rtol: float, min_cosine: float) -> str | None:
+    """Why ``got`` is not ``ref`` within fp16-level limits, or None. NaN and infinities must sit where eager has
+    them (HTP has neither: a NaN in eager that comes back finite is a wrong result); the finite values must be
+    within ``rtol`` of the reference's largest magnitude and have a cosine of at least ``min_cosine``."""
+    if got.shape != ref.shape:
+        return f"shape {tuple(got.shape)} where eager gives {tuple(ref.shape)}"
+    if not (got.is_floating_point() and ref.is_floating_point()):
+        return None if torch.equal(got, ref.to(got.dtype)) else "a non-float value differs"
+    g64, r64 = got.detach().double().flatten(), ref.detach().double().flatten()
+    same_special = (torch.isnan(g64) & torch.isnan(r64)) | (torch.isinf(r64) & (g64 == r64))
+    finite = torch.isfinite(g64) & torch.isfinite(r64)
+    odd = ~(same_special | finite)
+    if bool(odd.any()):
+        k = int(odd.nonzero()[0])
+        return f"element {k} is {g64[k].item()} where eager gives {r64[k].item()}"
+    g64, r64 = g64[finite], r64[finite]
+    if not g64.numel():
+        return None
+    scale = r64.abs().max().item()
+    err = (g64 - r64).abs().max().item()
+    rel = err / scale if scale > 0 else err
+    denom = (g64.norm() * r64.norm()).item()
+    cos = (g64 @ r64).item() / denom if denom > 0 else (1.0 if err == 0 else 0.0)
+    if rel <= rtol and cos >= min_cosine:
+        return None
+    return f"max|err|/max|ref| = {rel:.3g} (limit {rtol:g}), cosine = {cos:.6f} (limit {min_cosine:g})"

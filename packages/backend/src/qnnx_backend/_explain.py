@@ -194,10 +194,9 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
         An :class:`ExplainReport`; ``print(report)`` shows a table, ``report.to_json()`` the same as JSON.
     """
     import qnnx_detection
-    import qnnx_export
     import qnnx_opcheck
-    from qnnx_backend._build import CompileContext, fp16_range_refusal
-    from qnnx_backend._session import StagedModel
+    from qnnx_backend._build import CompileContext, analyze, export_once, fp16_range_refusal
+    from qnnx_backend._session import DeviceRejected, StagedModel
 
     opts = BackendOptions.from_mapping(options)
     probe = qnnx_detection.probe()
@@ -215,22 +214,21 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason="device='cpu'", **base)
             )
             continue
-        analysis = qnnx_export.analyze(gm, inputs)
+        # The compile's own analysis and export (write lifting, the exporter, disable_passes, fp16), so that the
+        # explanation is of the graph the compile would run.
+        analysis = analyze(gm, inputs, opts)
         if analysis.problems:
             reason: str | None = "; ".join(p.detail for p in analysis.problems)
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=reason, **base))
             continue
         from qnnx_backend._compiled import _compiling
 
+        range_ctx = CompileContext(gm=gm, args=list(inputs), options=opts, analysis=analysis)
         try:
             with _compiling():  # export traces with process-global side effects: serialize with Dynamo
-                exported = qnnx_export.export(gm, inputs, analysis=analysis)
-        except Exception as exc:
-            explained.append(
-                GraphExplanation(
-                    onnx_nodes=0, devices=(), final_device="eager", reason=f"ONNX export failed: {exc}", **base
-                )
-            )
+                exported: Any = export_once(range_ctx)  # the float export: an ExportedGraph
+        except DeviceRejected as exc:
+            explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=str(exc), **base))
             continue
         quantization = None
         if opts.quantize is not None:
@@ -238,7 +236,6 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
 
             exported, quantization = explain_quantized(exported, gm, inputs, opts.quantize, analysis)
         origins = {name: (origin,) for name, origin in exported.node_origins.items()}
-        range_ctx = CompileContext(gm=gm, args=list(inputs), options=opts, analysis=analysis)
 
         def fp16_range(dev: str, ctx: CompileContext = range_ctx) -> str | None:
             # The compile's own check: the NPU computes in float16 (the GPU is not refused for it).

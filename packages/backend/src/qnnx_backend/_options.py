@@ -292,8 +292,10 @@ class BackendOptions:
     provider_options: tuple[tuple[str, str], ...] = attrs.field(factory=tuple, converter=_provider_options)
     """Extra QNN EP provider options passed through (names are checked against a list of known options)."""
 
-    verify: bool = attrs.field(default=False, converter=_bool("verify"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
-    """Accuracy guard: compare the first call of each compiled graph with eager PyTorch."""
+    verify: bool = attrs.field(default=True, converter=_bool("verify"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+    """Accuracy guard, on by default: the first call of each compiled float graph is compared with eager PyTorch on
+    the same inputs (its outputs, and what it writes into its arguments); a mismatch sends the graph down the
+    device chain (raises under ``strict``). ``False`` saves that one eager run per graph."""
 
     verify_rtol: float = attrs.field(default=5e-2, converter=_tolerance("verify_rtol"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
     """Guard threshold on max |qnn - eager| / max |eager| (fp16-level default)."""
@@ -309,7 +311,7 @@ class BackendOptions:
 
     disable_passes: tuple[str, ...] = attrs.field(factory=tuple, converter=_disable_passes)
     """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
-    wrong results; the accuracy guard ``verify=True`` is advised when skipping any)."""
+    wrong results; keep the accuracy guard ``verify`` on when skipping any)."""
 
     buckets: str | tuple[int, ...] | None = attrs.field(default="auto", converter=_buckets)
     """Length buckets for dynamic sizes: ``"auto"`` (powers of two from 16, bounded by Dynamo's maximum), a list of

@@ -13,14 +13,68 @@ from qnnx_opcheck._view import _GraphView
 __all__ = ["_Conditions"]
 
 
+# Ops whose outcome on QNN HTP depends on the input's rank (tools/opcheck/conformance.py, shape-class cases).
+_RANK_CLASSED = frozenset({"RMSNormalization", "Softplus", "Neg", "Log", "Sqrt", "Exp", "Reciprocal", "Abs"})
+# Ops whose outcome depends on the size of the normalized axis.
+_AXIS_CLASSED = frozenset({"Softmax", "LogSoftmax"})
+
+
 class _Conditions(_GraphView):
     """Condition classes and their measured outcomes."""
 
     def _condition_key(self, node: NodeView) -> str | None:
         """The measured-condition class of a node (see :func:`qnnx_opcheck._check.condition_keys`), or None for ops without one."""
-        if node.op_type == "Resize" and node.domain in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Resize":
             return self._resize_key(node)
+        if node.op_type in _RANK_CLASSED:
+            return self._rank_key(node)
+        if node.op_type in _AXIS_CLASSED:
+            return self._axis_key(node)
+        if node.op_type == "Div":
+            return self._divisor_key(node)
         return None
+
+    def _rank_key(self, node: NodeView) -> str | None:
+        """The rank class of the first input: ``r<rank>`` for RMSNormalization (right at rank 2 alone on QNN HTP),
+        ``r5`` or ``r1-4`` for the one-input elementwise ops (Softplus, Neg, Log, Sqrt are refused at rank 5; an
+        elementwise kernel does not otherwise depend on the layout, so ranks 1-4 are one class, measured on every
+        rank). An unknown shape keeps the cell's verdict, except for RMSNormalization."""
+        shape = self._shape(node.input[0]) if node.input else None
+        if node.op_type == "RMSNormalization":
+            return "unknown_shape" if shape is None else f"r{len(shape)}"
+        if shape is None:
+            return None
+        return "r5" if len(shape) >= 5 else "r1-4"
+
+    def _axis_key(self, node: NodeView) -> str | None:
+        """``unit_axis`` or ``axis`` for a Softmax/LogSoftmax (QNN HTP's LogSoftmax over an axis of size 1 returns
+        -4..-9 instead of 0), prefixed ``r5/`` at rank 5 (where HTP refuses LogSoftmax over any axis)."""
+        shape = self._shape(node.input[0]) if node.input else None
+        if shape is None or not shape:
+            return None
+        axis = self._attr(node, "axis")
+        axis = -1 if axis is None else int(axis)
+        if not -len(shape) <= axis < len(shape):
+            return None
+        kind = "unit_axis" if shape[axis] == 1 else "axis"
+        return f"r5/{kind}" if len(shape) >= 5 else kind
+
+    def _divisor_key(self, node: NodeView) -> str:
+        """``const_zero`` when the divisor is a float constant holding a zero (x / 0 is inf or NaN, which HTP
+        cannot hold: it returns a finite number), else ``const`` or ``runtime``."""
+        divisor = node.input[1] if len(node.input) > 1 else ""
+        if not divisor or not self._is_const(divisor):
+            return "runtime"
+        value = self._const_value(divisor)
+        if value is None:
+            return "const"
+        try:
+            zero = value.dtype.kind == "f" and bool((value == 0).any())
+        except (TypeError, ValueError):
+            zero = False
+        return "const_zero" if zero else "const"
 
     def _resize_key(self, node: NodeView) -> str:
         shape = self._shape(node.input[0]) if node.input else None

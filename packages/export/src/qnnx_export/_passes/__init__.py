@@ -21,6 +21,7 @@ from qnnx_export._passes._fusions import (
     FuseSoftplus,
     LogSigmoidToSoftplus,
     RMSNormWeightLast,
+    SoftplusStable,
 )
 from qnnx_export._passes._layout import (
     DropEmptyConcatInputs,
@@ -29,7 +30,7 @@ from qnnx_export._passes._layout import (
     TileLayerNormBroadcast,
     UnsqueezeInt64ToReshape,
 )
-from qnnx_export._passes._numerics import AvgPoolDropUnusedCountIncludePad, SafeSoftmaxWithoutInf
+from qnnx_export._passes._numerics import AvgPoolDropUnusedCountIncludePad, LogSoftmaxUnitAxis, SafeSoftmaxWithoutInf
 from qnnx_export._passes._registry import PASS_REGISTRY, pass_table, run_passes
 
 __all__ = [
@@ -44,9 +45,11 @@ __all__ = [
     "GatherNDToGather",
     "Int64InputsToInt32",
     "LogSigmoidToSoftplus",
+    "LogSoftmaxUnitAxis",
     "QnnPass",
     "RMSNormWeightLast",
     "SafeSoftmaxWithoutInf",
+    "SoftplusStable",
     "TileLayerNormBroadcast",
     "UnsqueezeInt64ToReshape",
     "pass_table",

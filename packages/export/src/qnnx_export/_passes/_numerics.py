@@ -9,7 +9,7 @@ import onnx_ir as ir
 
 from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
 
-__all__ = ["AvgPoolDropUnusedCountIncludePad", "SafeSoftmaxWithoutInf"]
+__all__ = ["AvgPoolDropUnusedCountIncludePad", "LogSoftmaxUnitAxis", "SafeSoftmaxWithoutInf"]
 
 
 # ------------------------------------------------------------- safe softmax: the fully-masked test without -inf
@@ -104,3 +104,44 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
         for node in nodes:
             node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 0)
         return bool(nodes)
+
+
+# ------------------------------------------------------------------- LogSoftmax over an axis of one element
+
+
+class LogSoftmaxUnitAxis(QnnPass):
+    """Rewrite ``LogSoftmax`` over an axis of size 1 as ``Sub(x, x)``, the same function.
+
+    Over one element, ``log_softmax(x) = x - log(exp(x)) = 0`` (NaN where ``x`` is infinite or NaN, in PyTorch and
+    in ``x - x`` alike). QNN HTP's LogSoftmax returns values between -4 and -9 there instead of 0, with no error
+    (onnxruntime-qnn 2.7.0, soc 60; every rank 2-4 and axis position measured), while over longer axes it is right
+    and Softmax over a unit axis is right too. Such axes come from a classifier head with one class, a
+    ``log_softmax`` over a singleton heads or batch axis, or a reduction with ``keepdim`` before it.
+    """
+
+    name = "logsoftmax_unit_axis"
+    defect = "LogSoftmax over an axis of size 1 returns -4..-9 on QNN HTP instead of 0 (silent wrong output)"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The input of a LogSoftmax whose axis has size 1, or None."""
+        if node.op_type != "LogSoftmax" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            return None
+        x = node.inputs[0]
+        shape = _shape(x)
+        if x is None or shape is None or not shape:
+            return None
+        axis = node.attributes.get_int("axis", -1)
+        if not -len(shape) <= axis < len(shape) or shape[axis] != 1:
+            return None
+        return x
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_logsoftmax")
+        changed = False
+        for node, x in self.matched(graph):
+            out = node.outputs[0]
+            new = _new_value(names("out"), out.dtype, _shape(out))
+            graph.insert_after(node, ir.Node("", "Sub", [x, x], outputs=[new]))
+            _replace_value(graph, out, new)
+            changed = True
+        return changed

@@ -1,0 +1,239 @@
+"""Every numeric rewrite pass, proven on the real QNN HTP simulator across shape classes.
+
+For each pass that emits an op for QNN to compute (a fused RMSNormalization, a Gelu, a Softplus, a Sub), Hypothesis
+draws the shape classes users hit: ranks 1-5, unit dims anywhere, batch > 1, every axis the pass accepts, weight and
+eps variants, and magnitudes past fp16's square range. The graph before the pass is the reference (ONNX's reference
+evaluator); after the pass it must run wholly on QNN (CPU fallback disabled) within fp16 tolerance of it.
+
+``QNNX_PASS_CONFORMANCE_EXAMPLES`` widens the run (``nox -s conformance`` sets it); CI keeps the profile's count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import pytest
+from export_onnx_builders import make_model, to_bytes, to_ir
+from export_qnn_helpers import qnn_session
+from hypothesis import given, note, reject, settings
+from hypothesis import strategies as st
+from onnx import TensorProto
+from onnx import helper as h
+from onnx.reference import ReferenceEvaluator
+
+from qnnx_export._passes import PASS_REGISTRY, run_passes
+
+_WIDE = int(os.environ.get("QNNX_PASS_CONFORMANCE_EXAMPLES", "0"))
+# fp16-level agreement relative to the output's largest magnitude (the op tables' conformance tolerance).
+_TOL = 1e-2
+
+Built = tuple[onnx.ModelProto, dict[str, np.ndarray]]
+
+
+def _examples(test: Callable[..., None]) -> Callable[..., None]:
+    """The profile's example count, or the wide count when asked for."""
+    return settings(max_examples=_WIDE)(test) if _WIDE else test
+
+
+# Shapes of rank 1-5 with unit dims drawn often (a dim is 1 in about a third of the draws).
+_dim = st.one_of(st.just(1), st.integers(2, 17))
+_shapes = st.lists(_dim, min_size=1, max_size=5).map(tuple)
+
+
+def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], passes: tuple[str, ...]) -> None:
+    """Run the passes; the rewritten graph must change, run on QNN and agree with the original on the CPU EP."""
+    # ONNX's reference evaluator, not ONNX Runtime's CPU EP: the CPU EP's Sigmoid approximates its tail (log of it
+    # at x = -16 gives -16.64), which would blame the pass for the reference's error.
+    ref = ReferenceEvaluator(model).run(None, feeds)
+    m = to_ir(model)
+    report = run_passes(m, passes)
+    assert any(changed for _, changed in report), f"{passes} did not rewrite the graph"
+    try:
+        session = qnn_session(to_bytes(m))
+    except Exception as exc:  # a refusal is never a wrong result, but the pass must not be what costs QNN the graph
+        with pytest.raises(Exception):  # noqa: B017 - any session-creation failure of the original graph
+            qnn_session(model.SerializeToString())
+        note(f"QNN refuses this shape class with and without the pass ({type(exc).__name__})")
+        reject()
+    outs = session.run(None, feeds)
+    for got, want in zip(outs, ref, strict=True):
+        want64 = np.asarray(want, np.float64)
+        assert got.shape == want64.shape
+        assert np.array_equal(np.isnan(got), np.isnan(want64)), "NaN positions differ"
+        # fp16 tolerance relative to the output's scale, with an absolute floor for outputs near 0 (HTP's Sigmoid
+        # and Softplus are off by up to about 7e-4 absolute wherever their output is small).
+        scale = max(float(np.abs(want64[np.isfinite(want64)]).max(initial=0.0)), 0.2)
+        err = float(np.nanmax(np.abs(got - want64), initial=0.0)) / scale
+        assert err < _TOL, f"error {err:.3g} of the output's scale (shape {want64.shape})"
+
+
+def _x(shape: tuple[int, ...], scale: float, seed: int) -> np.ndarray:
+    return (scale * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------------ RMSNorm
+
+
+def _rmsnorm(shape: tuple[int, ...], axes: int, form: str, weight: str, eps: float, scale: float) -> Built:
+    """The exporters' decomposed RMSNorm over the last ``axes`` axes of ``x``; ``form`` is ``pow_recip``
+    (``x * 1/sqrt(..)``), ``mul_recip`` (squares as ``x*x``) or ``div`` (``x / sqrt(..)``); ``weight`` is
+    ``none``, ``first`` or ``last`` (operand order of the final Mul)."""
+    rank = len(shape)
+    inits: dict[str, np.ndarray] = {
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(eps, np.float32),
+        "axes": np.arange(rank - axes, rank, dtype=np.int64),
+    }
+    sq = h.make_node("Mul", ["x", "x"], ["p"]) if form == "mul_recip" else h.make_node("Pow", ["x", "two"], ["p"])
+    nodes = [
+        sq,
+        h.make_node("ReduceMean", ["p", "axes"], ["m"], keepdims=1),
+        h.make_node("Add", ["m", "eps"], ["a"]),
+        h.make_node("Sqrt", ["a"], ["s"]),
+    ]
+    if form == "div":
+        nodes.append(h.make_node("Div", ["x", "s"], ["n"]))
+    else:
+        nodes += [h.make_node("Reciprocal", ["s"], ["r"]), h.make_node("Mul", ["x", "r"], ["n"])]
+    out = "n"
+    if weight != "none":
+        rng = np.random.default_rng(1)
+        inits["w"] = (1 + 0.5 * rng.standard_normal(shape[rank - axes :])).astype(np.float32)
+        nodes.append(h.make_node("Mul", ["w", "n"] if weight == "first" else ["n", "w"], ["y"]))
+        out = "y"
+    model = make_model(nodes, [("x", TensorProto.FLOAT, shape)], [(out, TensorProto.FLOAT, shape)], inits)
+    return model, {"x": _x(shape, scale, seed=rank + axes)}
+
+
+@_examples
+@given(
+    shape=_shapes,
+    data=st.data(),
+    form=st.sampled_from(["pow_recip", "mul_recip", "div"]),
+    weight=st.sampled_from(["none", "first", "last"]),
+    eps=st.sampled_from([1e-6, 1e-5]),
+    scale=st.sampled_from([1.0, 300.0]),
+)
+def test_fuse_rmsnorm_shape_classes(
+    shape: tuple[int, ...], data: st.DataObject, form: str, weight: str, eps: float, scale: float
+) -> None:
+    """The fused RMSNorm is right on QNN for every rank 1-5, unit dims, 1-3 normalized axes, with or without a
+    weight, and for rows past fp16's square range (|x| ~ 300)."""
+    axes = data.draw(st.integers(1, min(3, len(shape))), label="axes")
+    model, feeds = _rmsnorm(shape, axes, form, weight, eps, scale)
+    _check(model, feeds, ("fuse_rmsnorm", "rmsnorm_weight_last"))
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 4, 16), (2, 16, 4, 16), (1, 16, 1, 16), (16, 4, 16), (4, 16, 16)])
+def test_fuse_rmsnorm_qk_norm_shapes(shape: tuple[int, ...]) -> None:
+    """Qwen3/Gemma-3 QK-norm shapes (RMSNorm over head_dim of [batch, seq, heads, head_dim]), where HTP's own
+    RMSNormalization at rank 3-4 returns wrong rows: the fused graph is right."""
+    model, feeds = _rmsnorm(shape, 1, "pow_recip", "last", 1e-6, 1.0)
+    _check(model, feeds, ("fuse_rmsnorm",))
+
+
+# ------------------------------------------------------------------------------------------------ LogSoftmax
+
+
+@_examples
+@given(shape=_shapes, data=st.data(), scale=st.sampled_from([1.0, 30.0]))
+def test_logsoftmax_unit_axis_shape_classes(shape: tuple[int, ...], data: st.DataObject, scale: float) -> None:
+    """LogSoftmax over any unit axis of a rank 1-5 tensor (negative or positive axis) is exactly 0 on QNN."""
+    shape = data.draw(st.sampled_from([shape, (*shape[:-1], 1)]), label="shape")
+    units = [i for i, d in enumerate(shape) if d == 1]
+    if not units:
+        shape, units = (*shape[:-1], 1), [len(shape) - 1]
+    axis = data.draw(st.sampled_from(units), label="axis")
+    if data.draw(st.booleans(), label="negative"):
+        axis -= len(shape)
+    node = h.make_node("LogSoftmax", ["x"], ["y"], axis=axis)
+    model = make_model([node], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {})
+    _check(model, {"x": _x(shape, scale, seed=len(shape))}, ("logsoftmax_unit_axis",))
+
+
+# ------------------------------------------------------------------------------------------- elementwise fusions
+
+
+def _erf_gelu(shape: tuple[int, ...], scale: float) -> Built:
+    inits = {
+        "sqrt2": np.array(math.sqrt(2.0), np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    nodes = [
+        h.make_node("Div", ["x", "sqrt2"], ["u"]),
+        h.make_node("Erf", ["u"], ["e"]),
+        h.make_node("Add", ["e", "one"], ["a"]),
+        h.make_node("Mul", ["x", "half"], ["hx"]),
+        h.make_node("Mul", ["hx", "a"], ["y"]),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], inits), {
+        "x": _x(shape, scale, seed=len(shape))
+    }
+
+
+def _softplus(shape: tuple[int, ...], scale: float) -> Built:
+    nodes = [
+        h.make_node("Exp", ["x"], ["e"]),
+        h.make_node("Add", ["e", "one"], ["a"]),
+        h.make_node("Log", ["a"], ["y"]),
+    ]
+    inits = {"one": np.array(1.0, np.float32)}
+    return make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], inits), {
+        "x": _x(shape, scale, seed=len(shape))
+    }
+
+
+def _logsigmoid(shape: tuple[int, ...], scale: float) -> Built:
+    nodes = [h.make_node("Sigmoid", ["x"], ["s"]), h.make_node("Log", ["s"], ["y"])]
+    return make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}), {
+        "x": _x(shape, scale, seed=len(shape))
+    }
+
+
+def _softplus_op(shape: tuple[int, ...], scale: float) -> Built:
+    nodes = [h.make_node("Softplus", ["x"], ["y"])]
+    return make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}), {
+        "x": _x(shape, scale, seed=len(shape))
+    }
+
+
+_ELEMENTWISE = {
+    "fuse_erf_gelu": _erf_gelu,
+    "fuse_softplus": _softplus,
+    "logsigmoid_to_softplus": _logsigmoid,
+    "softplus_stable": _softplus_op,
+}
+
+
+@_examples
+@given(shape=_shapes, name=st.sampled_from(sorted(_ELEMENTWISE)), scale=st.sampled_from([1.0, 4.0]))
+def test_elementwise_fusions_shape_classes(shape: tuple[int, ...], name: str, scale: float) -> None:
+    """The elementwise fusions (Gelu, Softplus, -Softplus(-x)) are right on QNN at every rank 1-5 and unit dims."""
+    model, feeds = _ELEMENTWISE[name](shape, scale)
+    _check(model, feeds, (name,))
+
+
+# The passes whose emitted ops this file proves over shape classes, and where the others are proven.
+COVERED_HERE = frozenset({"fuse_rmsnorm", "rmsnorm_weight_last", "logsoftmax_unit_axis", *_ELEMENTWISE})
+COVERED_ELSEWHERE = {
+    # Exact layout and dtype rewrites (no new arithmetic for QNN), proven by test_qnn_defects.py and the
+    # Hypothesis graphs of test_passes.py.
+    "gathernd_to_gather": "test_qnn_defects.py",
+    "unsqueeze_int64_to_reshape": "test_qnn_defects.py",
+    "fold_high_rank_transpose": "test_passes.py",
+    "drop_empty_concat_inputs": "test_passes.py",
+    "int64_to_int32": "test_passes.py",
+    "avgpool_count_include_pad": "test_passes.py",
+    "safe_softmax_without_inf": "test_passes.py",
+    "tile_layernorm_broadcast": "test_qnn_defects.py",
+}
+
+
+def test_every_registered_pass_has_a_conformance_home() -> None:
+    """A new pass cannot land without saying where it is proven on QNN."""
+    assert set(PASS_REGISTRY) == COVERED_HERE | set(COVERED_ELSEWHERE)
