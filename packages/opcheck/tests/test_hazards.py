@@ -228,11 +228,13 @@ def test_rmsnorm_weight_first_fails_finalize() -> None:
 
 
 def test_symbolic_input_dims_are_unsupported() -> None:
-    """Nodes on a tensor with a symbolic batch dim are rejected (QNN needs static shapes); a note says how to fix."""
+    """Nodes on a tensor with a symbolic batch dim are rejected (QNN needs static shapes); the reason and a note
+    name the opcheck flag that fixes it."""
     rep = _check(unary("Relu", shape=("batch", 8)))  # type: ignore[arg-type]
     assert not rep.supported
     assert "symbolic" in (rep.verdicts[0].reason or "")
-    assert any("add_free_dimension_override_by_name" in n for n in rep.notes)
+    assert "--dim" in (rep.verdicts[0].reason or "")
+    assert any("--dim" in n and "free_dims" in n for n in rep.notes)
 
 
 def test_rank6_is_unsupported() -> None:

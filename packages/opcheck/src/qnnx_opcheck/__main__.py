@@ -15,9 +15,16 @@ from collections.abc import Sequence
 from qnnx_clikit import Parser, error, message_and_fix, out, parse_args, soc_model
 from qnnx_opcheck._check import check_model
 from qnnx_opcheck._report import OpCheckReport
+from qnnx_opcheck._shapes import parse_dim, parse_shape
 from qnnx_opcheck._tables import available_tables
 from qnnx_opcheck._version import __version__
-from qnnx_opcheck.errors import InvalidVersionError, ModelLoadError, QnnxOpcheckError, UnknownBackendError
+from qnnx_opcheck.errors import (
+    InvalidShapeError,
+    InvalidVersionError,
+    ModelLoadError,
+    QnnxOpcheckError,
+    UnknownBackendError,
+)
 
 __all__ = ["main"]
 
@@ -32,11 +39,13 @@ examples:
   qnnx-opcheck model.onnx                         # NPU (HTP), installed onnxruntime-qnn or newest table
   qnnx-opcheck model.onnx --device gpu --json
   qnnx-opcheck model.onnx --onnxruntime-qnn 2.6.0 --soc-model SM8650 --problems-only
+  qnnx-opcheck model.onnx --dim batch=1 --dim height=320 --dim width=320   # fix the free dims by name
+  qnnx-opcheck model.onnx --shape images=1,3,320,320                      # or whole input shapes
 
 exit codes:
   0  every node is supported (hazards allowed: they run, with a documented caveat)
   1  at least one node is unsupported
-  2  usage error (bad option or value: device, version, SoC)
+  2  usage error (bad option or value: device, version, SoC, a --dim or --shape the model does not have)
   3  error: the model cannot be read (missing, empty, not ONNX, invalid) or the tables are missing
 
 errors: one line on stderr; with --json, also {"error": {"type", "message", "fix", "exit_code"}} on stdout
@@ -90,6 +99,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SOC",
         help="HTP SoC: a QNN SoC number or a chip name, e.g. 60 or SC8380XP (Snapdragon X Elite), SM8650",
     )
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="size of a named free dimension of the graph inputs, e.g. batch=1 (repeatable); QNN needs static shapes",
+    )
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="INPUT=D0,D1,...",
+        help="full shape of a graph input, e.g. images=1,3,320,320 (repeatable)",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--markdown", action="store_true", help="print the per-node table as Markdown")
@@ -138,8 +161,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(args, int):  # --help, --version, or a usage error (reported)
         return args
     try:
-        report = check_model(args.model, args.device, onnxruntime_qnn=args.version, soc_model=args.soc_model)
-    except (UnknownBackendError, InvalidVersionError) as exc:
+        free_dims = dict(parse_dim(text) for text in args.dim)
+        input_shapes = dict(parse_shape(text) for text in args.shape)
+    except InvalidShapeError as exc:
+        return error(PROG, args.json, type(exc).__name__, *message_and_fix(exc), EXIT_USAGE)
+    try:
+        report = check_model(
+            args.model,
+            args.device,
+            onnxruntime_qnn=args.version,
+            soc_model=args.soc_model,
+            free_dims=free_dims,
+            input_shapes=input_shapes,
+        )
+    except (UnknownBackendError, InvalidVersionError, InvalidShapeError) as exc:
         return error(PROG, args.json, type(exc).__name__, *message_and_fix(exc), EXIT_USAGE)
     except ModelLoadError as exc:
         fix = "pass the path of a readable .onnx file (its external data is not needed)"

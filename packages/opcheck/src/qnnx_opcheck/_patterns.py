@@ -18,6 +18,13 @@ _FLOAT_ELEM_TYPES = (1, 11, 10, 16)
 _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "Clip"})
 
 
+# Optional inputs that exporters fill with an empty constant to mean "not given" (ONNX Resize opset 11-13 needs a roi
+# before scales, and an empty scales before sizes). ONNX Runtime and the QNN EP read them as absent: Resize with an
+# empty roi initializer (and with empty roi + empty scales + sizes), nearest and linear, opsets 11, 13 and 18, builds
+# with CPU fallback disabled and matches the CPU EP (onnxruntime-qnn 2.7.0, HTP simulator, soc_model 60).
+_EMPTY_PLACEHOLDERS: dict[tuple[str, str], tuple[int, ...]] = {("", "Resize"): (1, 2)}
+
+
 class _Patterns(_ValueRules):
     """The matchers of the table's patterns: ``(index, node) -> bool`` unless said otherwise."""
 
@@ -156,8 +163,12 @@ class _Patterns(_ValueRules):
         return not self._non_negative(node.input[0])
 
     def _touches_empty(self, node: NodeView) -> bool:
-        """Whether an input or output of the node has no elements (a static dimension of 0)."""
-        for name in (*node.input, *node.output):
+        """Whether an input or output of the node has no elements (a static dimension of 0). An empty constant in
+        an optional-input slot that means "not given" (Resize's roi and scales) is a placeholder, not data."""
+        placeholders = _EMPTY_PLACEHOLDERS.get((node.domain, node.op_type), ())
+        for position, name in enumerate((*node.input, *node.output)):
+            if position in placeholders and position < len(node.input) and self._is_const(name):
+                continue
             shape = self._shape(name) if name else None
             if shape is not None and any(d == 0 for d in shape):
                 return True

@@ -9,14 +9,17 @@ conditions (``_conditions``), all reading the graph through ``_view``.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from qnnx_opcheck._conditions import _Conditions
-from qnnx_opcheck._model import NodeView
+from qnnx_opcheck._control import CONTROL_FLOW_MEASURED, branch_model
+from qnnx_opcheck._model import NodeView, read_facts
 from qnnx_opcheck._outcomes import KIND_STATUS, Decision, cell_decision
 from qnnx_opcheck._patterns import _Patterns
 from qnnx_opcheck._qdq import _QdqRules
 from qnnx_opcheck._report import NodeVerdict
+from qnnx_opcheck._shapes import fix_flags
 from qnnx_opcheck._view import FLOATS, QDQ_DOMAINS
 
 __all__ = ["_Checker"]
@@ -85,6 +88,8 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         ):
             return "fused", p["reason"], p.get("evidence"), self._dtype(node.input[0])
 
+        if domain == "" and node.op_type in ("If", "Loop", "Scan") and self._control_flow_measured():
+            return self._control_flow(node)
         kind, reason, evidence, dtype = self._op_decision(node, domain)
 
         if node.op_type == "Erf" and kind != "supported":
@@ -97,7 +102,9 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         if p is not None and self.f.symbolic_inputs:
             dyn = self._dynamic_value(node)
             if dyn is not None:
-                return p["kind"], f"{p['reason']} (value '{dyn[0]}' has shape {list(dyn[1])})", p.get("evidence"), dtype
+                fix = self._shape_fix(dyn[1], node)
+                text = f"{p['reason']} (value '{dyn[0]}' has shape {list(dyn[1])})"
+                return p["kind"], text + (f"; fix: {fix}" if fix else ""), p.get("evidence"), dtype
         p = self._pattern("rank_limit")
         if p is not None:
             big = self._over_rank(node, int(p["max_rank"]))
@@ -130,6 +137,76 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
             if p is not None and dtype == "int64" and ("*" in ops or node.op_type in ops):
                 return "caveat", p["reason"], p.get("evidence"), dtype
         return kind, reason, evidence, dtype
+
+    def _shape_fix(self, shape: tuple[Any, ...], node: NodeView) -> str:
+        """The opcheck flags that would make this node's shapes static: the input dims its symbolic shape names,
+        else every symbolic dim of the graph inputs it depends on."""
+        dims_by_input = self.f.symbolic_inputs
+        known = {d for dims in dims_by_input.values() for d in dims if d != "?"}
+        named = {w for d in shape if isinstance(d, str) for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)} & known
+        if named:
+            return fix_flags({"": tuple(sorted(named))})
+        sources = self._symbolic_sources(node)
+        return fix_flags({k: v for k, v in dims_by_input.items() if k in sources}) if sources else ""
+
+    def _symbolic_sources(self, node: NodeView) -> frozenset[str]:
+        """The graph inputs with symbolic dims that reach the node (one forward pass over the graph, cached)."""
+        cache: dict[str, frozenset[str]] | None = getattr(self, "_sources", None)
+        if cache is None:
+            cache = {name: frozenset([name]) for name in self.f.symbolic_inputs}
+            for n in self.f.nodes:
+                reach = frozenset().union(*(cache.get(i, frozenset()) for i in n.input if i))
+                if reach:
+                    for o in n.output:
+                        cache[o] = reach
+            self._sources = cache
+        return frozenset().union(*(cache.get(i, frozenset()) for i in node.input if i))
+
+    def _control_flow_measured(self) -> bool:
+        return self.t.backend == "htp" and self.t.onnxruntime_qnn in CONTROL_FLOW_MEASURED
+
+    def _control_flow(self, node: NodeView) -> Decision:
+        """If: as good as its branches (the QNN EP runs it when every branch node is supported). Loop, Scan: the CPU
+        EP runs them (measured, see ``_control``)."""
+        where = f"onnxruntime-qnn {self.t.onnxruntime_qnn}, measured on the HTP simulator"
+        if node.op_type != "If":
+            return (
+                "rejected",
+                f"the QNN EP does not take {node.op_type}: ONNX Runtime runs it and its body on the CPU EP, and a "
+                f"session with session.disable_cpu_ep_fallback=1 fails ({where}). Fix: unroll it at export "
+                f"(a static trip count) if the model must run whole on QNN",
+                None,
+                None,
+            )
+        outer = {vi.name: vi for vi in [*self.f.model.graph.input, *self.f.model.graph.value_info]}
+        outer.update({vi.name: vi for vi in self.f.model.graph.output})
+        inits = {t.name: t for t in self.f.model.graph.initializer}
+        bad: list[str] = []
+        caveats: list[str] = []
+        for attr in node.attribute:
+            if attr.name not in ("then_branch", "else_branch"):
+                continue
+            sub = branch_model(self.f.model, attr.g, outer, inits)
+            report = _Checker(self.t, read_facts(sub, (), f"the {attr.name}")).verdicts()
+            bad += [f"{attr.name} {v.op_type} '{v.node_name}': {v.reason}" for v in report if v.status == "unsupported"]
+            caveats += [f"{attr.name} {v.op_type} '{v.node_name}'" for v in report if v.status == "hazard"]
+        if bad:
+            return (
+                "rejected",
+                f"a branch node is unsupported ({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}): ONNX Runtime "
+                f"then runs this If and both branches on the CPU EP, and a session with CPU fallback disabled fails "
+                f"({where})",
+                None,
+                None,
+            )
+        if caveats:
+            return "caveat", f"the QNN EP runs this If; branch nodes with a caveat: {', '.join(caveats)}", None, None
+        return (
+            "supported",
+            f"the QNN EP runs this If, and every node of both branches is supported ({where})",
+            None,
+            None,
+        )
 
     def _op_decision(self, node: NodeView, domain: str) -> Decision:
         entry = self.t.entry(domain, node.op_type)

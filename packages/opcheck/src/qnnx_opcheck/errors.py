@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from qnnx_opcheck._report import NodeVerdict
 
 __all__ = [
+    "InvalidShapeError",
     "InvalidVersionError",
     "ModelLoadError",
     "QnnxOpcheckError",
@@ -52,6 +53,11 @@ class InvalidVersionError(QnnxOpcheckError, ValueError):
             f"cannot parse onnxruntime-qnn version {version!r}; expected 'MAJOR.MINOR[.PATCH]' such as "
             f"'2.7.0'. Tables exist for: {', '.join(self.known)}."
         )
+
+
+class InvalidShapeError(QnnxOpcheckError, ValueError):
+    """A requested input size (``free_dims`` / ``--dim``, ``input_shapes`` / ``--shape``) is malformed or contradicts
+    the model's graph inputs. The message names the value, the accepted values and the fix."""
 
 
 class ModelLoadError(QnnxOpcheckError, ValueError):
