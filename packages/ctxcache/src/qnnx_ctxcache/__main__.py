@@ -8,12 +8,14 @@ a refusal (``clear`` outside a cache root, a damaged or unsafe archive, a pinned
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from qnnx_ctxcache._store import (
     is_key_prefix,
 )
 from qnnx_ctxcache._version import __version__
-from qnnx_ctxcache.errors import NotACacheRootError, QnnxCtxcacheError
+from qnnx_ctxcache.errors import InvalidOptionsError, NotACacheRootError, QnnxCtxcacheError
 
 __all__ = ["main"]
 
@@ -49,6 +51,7 @@ examples:
   qnnx-ctxcache prune --max-size 2GiB --dry-run
   qnnx-ctxcache --root /data/ctx inspect 3fa9
   qnnx-ctxcache explain 3fa9 81c0         # which key fields differ between two entries
+  qnnx-ctxcache compile model.onnx --soc-model SC8380XP --dim batch=1   # prebuild on a build host
   qnnx-ctxcache pack contexts.tar.gz      # every entry in one archive, to ship with an app
   qnnx-ctxcache pack sm8650.tgz --soc-model SM8650   # only the contexts compiled for one chip
   qnnx-ctxcache unpack contexts.tar.gz    # on each machine; exit 3 (nothing added) if it is damaged
@@ -58,7 +61,8 @@ exit codes:
   1  verify found bad entries
   2  usage error (bad option or value, a key prefix shorter than 4 hex digits)
   3  error: the cache root is missing or not a cache, a key prefix matches no entry or several, a refusal
-     (clear outside a cache root, a damaged or unsafe archive, a pinned entry) or an I/O error
+     (clear outside a cache root, a damaged or unsafe archive, a pinned entry), an I/O error, or for compile: no
+     onnxruntime-qnn, or the QNN compile failed
 errors: one line on stderr; with --json, also {"error": {"type", "message", "fix", "exit_code"}} on stdout
 environment: QNNX_CTXCACHE_DIR (default root), QNNX_CTXCACHE_MODE (readwrite|readonly|disabled),
   QNNX_CTXCACHE_SALT (mixed into every key), QNNX_CTXCACHE_RECACHE=1 (rebuild each key once)
@@ -176,6 +180,17 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rm", parents=[common], help="delete one entry")
     p.add_argument("key", type=_key_prefix, help="full key or a unique prefix (>= 4 hex chars)")
     sub.add_parser("clear", parents=[common], help="delete every entry (only in a directory with the root marker)")
+    p = sub.add_parser(
+        "compile", parents=[common], help="compile an ONNX model for QNN into the cache (needs onnxruntime-qnn)"
+    )
+    p.add_argument("model", type=Path, metavar="MODEL", help="the .onnx file")
+    p.add_argument("--device", choices=("npu", "htp", "gpu"), default="npu", help="QNN device (default npu)")
+    p.add_argument("--soc-model", type=soc_model, metavar="SOC", help="target SoC: 60, SC8380XP, SM8650, ...")
+    p.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=N", help="free dim size (repeat)")
+    p.add_argument("--option", type=_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="QNN provider option (repeat)")  # fmt: skip
+    p.add_argument("--config", type=_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="session config entry, e.g. session.disable_cpu_ep_fallback=1 (repeat)")  # fmt: skip
     p = sub.add_parser("pack", parents=[common, soc], help="write entries into one archive to install elsewhere")
     p.add_argument(
         "archive",
@@ -189,6 +204,75 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("unpack", parents=[common], help="check an archive from `pack`, then add its entries")
     p.add_argument("archive", type=Path, metavar="ARCHIVE", help="archive written by `qnnx-ctxcache pack`")
     return parser
+
+
+def _pair(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` for ``--option`` / ``--config``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE; accepted: e.g. htp_graph_finalization_optimization_mode=3"
+        )
+    return key.strip(), value.strip()
+
+
+def _dim(text: str) -> tuple[str, int]:
+    """``NAME=N`` for ``--dim``: a free dimension and its positive size."""
+    key, value = _pair(text) if "=" in text else ("", "")
+    if not key or not (value.isascii() and value.isdecimal() and int(value) >= 1):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME=N; accepted: a dim name and a positive size, e.g. batch=1"
+        )
+    return key, int(value)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """The HTP simulator prints a line on file descriptor 1 at the first session of a process: keep stdout ours."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _compile(args: argparse.Namespace, root: Path) -> int:
+    try:
+        from qnnx_ctxcache.ort import compile_model
+
+        started = time.monotonic()
+        with _stdout_to_stderr():
+            entry = compile_model(
+                args.model,
+                device=args.device,
+                soc_model=args.soc_model,
+                free_dims=dict(args.dim),
+                provider_options=dict(args.option),
+                session_options=dict(args.config),
+                cache_dir=root,
+            )
+    except InvalidOptionsError as exc:
+        return error(PROG, args.json, type(exc).__name__, *message_and_fix(exc), EXIT_USAGE)
+    except ImportError as exc:
+        return error(PROG, args.json, "ImportError", *message_and_fix(exc), EXIT_ERROR)
+    except (QnnxCtxcacheError, OSError):
+        raise
+    except Exception as exc:  # the QNN compile failed: onnxruntime's own error
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fix = "check the model with `qnnx-opcheck MODEL` (and its --dim flags) to see which nodes QNN refuses"
+        return error(PROG, args.json, type(exc).__name__, f"compiling {args.model} failed: {message}", fix, EXIT_ERROR)
+    seconds = time.monotonic() - started
+    state = (
+        "already cached" if entry.hit else ("compiled" if entry.persisted else f"compiled, not cached ({entry.reason})")
+    )
+    info = {"key": entry.key.hex, "hit": entry.hit, "persisted": entry.persisted, "reason": entry.reason,
+            "model_path": str(entry.model_path), "seconds": round(seconds, 3)}  # fmt: skip
+    _emit(args, info, f"{state}: {entry.key.hex[:16]}  {entry.model_path}  ({seconds:.2f} s)")
+    return EXIT_OK if entry.persisted else EXIT_ERROR
 
 
 _ROOT_FIX = (
@@ -292,6 +376,8 @@ def _run(args: argparse.Namespace) -> int:
         removed = ContextStore(root).clear()
         _emit(args, {"removed": removed}, f"removed {removed} entries from {root}")
         return EXIT_OK
+    if command == "compile":
+        return _compile(args, root)  # creates the cache on a fresh build host
     if command == "unpack":
         unpacked = ContextStore(root).unpack(args.archive)  # creates the cache on a fresh machine
         _emit(args, unpacked, _unpack_text(unpacked))
