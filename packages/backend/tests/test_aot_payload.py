@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qnnx_backend._aot import FORMAT_VERSION, MAGIC, fingerprint_differences, pack_payload, unpack_payload
+from qnnx_backend._payload import FORMAT_VERSION, MAGIC, fingerprint_differences, pack_payload, unpack_payload
 from qnnx_backend.errors import SavedGraphError
 from qnnx_testkit.strategies import flipped_bytes, json_values, truncations
 

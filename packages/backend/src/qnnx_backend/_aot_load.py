@@ -24,7 +24,7 @@ import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from qnnx_backend import _buckets, _report
-from qnnx_backend._aot import _FIX_SAVE, _SAFE_NAME, fingerprint_differences, unpack_payload
+from qnnx_backend._payload import _FIX_SAVE, _SAFE_NAME, fingerprint_differences, unpack_payload
 from qnnx_backend._program import recreate_and_run
 from qnnx_backend.errors import QnnDeviceError, QnnRuntimeError, SavedGraphError
 
@@ -42,6 +42,11 @@ def deserialize(data: bytes) -> LoadedGraph:
         QnnDeviceError: the graph cannot run here (``strict`` and another configuration, or no usable device).
     """
     header, blobs = unpack_payload(data)
+    return deserialize_parts(header, blobs)
+
+
+def deserialize_parts(header: Mapping[str, Any], blobs: Sequence[memoryview]) -> LoadedGraph:
+    """:func:`deserialize` of a payload already unpacked (:func:`qnnx_backend.load` reads its own section first)."""
     try:
         return LoadedGraph(header, blobs)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:

@@ -16,6 +16,7 @@ __all__ = [
     "QnnxBackendError",
     "QuantizationError",
     "SavedGraphError",
+    "SavedInputError",
     "UnsupportedGraphError",
 ]
 
@@ -68,6 +69,11 @@ class QuantizationError(QnnxBackendError, RuntimeError):
 class SavedGraphError(QnnxBackendError, ValueError):
     """A compiled function cannot be saved (a graph runs in PyTorch, its weights are gone), or a saved one cannot be
     read (not a qnnx file, damaged, truncated, or written by a newer qnnx-backend)."""
+
+
+class SavedInputError(QnnxBackendError, ValueError):
+    """A model loaded with :func:`qnnx_backend.load` was called with inputs other than those it was saved for (their
+    structure, a tensor's dtype or shape, a constant's value); every mismatch is named."""
 
 
 class QnnFallbackWarning(UserWarning):
