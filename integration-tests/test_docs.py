@@ -57,3 +57,12 @@ def test_package_readmes_use_absolute_links(readme: Path) -> None:
     """A package README is its PyPI page, where a relative link is broken: every link there is absolute."""
     relative = [t for t in LINK.findall(readme.read_text(encoding="utf-8")) if not re.match(r"^(https?:|mailto:|#)", t)]
     assert not relative, relative
+
+
+def test_export_guide_lists_every_pass_in_run_order() -> None:
+    """docs/export.md's pass table names every registered rewrite pass, in the order the pipeline runs them."""
+    from qnnx_export._passes import DEFAULT_PASSES
+
+    text = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| \d+ \| `([a-z0-9_]+)` \|", text, flags=re.MULTILINE)
+    assert tuple(listed) == DEFAULT_PASSES

@@ -53,13 +53,12 @@ def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], passes: tuple[s
     report = run_passes(m, passes)
     assert any(changed for _, changed in report), f"{passes} did not rewrite the graph"
     try:
-        session = qnn_session(to_bytes(m))
+        outs = qnn_session(to_bytes(m)).run(None, feeds)
     except Exception as exc:  # a refusal is never a wrong result, but the pass must not be what costs QNN the graph
-        with pytest.raises(Exception):  # noqa: B017 - any session-creation failure of the original graph
-            qnn_session(model.SerializeToString())
-        note(f"QNN refuses this shape class with and without the pass ({type(exc).__name__})")
+        with pytest.raises(Exception):  # noqa: B017 - any failure of the original graph, at creation or run
+            qnn_session(model.SerializeToString()).run(None, feeds)
+        note(f"QNN fails this shape class with and without the pass ({type(exc).__name__})")
         reject()
-    outs = session.run(None, feeds)
     for got, want in zip(outs, ref, strict=True):
         want64 = np.asarray(want, np.float64)
         assert got.shape == want64.shape
@@ -155,6 +154,78 @@ def test_logsoftmax_unit_axis_shape_classes(shape: tuple[int, ...], data: st.Dat
     _check(model, {"x": _x(shape, scale, seed=len(shape))}, ("logsoftmax_unit_axis",))
 
 
+# ------------------------------------------------------------------------------------------ Gather, then scaled
+
+
+@_examples
+@given(
+    table=st.lists(st.sampled_from([1, 3, 8, 16]), min_size=1, max_size=3).map(tuple),
+    index_shape=st.lists(_dim, min_size=1, max_size=3).map(tuple),
+    data=st.data(),
+    reshape=st.booleans(),
+    factor=st.sampled_from([8.0, 0.125, 25.3]),
+)
+def test_fold_gather_scale_shape_classes(
+    table: tuple[int, ...],
+    index_shape: tuple[int, ...],
+    data: st.DataObject,
+    reshape: bool,
+    factor: float,
+) -> None:
+    """A constant table of rank 1-3 gathered along any axis by runtime int32 indices of rank 1-3, optionally
+    reshaped to 2-D, then scaled by a one-element constant of any rank up to the output's, is right on QNN after
+    the rewrite."""
+    axis = data.draw(st.integers(-len(table), len(table) - 1), label="axis")
+    rng = np.random.default_rng(sum(index_shape) + len(table))
+    values = (0.05 * rng.standard_normal(table)).astype(np.float32)
+    a = axis % len(table)
+    out_shape = (*table[:a], *index_shape, *table[a + 1 :])
+    nodes = [h.make_node("Gather", ["table", "ids"], ["rows"], axis=axis)]
+    inits: dict[str, np.ndarray] = {"table": values}
+    scaled = "rows"
+    if reshape and len(out_shape) > 1:
+        out_shape = (math.prod(out_shape[:-1]), out_shape[-1])
+        nodes.append(h.make_node("Reshape", ["rows", "flat"], ["flat_rows"]))
+        inits["flat"] = np.array(out_shape, np.int64)
+        scaled = "flat_rows"
+    rank = data.draw(st.integers(0, len(out_shape)), label="factor rank")
+    inits["c"] = np.full((1,) * rank, factor, np.float32)
+    nodes.append(h.make_node("Mul", [scaled, "c"], ["y"]))
+    model = make_model(nodes, [("ids", TensorProto.INT32, index_shape)], [("y", TensorProto.FLOAT, out_shape)], inits)
+    feeds = {"ids": rng.integers(0, table[a], index_shape).astype(np.int32)}
+    _check(model, feeds, ("gather_runtime_indices_as_rows", "fold_gather_scale"))
+
+
+@_examples
+@given(
+    before=st.lists(_dim, min_size=1, max_size=2).filter(lambda dims: math.prod(dims) > 1),
+    size=_dim,
+    after=st.lists(_dim, min_size=0, max_size=2),
+    index_shape=st.lists(st.sampled_from([1, 2, 3, 5]), min_size=0, max_size=2).map(tuple),
+    negative_axis=st.booleans(),
+)
+def test_gather_runtime_indices_as_rows_shape_classes(
+    before: list[int], size: int, after: list[int], index_shape: tuple[int, ...], negative_axis: bool
+) -> None:
+    """A runtime tensor of rank 2-5 gathered along an inner axis (some dim before it > 1) by runtime int32 indices
+    of rank 0-2 selects the same elements on QNN after the rewrite (the cases the pass applies to)."""
+    if not after and len(index_shape) < 2:
+        index_shape = (*index_shape, 2, 1)[:2]  # along the last axis the pass takes only indices of rank >= 2
+    table = (*before, size, *after)
+    axis = len(before) - (len(table) if negative_axis else 0)
+    out_shape = (*before, *index_shape, *after)
+    node = h.make_node("Gather", ["x", "ids"], ["y"], axis=axis)
+    model = make_model(
+        [node],
+        [("x", TensorProto.FLOAT, table), ("ids", TensorProto.INT32, index_shape)],
+        [("y", TensorProto.FLOAT, out_shape)],
+        {},
+    )
+    rng = np.random.default_rng(len(out_shape))
+    feeds = {"x": _x(table, 1.0, seed=len(table)), "ids": rng.integers(0, size, index_shape).astype(np.int32)}
+    _check(model, feeds, ("gather_runtime_indices_as_rows",))
+
+
 # ------------------------------------------------------------------------------------------- elementwise fusions
 
 
@@ -219,7 +290,16 @@ def test_elementwise_fusions_shape_classes(shape: tuple[int, ...], name: str, sc
 
 
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
-COVERED_HERE = frozenset({"fuse_rmsnorm", "rmsnorm_weight_last", "logsoftmax_unit_axis", *_ELEMENTWISE})
+COVERED_HERE = frozenset(
+    {
+        "fuse_rmsnorm",
+        "rmsnorm_weight_last",
+        "logsoftmax_unit_axis",
+        "fold_gather_scale",
+        "gather_runtime_indices_as_rows",
+        *_ELEMENTWISE,
+    }
+)
 COVERED_ELSEWHERE = {
     # Exact layout and dtype rewrites (no new arithmetic for QNN), proven by test_qnn_defects.py and the
     # Hypothesis graphs of test_passes.py.

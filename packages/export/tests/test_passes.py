@@ -431,3 +431,73 @@ def test_drop_empty_concat_inputs_is_exact() -> None:
     after, changed, _ = _apply(model, "drop_empty_concat_inputs")
     assert changed and "Slice" not in _ops(after) and "Concat" not in _ops(after)
     np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])
+
+
+@given(
+    table=st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple),
+    index_shape=st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple),
+    data=st.data(),
+)
+def test_gather_runtime_indices_as_rows_exact_or_untouched(
+    table: tuple[int, ...], index_shape: tuple[int, ...], data: st.DataObject
+) -> None:
+    """A Gather by runtime indices along an inner axis after a dim > 1 becomes the row form with identical results
+    (negative indices too); along the leading axis, or the last by indices of rank <= 1, it is left as it is."""
+    axis = data.draw(st.integers(-len(table), len(table) - 1), label="axis")
+    a = axis % len(table)
+    out = (*table[:a], *index_shape, *table[a + 1 :])
+    node = onnx.helper.make_node("Gather", ["x", "ids"], ["y"], axis=axis)
+    model = make_model(
+        [node],
+        [("x", TensorProto.FLOAT, table), ("ids", TensorProto.INT64, index_shape)],
+        [("y", TensorProto.FLOAT, out)],
+        {},
+    )
+    rng = np.random.default_rng(len(out))
+    ids = rng.integers(-table[a], table[a], index_shape)
+    feeds = {"x": rng.standard_normal(table).astype(np.float32), "ids": ids}
+    after, changed, _ = _apply(model, "gather_runtime_indices_as_rows")
+    applies = int(np.prod(table[:a])) > 1 and not (a == len(table) - 1 and len(index_shape) <= 1)
+    assert changed == applies
+    _assert_same(model.SerializeToString(), after, feeds)
+    np.testing.assert_array_equal(_run(after, feeds)[0], feeds["x"].take(ids, axis=a))
+
+
+@given(
+    rows=st.integers(1, 6),
+    width=st.integers(1, 5),
+    index_shape=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
+    factor=st.floats(-100, 100, allow_nan=False, width=32),
+    between=st.sampled_from(["none", "Reshape", "Transpose"]),
+    shared=st.booleans(),
+)
+def test_fold_gather_scale_exact(
+    rows: int, width: int, index_shape: tuple[int, ...], factor: float, between: str, shared: bool
+) -> None:
+    """Mul(Gather(E, ids), c) (with a reshape or transpose between) becomes Gather(E * c, ids), bit for bit; when
+    the gathered rows are also used unscaled, nothing is folded."""
+    table = np.random.default_rng(rows * width).standard_normal((rows, width)).astype(np.float32)
+    out = (*index_shape, width)
+    nodes = [onnx.helper.make_node("Gather", ["E", "ids"], ["g"])]
+    inits = {"E": table, "c": np.array(factor, np.float32)}
+    scaled = "g"
+    if between == "Reshape":
+        out = (int(np.prod(index_shape)), width)
+        inits["s"] = np.array(out, np.int64)
+        nodes.append(onnx.helper.make_node("Reshape", ["g", "s"], ["m"]))
+        scaled = "m"
+    elif between == "Transpose":
+        out = out[::-1]
+        nodes.append(onnx.helper.make_node("Transpose", ["g"], ["m"], perm=list(range(len(out)))[::-1]))
+        scaled = "m"
+    nodes.append(onnx.helper.make_node("Mul", [scaled, "c"], ["y"]))
+    outputs = [("y", TensorProto.FLOAT, out)]
+    if shared:
+        outputs.append(("g", TensorProto.FLOAT, (*index_shape, width)))
+    model = make_model(nodes, [("ids", TensorProto.INT64, index_shape)], outputs, inits)
+    feeds = {"ids": np.random.default_rng(1).integers(0, rows, index_shape)}
+    after, changed, _ = _apply(model, "fold_gather_scale")
+    assert changed == (not shared)
+    if changed:
+        assert "Mul" not in _ops(after)
+    _assert_same(model.SerializeToString(), after, feeds)

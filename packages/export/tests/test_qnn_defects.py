@@ -5,8 +5,19 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from export_onnx_builders import add_layernorm, erf_gelu, gathernd, rmsnorm, to_bytes, to_ir, unsqueeze_int64
+from export_onnx_builders import (
+    add_layernorm,
+    erf_gelu,
+    gathernd,
+    make_model,
+    rmsnorm,
+    to_bytes,
+    to_ir,
+    unsqueeze_int64,
+)
 from export_qnn_helpers import cpu_session, qnn_session
+from onnx import TensorProto
+from onnx import helper as h
 
 from qnnx_export._passes import run_passes
 
@@ -65,6 +76,27 @@ def test_gathernd_bool_defect() -> None:
     ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
     out = qnn_session(_fixed(model, "gathernd_to_gather")).run(None, feeds)[0]
     np.testing.assert_array_equal(out, ref)
+
+
+def test_scaled_embedding_defect() -> None:
+    """A constant table gathered by int32 token ids [2, 16] and scaled by a constant scalar (Gemma's scaled
+    embedding) is wrong on QNN for the second batch row; with the scale folded into the table every row is right."""
+    rng = np.random.default_rng(0)
+    table = (0.03 * rng.standard_normal((128, 64))).astype(np.float32)
+    nodes = [h.make_node("Gather", ["table", "ids"], ["rows"]), h.make_node("Mul", ["rows", "scale"], ["y"])]
+    model = make_model(
+        nodes,
+        [("ids", TensorProto.INT32, (2, 16))],
+        [("y", TensorProto.FLOAT, (2, 16, 64))],
+        {"table": table, "scale": np.array(8.0, np.float32)},
+    )
+    feeds = {"ids": rng.integers(0, 128, (2, 16)).astype(np.int32)}
+    ref = table[feeds["ids"]] * np.float32(8.0)
+    broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]
+    assert _rel(broken[0], ref[0]) < 2e-2  # the first batch row is right...
+    assert _rel(broken[1], ref[1]) > 0.2  # ...the second is silently wrong (the defect)
+    fixed = qnn_session(_fixed(model, "fold_gather_scale")).run(None, feeds)[0]
+    assert _rel(fixed, ref) < 2e-2
 
 
 def test_erf_gelu_defect() -> None:

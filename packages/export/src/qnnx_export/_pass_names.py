@@ -7,6 +7,8 @@ __all__ = ["DEFAULT_PASSES"]
 # The default pipeline, in run order (see the _passes package for each pass and the defect it avoids).
 DEFAULT_PASSES: tuple[str, ...] = (
     "gathernd_to_gather",
+    "fold_gather_scale",
+    "gather_runtime_indices_as_rows",
     "unsqueeze_int64_to_reshape",
     "fuse_erf_gelu",
     "fold_high_rank_transpose",

@@ -27,10 +27,16 @@ from qnnx_export._passes._layout import (
     DropEmptyConcatInputs,
     FoldHighRankTranspose,
     GatherNDToGather,
+    GatherRuntimeIndicesAsRows,
     TileLayerNormBroadcast,
     UnsqueezeInt64ToReshape,
 )
-from qnnx_export._passes._numerics import AvgPoolDropUnusedCountIncludePad, LogSoftmaxUnitAxis, SafeSoftmaxWithoutInf
+from qnnx_export._passes._numerics import (
+    AvgPoolDropUnusedCountIncludePad,
+    FoldScaleIntoGatherTable,
+    LogSoftmaxUnitAxis,
+    SafeSoftmaxWithoutInf,
+)
 from qnnx_export._passes._registry import PASS_REGISTRY, pass_table, run_passes
 
 __all__ = [
@@ -39,10 +45,12 @@ __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
     "DropEmptyConcatInputs",
     "FoldHighRankTranspose",
+    "FoldScaleIntoGatherTable",
     "FuseErfGelu",
     "FuseRMSNorm",
     "FuseSoftplus",
     "GatherNDToGather",
+    "GatherRuntimeIndicesAsRows",
     "Int64InputsToInt32",
     "LogSigmoidToSoftplus",
     "LogSoftmaxUnitAxis",

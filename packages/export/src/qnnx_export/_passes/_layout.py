@@ -1,20 +1,23 @@
-"""Shape and layout rewrites: batch tiling, rank <= 5 transposes, GatherND, int64 Unsqueeze, empty Concat inputs."""
+"""Shape and layout rewrites: batch tiling, rank <= 5 transposes, GatherND, Gather by runtime indices, int64
+Unsqueeze, empty Concat inputs."""
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import onnx_ir as ir
 
+from qnnx_export._naming import UniqueNames
 from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
 
 __all__ = [
     "DropEmptyConcatInputs",
     "FoldHighRankTranspose",
     "GatherNDToGather",
+    "GatherRuntimeIndicesAsRows",
     "TileLayerNormBroadcast",
     "UnsqueezeInt64ToReshape",
 ]
@@ -318,6 +321,86 @@ class GatherNDToGather(QnnPass):
             _replace_value(graph, out, result)
             changed = True
         return changed
+
+
+# ------------------------------------------------------------------------------ Gather by runtime indices
+
+
+class GatherRuntimeIndicesAsRows(QnnPass):
+    """Gather by runtime indices along an inner axis as a gather of rows: data ``[A, N, B]`` (``A`` and ``B`` the
+    products of the dims before and after the axis) is transposed to ``[N, A*B]``, gathered along axis 0 by the
+    flattened indices and brought back to the output's shape.
+
+    QNN HTP's Gather by runtime indices is wrong, silently, along an inner axis when a dim before it is larger
+    than 1: ``[2, 16, 64]`` along axis 1 by 4 indices, ``[3, 3, 5]`` along axis 1, ``[2, 5, 8, 3]`` along axis 2 by a
+    scalar index, ``[3, 1, 1]`` along axis 1; also along the last axis by indices of rank >= 2 when the output
+    reaches rank 5. Along axis 0 (any index rank) and along the last axis by 0-D or 1-D indices it is right, and so
+    is every Gather by constant indices (onnxruntime-qnn 2.7.0, soc_model 60). The rewrite only moves elements
+    (exact); it needs static shapes, and leaves the node alone without them.
+    """
+
+    name = "gather_runtime_indices_as_rows"
+    defect = "Gather by runtime indices along an inner axis is wrong on QNN HTP when a dim before the axis is > 1"
+
+    def match(self, node: ir.Node) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            return None
+        data, indices = node.inputs
+        if data is None or indices is None or _const(indices) is not None:
+            return None
+        data_shape, index_shape = _shape(data), _shape(indices)
+        if data_shape is None or index_shape is None or not data_shape:
+            return None
+        attr = node.attributes.get("axis")
+        axis = attr.as_int() if attr is not None else 0
+        axis = axis + len(data_shape) if axis < 0 else axis
+        if not 0 <= axis < len(data_shape) or math.prod(data_shape[:axis]) == 1:
+            return None  # along the leading axis (or after unit dims only): right as it is
+        if axis == len(data_shape) - 1 and len(index_shape) <= 1:
+            return None  # along the last axis by 0-D or 1-D indices: right as it is
+        return axis, data_shape, index_shape
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_gather_rows")
+        matched = self.matched(graph)
+        for node, (axis, data_shape, index_shape) in matched:
+            _Rows(graph, node, names).gather(axis, data_shape, index_shape)
+        return bool(matched)
+
+
+class _Rows:
+    """Writes the row-gather form of one Gather node, each new node inserted before it."""
+
+    def __init__(self, graph: ir.Graph, node: ir.Node, names: UniqueNames) -> None:
+        self.graph, self.node, self.names = graph, node, names
+        self.dtype = cast(ir.Value, node.inputs[0]).dtype
+
+    def _emit(self, op: str, inputs: list[ir.Value], shape: tuple[int, ...], **attrs: Any) -> ir.Value:
+        result = _new_value(self.names(op.lower()), self.dtype, shape)
+        attributes = [ir.AttrInt64s(k, v) if isinstance(v, list) else ir.AttrInt64(k, v) for k, v in attrs.items()]
+        self.graph.insert_before(self.node, ir.Node("", op, inputs, attributes=attributes, outputs=[result]))
+        return result
+
+    def _reshape(self, source: ir.Value, shape: tuple[int, ...]) -> ir.Value:
+        target = _add_initializer(self.graph, self.names("shape"), np.array(shape, dtype=np.int64))
+        return self._emit("Reshape", [source, target], shape)
+
+    def gather(self, axis: int, data_shape: tuple[int, ...], index_shape: tuple[int, ...]) -> None:
+        data, indices, out = (cast(ir.Value, v) for v in (*self.node.inputs, self.node.outputs[0]))
+        before, size, after = math.prod(data_shape[:axis]), data_shape[axis], math.prod(data_shape[axis + 1 :])
+        count = math.prod(index_shape)
+        blocks = self._emit(
+            "Transpose", [self._reshape(data, (before, size, after))], (size, before, after), perm=[1, 0, 2]
+        )
+        rows = self._reshape(blocks, (size, before * after))
+        flat_shape = _add_initializer(self.graph, self.names("flat_shape"), np.array([count], dtype=np.int64))
+        flat = _new_value(self.names("flat_indices"), indices.dtype, (count,))
+        self.graph.insert_before(self.node, ir.Node("", "Reshape", [indices, flat_shape], outputs=[flat]))
+        picked = self._emit("Gather", [rows, flat], (count, before * after), axis=0)
+        picked = self._reshape(picked, (count, before, after))
+        back = self._emit("Transpose", [picked], (before, count, after), perm=[1, 0, 2])
+        result = self._reshape(back, (*data_shape[:axis], *index_shape, *data_shape[axis + 1 :]))
+        _replace_value(self.graph, out, result)
 
 
 # ------------------------------------------------------------------------- Unsqueeze on int64 data

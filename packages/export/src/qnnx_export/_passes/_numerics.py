@@ -9,7 +9,12 @@ import onnx_ir as ir
 
 from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
 
-__all__ = ["AvgPoolDropUnusedCountIncludePad", "LogSoftmaxUnitAxis", "SafeSoftmaxWithoutInf"]
+__all__ = [
+    "AvgPoolDropUnusedCountIncludePad",
+    "FoldScaleIntoGatherTable",
+    "LogSoftmaxUnitAxis",
+    "SafeSoftmaxWithoutInf",
+]
 
 
 # ------------------------------------------------------------- safe softmax: the fully-masked test without -inf
@@ -145,3 +150,72 @@ class LogSoftmaxUnitAxis(QnnPass):
             _replace_value(graph, out, new)
             changed = True
         return changed
+
+
+# ------------------------------------------------------------------ a constant scale folded into a gathered table
+
+# Ops that only move elements: a scalar factor commutes with them.
+_MOVES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
+
+
+class FoldScaleIntoGatherTable(QnnPass):
+    """Fold a constant scalar factor applied to gathered rows into the table: ``Mul(Gather(E, ids), c)`` becomes
+    ``Gather(E * c, ids)`` (also with reshapes or transposes between the Gather and the Mul).
+
+    QNN HTP computes ``Mul(Gather(E, ids), c)``, with ``E`` a constant table, ``ids`` runtime int32 indices and
+    ``c`` a constant of one element, wrongly for many shapes, silently: indices ``[2, 16]`` into a ``[128, 64]``
+    table (Gemma's scaled token embedding, ``embed(ids) * sqrt(hidden)``, at batch > 1) give a right first batch
+    row and wrong later rows; 1-D indices along axis 1 of a rank-3 table are wrong too; a Reshape between the two
+    does not help. Without the Mul every one of those Gathers is right (onnxruntime-qnn 2.7.0, soc_model 60).
+    The folded table holds the same products the Mul computes (exact, in the table's dtype).
+    """
+
+    name = "fold_gather_scale"
+    defect = "a constant table gathered by runtime indices, then scaled by a constant scalar, is wrong on QNN HTP"
+
+    def match(self, node: ir.Node) -> tuple[ir.Node, np.ndarray, ir.Value] | None:
+        """``(gather, factor, scaled)`` for a Mul of gathered rows by a one-element constant, or None."""
+        if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            return None
+        for scaled, factor in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+            c = _const(factor)
+            shape = _shape(scaled)
+            if scaled is None or c is None or c.size != 1 or shape is None or c.ndim > len(shape):
+                continue  # a factor of higher rank would broadcast the output to a new rank
+            gather = _gathered_table(scaled)
+            table = _const(gather.inputs[0]) if gather is not None else None
+            if gather is not None and table is not None and table.dtype == c.dtype and c.dtype.kind == "f":
+                return gather, c, scaled
+        return None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _names(graph, "qnnx_scaled")
+        matched = self.matched(graph)
+        for mul, (gather, factor, scaled) in matched:
+            table = cast(np.ndarray, _const(gather.inputs[0]))
+            folded = _add_initializer(graph, names("table"), table * factor.reshape(()))
+            gather.replace_input_with(0, folded)
+            _replace_value(graph, mul.outputs[0], scaled)
+        return bool(matched)
+
+
+def _gathered_table(value: ir.Value) -> ir.Node | None:
+    """The Gather of a constant table by runtime indices that ``value`` comes from through element moves alone,
+    every value on the way used once (so folding a factor into the table changes nothing else), or None."""
+    while True:
+        producer = value.producer()
+        if (
+            producer is None
+            or producer.domain not in ("", "ai.onnx")
+            or len(value.uses()) != 1
+            or value.is_graph_output()
+        ):
+            return None
+        if producer.op_type == "Gather":
+            data, indices = [*producer.inputs, None, None][:2]
+            if data is None or indices is None or _const(indices) is not None or _const(data) is None:
+                return None
+            return producer
+        if producer.op_type not in _MOVES or producer.inputs[0] is None:
+            return None
+        value = producer.inputs[0]

@@ -23,6 +23,8 @@ PASS_REGISTRY: Mapping[str, type[QnnPass]] = MappingProxyType(
         cls.name: cls
         for cls in (
             _layout.GatherNDToGather,
+            _numerics.FoldScaleIntoGatherTable,
+            _layout.GatherRuntimeIndicesAsRows,
             _layout.UnsqueezeInt64ToReshape,
             _fusions.FuseErfGelu,
             _layout.FoldHighRankTranspose,
@@ -61,8 +63,12 @@ def run_passes(model: ir.Model, names: Iterable[str]) -> list[tuple[str, bool]]:
 
 
 def pass_table() -> list[dict[str, Any]]:
-    """Return ``[{name, defect, doc}]`` for every registered pass (used by the docs)."""
-    return [
-        {"name": n, "defect": c.defect, "doc": (c.__doc__ or "").strip().splitlines()[0]}
-        for n, c in PASS_REGISTRY.items()
-    ]
+    """Return ``[{name, defect, doc}]`` for every registered pass, in run order (``doc``: the docstring's first
+    paragraph, used by the docs)."""
+    return [{"name": n, "defect": c.defect, "doc": _summary(c)} for n, c in PASS_REGISTRY.items()]
+
+
+def _summary(cls: type[QnnPass]) -> str:
+    """The first paragraph of a pass's docstring, on one line."""
+    paragraph = (cls.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
