@@ -188,20 +188,9 @@ def test_rank_sweep_axis_patterns(shape: tuple[int, ...], name: str, data: st.Da
     [
         ("log_softmax", (4, 1), 1),
         ("log_softmax", (2, 1, 3, 5), 1),
-        pytest.param(
-            "std",
-            (4, 1, 5),
-            1,
-            marks=pytest.mark.xfail(reason="known open defect: std of one element comes back finite", strict=True),
-        ),
-        pytest.param(
-            "mean_var",
-            (3, 1),
-            -1,
-            marks=pytest.mark.xfail(
-                reason="known open defect: var of one element at rank 2 comes back finite", strict=True
-            ),
-        ),
+        ("std", (4, 1, 5), 1),
+        ("mean_var", (3, 1), -1),
+        ("mean_var", (4, 1, 5), 1),
     ],
 )
 def test_unit_axis_cases_once_wrong_on_qnn(name: str, shape: tuple[int, ...], axis: int) -> None:

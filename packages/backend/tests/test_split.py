@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnx
+import onnx.numpy_helper
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -60,6 +61,34 @@ def test_a_step_op_pins_the_float_computation_that_feeds_it() -> None:
     assert "floor_2 (Floor)" in plan.nodes["relu_0"]
     assert plan.op_types == ("Floor", "Relu", "Sigmoid")
     assert (plan.on_qnn, plan.on_cpu) == (1, 3) and not plan.keeps_majority()
+
+
+@given(after=st.lists(st.sampled_from(_VOUCHED), min_size=1, max_size=4), zero_at=st.integers(0, 3))
+def test_everything_after_a_division_by_a_constant_zero_is_pinned(after: list[str], zero_at: int) -> None:
+    """A Div by a constant holding a zero (a variance over one element) is refused, and every node computing on
+    its infinities or NaN is pinned too: a QNN node would turn them into finite numbers. What runs before it stays
+    on QNN."""
+    import numpy as np
+
+    divisor = np.ones(4, np.float32)
+    divisor[zero_at] = 0.0
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="before"),
+        helper.make_node("Div", ["r", "d"], ["v0"], name="div"),
+    ]
+    for i, op in enumerate(after):
+        nodes.append(helper.make_node(op, [f"v{i}"], ["y" if i == len(after) - 1 else f"v{i + 1}"], name=f"after_{i}"))
+    graph = helper.make_graph(
+        nodes,
+        "div_by_zero",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(divisor, "d")],
+    )
+    plan = _plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert set(plan.nodes) == {"div", *(f"after_{i}" for i in range(len(after)))}
+    assert "division by zero" in plan.nodes["after_0"]
+    assert "before" not in plan.nodes
 
 
 def test_a_step_op_on_a_graph_input_pins_only_itself() -> None:

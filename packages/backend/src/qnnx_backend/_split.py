@@ -157,6 +157,7 @@ def plan_cpu_nodes(structure: Any, report: Any) -> CpuPlan:
                     pinned.setdefault(names[j], why)
                 todo.extend(name for name in node.input if name)
 
+    _pin_non_finite_consumers(graph, names, pinned)
     members = _unit_members(graph, names, pinned)
     op_types = tuple(
         sorted({n.op_type for name, n in zip(names, graph.node) if name in pinned and name not in members})
@@ -171,6 +172,39 @@ def plan_cpu_nodes(structure: Any, report: Any) -> CpuPlan:
         else:
             on_qnn += 1
     return CpuPlan(nodes=pinned, op_types=op_types, on_qnn=on_qnn, on_cpu=on_cpu)
+
+
+def _divides_by_constant_zero(node: Any, constants: Mapping[str, Any]) -> bool:
+    """A float Div whose divisor is a constant holding a zero: its output holds infinities or NaN."""
+    if node.op_type != "Div" or len(node.input) < 2 or node.input[1] not in constants:
+        return False
+    from onnx import numpy_helper
+
+    divisor = numpy_helper.to_array(constants[node.input[1]])
+    return divisor.dtype.kind == "f" and bool((divisor == 0).any())
+
+
+def _pin_non_finite_consumers(graph: Any, names: list[str], pinned: dict[str, str]) -> None:
+    """Pin every node downstream of a pinned division by a constant zero: QNN HTP has no infinities or NaN, so the
+    CPU EP's inf/NaN would come out of a QNN node as a finite number (the NaN of a variance over one element came
+    back as -131008 from the Sqrt of a standard deviation)."""
+    constants = {init.name: init for init in graph.initializer}
+    sources = [i for i, n in enumerate(graph.node) if names[i] in pinned and _divides_by_constant_zero(n, constants)]
+    if not sources:
+        return
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.node):
+        for value in n.input:
+            consumers.setdefault(value, []).append(i)
+    for source in sources:
+        why = f"computes on the infinities or NaN of {names[source]} (a division by zero), which QNN HTP cannot hold"
+        todo, seen = list(graph.node[source].output), {source}
+        while todo:
+            for j in consumers.get(todo.pop(), []):
+                if j not in seen:
+                    seen.add(j)
+                    pinned.setdefault(names[j], why)
+                    todo.extend(graph.node[j].output)
 
 
 def _unit_members(graph: Any, names: list[str], pinned: Mapping[str, str]) -> set[str]:
