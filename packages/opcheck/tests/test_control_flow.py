@@ -177,3 +177,34 @@ def test_a_loop_is_refused_and_the_simulator_agrees() -> None:
     assert (v.op_type, v.status) == ("Loop", "unsupported") and "CPU EP" in (v.reason or "")
     live = _runs_whole_and_right(_loop())
     assert live.session_error is not None and "fallback" in live.session_error
+
+
+def _if_with_weight(inside: bool) -> onnx.ModelProto:
+    """If(c) -> MatMul(x, W) | Relu(x), with W an initializer of the main graph or of the branch itself."""
+    w = numpy_helper.from_array(np.random.default_rng(0).random((4, 4), dtype=np.float32), "W")
+    then = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", F, [2, 4])],
+        [w] if inside else [],
+    )
+    return _model(
+        [helper.make_node("If", ["c"], ["y"], name="choose", then_branch=then, else_branch=_branch("Relu", "e"))],
+        [helper.make_tensor_value_info("x", F, [2, 4]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", F, [2, 4])],
+        [] if inside else [w],
+    )
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_branch_reading_an_outer_initializer_sends_the_if_to_the_cpu(inside: bool) -> None:
+    """A branch MatMul whose weight is an initializer of the main graph makes the QNN EP decline the If (it and both
+    branches run on the CPU EP); the same weight inside the branch runs on QNN. opcheck and the simulator agree."""
+    v = _static(_if_with_weight(inside)).verdicts[0]
+    assert (v.status == "supported") is inside, v.reason
+    if not inside:
+        assert "initializers of the enclosing graph (W)" in (v.reason or "")
+    placed = live_check(_if_with_weight(inside), soc_model=60, fallback=True)
+    assert placed.ran and placed.outputs_match, placed.to_dict()
+    assert placed.whole_on_qnn is inside, placed.assignment

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from hypothesis import given
@@ -244,3 +245,37 @@ def test_a_shape_is_accepted_exactly_when_it_fits_the_input(dims: list[int | str
         with pytest.raises(errors.InvalidShapeError):
             apply_static_shapes(m, None, {"x": shape})
         assert m.SerializeToString() == before
+
+
+def test_shapes_are_inferred_through_computed_constants() -> None:
+    """Pad widths computed from constants by a Transpose and a Reshape: onnx's own data propagation leaves the Pad
+    output unknown; opcheck folds the constants as onnxruntime does, so the Relu after it is static and supported
+    (without folding it would be an unverified hazard)."""
+    from onnx import numpy_helper
+
+    nodes = [
+        node("Transpose", ["p2"], ["pt"], perm=[1, 0]),
+        node("Reshape", ["pt", "flat"], ["pads"]),
+        node("Pad", ["x", "pads"], ["p"]),
+        node("Relu", ["p"], ["y"], name="relu"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([[0, 0, 1], [0, 0, 2]], np.int64), "p2"),
+        numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+    ]
+    m = model(nodes, [inp("x", ["batch", 2, 8])], ["y"], inits)
+    rep = oc.check_model(m, onnxruntime_qnn="2.7.0", free_dims={"batch": 1})
+    relu = next(v for v in rep.verdicts if v.node_name == "relu")
+    assert (relu.status, relu.kind) == ("supported", "supported"), relu.reason
+
+
+def test_a_shape_opcheck_cannot_infer_is_a_hazard_not_an_acceptance() -> None:
+    """With every input static, a value whose shape stays unknown (the Pad widths are a runtime input) makes the
+    nodes on it hazards that say so, never plainly supported."""
+    m = model(
+        [node("Pad", ["x", "pads"], ["p"]), node("Relu", ["p"], ["y"], name="relu")],
+        [inp("x", [1, 2, 8]), inp("pads", [6], TensorProto.INT64)],
+        ["y"],
+    )
+    relu = next(v for v in oc.check_model(m, onnxruntime_qnn="2.7.0").verdicts if v.node_name == "relu")
+    assert (relu.status, relu.kind) == ("hazard", "unknown_shape"), relu.reason

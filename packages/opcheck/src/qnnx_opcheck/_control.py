@@ -8,7 +8,9 @@ Measured with onnxruntime 1.32.0 + onnxruntime-qnn 2.7.0 on the HTP simulator (s
   assigned to the QNN EP, and the session builds with CPU fallback disabled.
 * ``If`` on a runtime condition: the QNN EP takes the ``If`` node (a control-flow kernel of the plugin EP) when every
   node of both branches is supported; one unsupported branch node (``Erf``) sends the ``If`` and both branches to the
-  CPU EP, and a session with ``session.disable_cpu_ep_fallback=1`` fails.
+  CPU EP, and a session with ``session.disable_cpu_ep_fallback=1`` fails. So does a branch node that reads an
+  initializer of the enclosing graph (``MatMul(x, W)`` with ``W`` outside the branch; the same ``W`` inside the
+  branch runs on QNN), which is how some exporters share weights between branches.
 * ``Loop`` and ``Scan``: ONNX Runtime runs them and their bodies on the CPU EP; with CPU fallback disabled the session
   fails.
 """
@@ -21,9 +23,10 @@ from typing import Any
 import onnx
 from onnx import helper, numpy_helper
 
+from qnnx_opcheck._fold import infer_with_folding
 from qnnx_opcheck._model import weightless_view
 
-__all__ = ["CONTROL_FLOW_MEASURED", "branch_model", "fold_constant_ifs"]
+__all__ = ["CONTROL_FLOW_MEASURED", "branch_model", "fold_constant_ifs", "outer_reads"]
 
 _log = logging.getLogger(__name__)
 
@@ -36,9 +39,7 @@ _MAX_ROUNDS = 8
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(
-            weightless_view(model), check_type=False, strict_mode=False, data_prop=True
-        )
+        inferred = infer_with_folding(weightless_view(model))
     except Exception as exc:  # partial knowledge: no If is folded
         _log.info("shape inference failed while looking for constant If conditions: %s", exc)
         return {}
@@ -172,32 +173,34 @@ def fold_constant_ifs(model: onnx.ModelProto) -> list[str]:
     return notes
 
 
-def branch_model(
-    parent: onnx.ModelProto, branch: onnx.GraphProto, outer: dict[str, Any], outer_inits: dict[str, onnx.TensorProto]
-) -> onnx.ModelProto:
-    """A standalone model of ``branch``: the outer values it reads become graph inputs typed from ``outer`` (name ->
-    ValueInfoProto), or initializers when they are small outer initializers."""
-    produced = {o for n in branch.node for o in n.output} | {t.name for t in branch.initializer}
-    produced |= {vi.name for vi in branch.input}
-    reads: list[str] = []
+def outer_reads(branch: onnx.GraphProto) -> set[str]:
+    """The values the nodes of ``branch`` (and of its nested subgraphs) read from enclosing graphs."""
+    reads: set[str] = set()
+    defined: set[str] = set()
     stack = [branch]
     while stack:
         g = stack.pop()
+        defined |= {t.name for t in g.initializer} | {vi.name for vi in g.input}
         for n in g.node:
-            reads.extend(i for i in n.input if i)
+            reads.update(i for i in n.input if i)
+            defined.update(o for o in n.output if o)
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.GRAPH:
                     stack.append(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
-    reads.extend(o.name for o in branch.output)
+    reads.update(o.name for o in branch.output)
+    return reads - defined
+
+
+def branch_model(
+    parent: onnx.ModelProto, branch: onnx.GraphProto, outer: dict[str, Any], outer_inits: dict[str, onnx.TensorProto]
+) -> onnx.ModelProto:
+    """A standalone model of ``branch``: the outer values it reads become graph inputs typed from ``outer`` (name ->
+    ValueInfoProto), or initializers when they are small outer initializers."""
     inputs: list[onnx.ValueInfoProto] = list(branch.input)
     inits: list[onnx.TensorProto] = list(branch.initializer)
-    seen: set[str] = set()
-    for name in reads:
-        if name in produced or name in seen:
-            continue
-        seen.add(name)
+    for name in sorted(outer_reads(branch)):
         if name in outer_inits:
             inits.append(outer_inits[name])
         elif name in outer:

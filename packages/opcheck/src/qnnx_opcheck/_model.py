@@ -307,8 +307,10 @@ def _value_facts(vi: onnx.ValueInfoProto) -> ValueFacts:
     if tt.HasField("shape"):
         dims: list[int | str | None] = []
         for d in tt.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
+            elif d.HasField("dim_value"):  # -1, as some exporters write an unknown dim: not a static size
+                dims.append("?")
             elif d.HasField("dim_param"):
                 dims.append(d.dim_param)
             else:
@@ -379,9 +381,9 @@ def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str 
             _log.warning("could not inline local functions (%s); checking function call nodes as they are", exc)
             out_notes.append(f"local functions could not be inlined ({exc}); their call nodes are checked as ops")
     try:
-        inferred = onnx.shape_inference.infer_shapes(
-            _standard_qdq(model), check_type=False, strict_mode=False, data_prop=True
-        )
+        from qnnx_opcheck._fold import infer_with_folding
+
+        inferred = infer_with_folding(_standard_qdq(model))
     except Exception as exc:  # a partial result is fine; unknown dtypes are handled conservatively
         _log.info("shape inference failed (%s); dtypes of intermediate values are unknown", exc)
         out_notes.append(f"onnx shape inference failed ({exc}); dtypes of intermediate values are unknown")

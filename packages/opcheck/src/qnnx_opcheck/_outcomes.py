@@ -22,6 +22,7 @@ KIND_STATUS = {
     "caveat": "hazard",
     "unknown_dtype": "hazard",
     "unverified": "hazard",
+    "unknown_shape": "hazard",
     "rejected": "unsupported",
     "finalize_error": "unsupported",
     "session_error": "unsupported",

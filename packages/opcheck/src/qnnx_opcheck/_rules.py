@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from qnnx_opcheck._conditions import _Conditions
-from qnnx_opcheck._control import CONTROL_FLOW_MEASURED, branch_model
+from qnnx_opcheck._control import CONTROL_FLOW_MEASURED, branch_model, outer_reads
 from qnnx_opcheck._model import NodeView, read_facts
 from qnnx_opcheck._outcomes import KIND_STATUS, Decision, cell_decision
 from qnnx_opcheck._patterns import _Patterns
@@ -99,6 +99,17 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         if KIND_STATUS.get(kind) == "unsupported":
             return kind, reason, evidence, dtype
         p = self._pattern("dynamic_shape")
+        if p is not None and not self.f.symbolic_inputs and self._dynamic_value(node) is not None:
+            # Every graph input is static, yet shape inference (with constant folding) left a dim unknown here:
+            # onnxruntime's own inference may resolve it, so this is not a refusal, but opcheck cannot vouch for it.
+            name, shape = self._dynamic_value(node) or ("", ())
+            return (
+                "unknown_shape",
+                f"opcheck could not infer a static shape for '{name}' ({list(shape)}) although every graph input is "
+                f"static; QNN needs static shapes, so this node is unverified (check it with the live EP)",
+                p.get("evidence"),
+                dtype,
+            )
         if p is not None and self.f.symbolic_inputs:
             dyn = self._dynamic_value(node)
             if dyn is not None:
@@ -186,6 +197,18 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         for attr in node.attribute:
             if attr.name not in ("then_branch", "else_branch"):
                 continue
+            outer_constants = sorted(outer_reads(attr.g) & self.f.constants)
+            if outer_constants:
+                names = ", ".join(outer_constants[:3]) + (", ..." if len(outer_constants) > 3 else "")
+                return (
+                    "rejected",
+                    f"its {attr.name} reads initializers of the enclosing graph ({names}): the QNN EP then declines "
+                    f"the If, and ONNX Runtime runs it and both branches on the CPU EP; a session with CPU fallback "
+                    f"disabled fails ({where}). Fix: re-export with each branch's weights inside the branch, or "
+                    f"without the If",
+                    None,
+                    None,
+                )
             sub = branch_model(self.f.model, attr.g, outer, inits)
             report = _Checker(self.t, read_facts(sub, (), f"the {attr.name}")).verdicts()
             bad += [f"{attr.name} {v.op_type} '{v.node_name}': {v.reason}" for v in report if v.status == "unsupported"]

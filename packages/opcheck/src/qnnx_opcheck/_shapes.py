@@ -20,6 +20,8 @@ __all__ = ["apply_static_shapes", "fix_flags", "parse_dim", "parse_shape", "reso
 
 _NAME = r"[^=\s][^=]*?"
 _DIM_RE = re.compile(rf"\s*({_NAME})\s*=\s*(\S+?)\s*")
+# Names some exporters write for "unknown" (one name on several axes that need not be equal): not a free dim.
+_UNNAMED = frozenset({"", "?", "-1"})
 _DIM_FORM = "NAME=N with N a positive integer, e.g. batch=1"
 _SHAPE_FORM = "INPUT=D0,D1,... with positive integers, e.g. images=1,3,320,320"
 
@@ -73,11 +75,11 @@ def _dims(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
         return None
     out: list[int | str | None] = []
     for d in t.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             out.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
+        elif d.HasField("dim_param") and d.dim_param not in _UNNAMED:
             out.append(d.dim_param)
-        else:
+        else:  # unknown: no value, a negative one (some exporters write -1), or a placeholder name
             out.append(None)
     return out
 
@@ -191,7 +193,7 @@ def _set_dims(vi: onnx.ValueInfoProto, sizes: Mapping[str, int], shape: Sequence
             d.dim_value = shape[axis]  # setting dim_value clears dim_param (a oneof)
         elif d.HasField("dim_param") and d.dim_param in sizes:
             d.dim_value = sizes[d.dim_param]
-        elif clear and d.HasField("dim_param"):
+        elif clear and (d.HasField("dim_param") or (d.HasField("dim_value") and d.dim_value < 0)):
             # An expression of the fixed names ('2*height') or an exporter's own symbol: shape inference computes
             # it again from the now static inputs.
             d.Clear()
