@@ -65,6 +65,7 @@ def infer_with_folding(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     import numpy as np
 
+    model = _without_symbolic_infos(model)
     inferred = _infer(model)
     work: onnx.ModelProto | None = None
     values: dict[str, Any] = {}
@@ -105,9 +106,9 @@ def infer_with_folding(model: onnx.ModelProto) -> onnx.ModelProto:
                 array = np.asarray(value)
                 if name and array.size <= _MAX_ELEMENTS:
                     new[name] = array
+                    values[name] = array  # later nodes of this pass read it
         if not new:
             break
-        values.update(new)
         folded.update(new)
         # A copy in which the folded values are initializers (their nodes removed), for the next round's inference.
         work = onnx.ModelProto()
@@ -126,6 +127,19 @@ def infer_with_folding(model: onnx.ModelProto) -> onnx.ModelProto:
             break
         inferred = _merge(inferred, inferred_work, values, folded)
     return inferred
+
+
+def _without_symbolic_infos(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose intermediate value infos and outputs forget their symbolic dims (``unk__0``, ``2*height``):
+    shape inference keeps a symbol it finds written there even when it could compute the size now."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for vi in [*copy.graph.value_info, *copy.graph.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param"):
+                    d.Clear()
+    return copy
 
 
 def _merge(base: onnx.ModelProto, better: onnx.ModelProto, values: dict[str, Any], folded: set[str]) -> onnx.ModelProto:

@@ -154,11 +154,15 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         else every symbolic dim of the graph inputs it depends on."""
         dims_by_input = self.f.symbolic_inputs
         known = {d for dims in dims_by_input.values() for d in dims if d != "?"}
-        named = {w for d in shape if isinstance(d, str) for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)} & known
-        if named:
+        words = [set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)) if isinstance(d, str) else set() for d in shape]
+        named = {w for ws in words for w in ws} & known
+        explained = all(isinstance(d, int) or (ws & known) for d, ws in zip(shape, words, strict=True))
+        if named and explained:
             return fix_flags({"": tuple(sorted(named))})
+        # A dim shape inference named itself ('unk__0') or left unnamed: every symbolic dim upstream may be the cause.
         sources = self._symbolic_sources(node)
-        return fix_flags({k: v for k, v in dims_by_input.items() if k in sources}) if sources else ""
+        upstream = {k: v for k, v in dims_by_input.items() if k in sources}
+        return fix_flags(upstream) if upstream else fix_flags({"": tuple(sorted(named))})
 
     def _symbolic_sources(self, node: NodeView) -> frozenset[str]:
         """The graph inputs with symbolic dims that reach the node (one forward pass over the graph, cached)."""
