@@ -372,3 +372,44 @@ def test_float_state_updated_from_itself_is_not_lifted() -> None:
     cap = only(capture(Counter().eval(), torch.ones(3))[0])
     with pytest.raises(qe.errors.ExportError, match="accumulate fp16 rounding"):
         qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(lift_mutations=True))
+
+
+@pytest.mark.parametrize("from_itself", [False, True])
+def test_write_lifting_is_linear_in_shared_values(from_itself: bool) -> None:
+    """Deciding whether a lifted write overwrites or accumulates walks the graph once: a chain of 40 values each
+    used twice (a decoder's residual stream has this shape) is decided at once, where a walk along every path
+    would take 2^40 steps. A cache written from values computed without it is lifted; one computed from itself is
+    refused."""
+    import threading
+
+    from export_capture import capture, only
+
+    class Cache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(4, 3))
+
+        def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            y = self.cache[pos] if from_itself else x
+            for _ in range(40):
+                y = y + torch.sin(y)
+            self.cache.index_copy_(0, pos, y)
+            return self.cache.sum(0)
+
+    cap = only(capture(Cache().eval(), torch.ones(1, 3), torch.tensor([1]))[0])
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(lift_mutations=True)))
+        except qe.errors.ExportError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # far above the expected time (well under a second): a guard, not a benchmark
+    assert outcome, "write lifting did not finish: a walk that grows with the number of paths is back"
+    if from_itself:
+        assert isinstance(outcome[0], qe.errors.ExportError) and "accumulate fp16 rounding" in str(outcome[0])
+    else:
+        assert isinstance(outcome[0], qe.ExportedGraph) and outcome[0].signature.writes
