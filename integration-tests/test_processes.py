@@ -9,6 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,12 +123,124 @@ def test_the_layering_check_catches_each_broken_rule(tmp_path, package, code, br
     """Each rule of tools/check_layers.py fires on a tree that breaks it, and allowed imports pass."""
     src = tmp_path / "packages" / package / "src" / f"qnnx_{package}"
     src.mkdir(parents=True)
-    (src / "mod.py").write_text(code + "\n")
+    # The backend's modules are declared in its layer order: the last layer may import any package.
+    (src / ("__init__.py" if package == "backend" else "mod.py")).write_text(code + "\n")
     found = _check_layers().violations(tmp_path)
     if broken is None:
         assert found == []
     else:
         assert len(found) == 1 and broken in found[0], found
+
+
+def _backend_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    src = tmp_path / "packages" / "backend" / "src" / "qnnx_backend"
+    src.mkdir(parents=True)
+    for name, code in files.items():
+        (src / f"{name}.py").write_text(textwrap.dedent(code))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "from qnnx_backend import _compiled",
+        "from qnnx_backend._compiled import QnnGraph",
+        "import qnnx_backend._compiled",
+        "def f():\n    from qnnx_backend import _compiled",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from qnnx_backend._compiled import QnnGraph",
+        "from . import _compiled",
+        "from qnnx_backend import calibrate",  # the package's face is the last layer
+    ],
+)
+def test_the_layering_check_refuses_an_import_up_the_backend_order(tmp_path, code):
+    """A backend module importing a module of a later layer (at module level, in a function, for type checking
+    only, relatively, or through the package) breaks the declared order."""
+    tree = _backend_tree(tmp_path, {"_export": code, "_compiled": "", "__init__": "from qnnx_backend._export import *"})
+    found = _check_layers().violations(tree)
+    assert len(found) == 1 and "_export.py: _export (export) imports" in found[0], found
+
+
+def test_the_layering_check_refuses_an_import_within_one_layer_and_an_undeclared_module(tmp_path):
+    """Modules of one layer do not import each other, and every backend module must have a declared layer."""
+    tree = _backend_tree(tmp_path, {"_aot": "from qnnx_backend import _aot_load", "_aot_load": "", "_extra": ""})
+    found = _check_layers().violations(tree)
+    assert len(found) == 2, found
+    assert "_aot (save and load) imports _aot_load (save and load)" in found[0]
+    assert "_extra is not in tools/check_layers.py's BACKEND_LAYERS" in found[1]
+
+
+@settings(deadline=None)
+@given(data=st.data())
+def test_the_backend_order_holds_exactly_when_every_import_points_down(tmp_path_factory, data):
+    """For any backend modules importing each other, the check names exactly the imports of a module of the same
+    or a later layer."""
+    layers = _check_layers().BACKEND_LAYERS
+    rank = {m: k for k, (_, names) in enumerate(layers) for m in names}
+    names = data.draw(st.lists(st.sampled_from(sorted(rank)), min_size=2, max_size=6, unique=True))
+    edges = data.draw(st.lists(st.tuples(st.sampled_from(names), st.sampled_from(names)), max_size=8, unique=True))
+    edges = [(a, b) for a, b in edges if a != b and b != "__init__"]
+    files = {
+        n: "".join(f"def f{k}():\n    from qnnx_backend import {b}\n" for k, (a, b) in enumerate(edges) if a == n)
+        for n in names
+    }
+    tree = _backend_tree(tmp_path_factory.mktemp("tree"), files)
+    found = _check_layers().backend_order(tree)
+    expected = sorted({(a, b) for a, b in edges if rank[b] >= rank[a]})
+    assert [(f.split(": ")[1].split(" ")[0], f.split(" imports ")[1].split(" ")[0]) for f in found] == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "broken"),
+    [
+        ("from qnnx_detection._ep import _secret", "qnnx_detection._ep._secret"),
+        ("from ._ep import _secret", "qnnx_detection._ep._secret"),
+        ("from qnnx_detection import _ep\nx = _ep._secret", "qnnx_detection._ep._secret"),
+        ("import qnnx_detection._ep as ep\nx = ep._secret", "qnnx_detection._ep._secret"),
+        ("import qnnx_detection\nx = qnnx_detection._ep._secret", "qnnx_detection._ep._secret"),
+        ("from qnnx_detection import _hidden", "qnnx_detection._hidden"),
+        ("from qnnx_detection import _ep\nx = _ep.secret", None),
+        ("from qnnx_detection._ep import __doc__", None),
+        ("import attrs\nx = attrs._make", None),
+    ],
+)
+def test_the_layering_check_refuses_another_modules_private_name(tmp_path, code, broken):
+    """A module importing or reading another module's private name (not a submodule) breaks the rule, in any
+    package; public internal names, dunders and other projects' names pass."""
+    src = tmp_path / "packages" / "detection" / "src" / "qnnx_detection"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("_hidden = 1\n")
+    (src / "_ep.py").write_text("_secret = secret = 1\nprint(_secret)\n")
+    (src / "_reader.py").write_text(code + "\n")
+    found = _check_layers().violations(tmp_path)
+    if broken is None:
+        assert found == []
+    else:
+        assert found == [
+            f"packages/detection/src/qnnx_detection/_reader.py: uses the private name {broken} of another module "
+            "(make it a public internal name)"
+        ]
+
+
+def test_known_private_uses_are_allowed_and_a_gone_one_is_reported(tmp_path, monkeypatch):
+    """An entry of KNOWN_PRIVATE_USES lets that one use pass; once the use is gone the entry is reported stale."""
+    check = _check_layers()
+    src = tmp_path / "packages" / "detection" / "src" / "qnnx_detection"
+    src.mkdir(parents=True)
+    (src / "_ep.py").write_text("_x = 1\n")
+    (src / "_probe.py").write_text("from qnnx_detection._ep import _x\n")
+    entry = "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._x"
+    monkeypatch.setattr(check, "KNOWN_PRIVATE_USES", frozenset({entry}))
+    assert check.violations(tmp_path) == [] and check.stale_allowances(tmp_path) == []
+    (src / "_probe.py").write_text("from qnnx_detection import _ep\n")
+    assert check.stale_allowances(tmp_path) == [entry]
+
+
+def test_the_backend_follows_its_declared_order_and_uses_no_private_name_of_another_module():
+    """The real tree: every backend module is declared and imports down the order only; no backend module uses
+    another module's private name."""
+    check = _check_layers()
+    assert check.backend_order(ROOT) == []
+    assert [u for u in check.private_uses(ROOT) if u.startswith("packages/backend/")] == []
 
 
 def test_importing_packages_does_no_work():

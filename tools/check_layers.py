@@ -5,7 +5,13 @@
 - detection, export, opcheck and ctxcache (the leaves) never import each other, nor the backend;
 - only export and backend import torch;
 - opcheck and export never import onnxruntime (so `pip install qnnx-opcheck` gives a small CLI);
-- no package's src/ imports qnnx_testkit (a test-only distribution: tests may use it, shipped code may not).
+- no package's src/ imports qnnx_testkit (a test-only distribution: tests may use it, shipped code may not);
+- inside qnnx-backend, modules follow the compile's pipeline in the order of ``BACKEND_LAYERS``: a module imports
+  only modules of earlier layers (function-level and ``TYPE_CHECKING`` imports included), and every module of the
+  package is declared there;
+- in every package, no module imports or reads another module's private name (``from m import _x`` or ``m._x``,
+  other than a submodule): what another module needs is a public internal name (no underscore) in a private
+  module. ``KNOWN_PRIVATE_USES`` lists the uses in packages whose owners are still reworking them; it only shrinks.
 
 Exit 0 when the rules hold, 1 with one line per violation otherwise. Run: `python tools/check_layers.py`.
 """
@@ -23,6 +29,88 @@ TORCH_ALLOWED = {"export", "backend"}
 ORT_FORBIDDEN = {"export", "opcheck"}
 TEST_ONLY = "qnnx_testkit"
 
+# qnnx-backend's modules, earliest first: trace -> plan -> export -> check -> build -> run, save/load beside it. A
+# module may import only modules of earlier layers; modules of one layer do not import each other.
+BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("errors", "_version")),
+    ("records", ("_report", "_progress", "_quantspec", "_payload")),
+    ("options, calibration records, the torch-free loader", ("_options", "_calibrate", "_arrays")),
+    ("trace; comparing with eager; the CPU-EP split", ("_trace", "_compare", "_split")),
+    ("plan: buckets; sessions", ("_buckets", "_session")),
+    ("programs; the exporters' checks and the QDQ model", ("_program", "_faithful", "_quantize")),
+    ("export", ("_export",)),
+    ("check", ("_check",)),
+    ("build", ("_build",)),
+    ("the device chain; run one static graph", ("_chain", "_variant")),
+    ("save and load", ("_aot", "_aot_load")),
+    ("run: the callable Dynamo gets", ("_compiled",)),
+    ("entry points", ("_backend", "hf")),
+    ("faces", ("_explain", "_saved", "_registry")),
+    ("the package", ("__init__",)),
+)
+
+# Private names used across modules of packages whose owners are reworking them (one entry per file and name). The
+# list only shrinks: a new use fails the check; an entry whose use is gone is reported, to be deleted.
+KNOWN_PRIVATE_USES = frozenset(
+    {
+        "packages/ctxcache/src/qnnx_ctxcache/_listing.py: qnnx_ctxcache._layout._FUTURE_TOLERANCE",
+        "packages/ctxcache/src/qnnx_ctxcache/_listing.py: qnnx_ctxcache._layout._HEX2",
+        "packages/ctxcache/src/qnnx_ctxcache/_listing.py: qnnx_ctxcache._layout._HEX64",
+        "packages/ctxcache/src/qnnx_ctxcache/_listing.py: qnnx_ctxcache._layout._HOST_ID",
+        "packages/ctxcache/src/qnnx_ctxcache/_listing.py: qnnx_ctxcache._pins._PinsMixin",
+        "packages/ctxcache/src/qnnx_ctxcache/_packing.py: qnnx_ctxcache._prune._PruneMixin",
+        "packages/ctxcache/src/qnnx_ctxcache/_packing.py: qnnx_ctxcache._verify._VerifyMixin",
+        "packages/ctxcache/src/qnnx_ctxcache/_packing.py: qnnx_ctxcache._verify._safe_check",
+        "packages/ctxcache/src/qnnx_ctxcache/_pins.py: qnnx_ctxcache._layout._FOREIGN_MAX_AGE",
+        "packages/ctxcache/src/qnnx_ctxcache/_pins.py: qnnx_ctxcache._layout._HOST_ID",
+        "packages/ctxcache/src/qnnx_ctxcache/_pins.py: qnnx_ctxcache._layout._StoreBase",
+        "packages/ctxcache/src/qnnx_ctxcache/_prune.py: qnnx_ctxcache._layout._HEX64",
+        "packages/ctxcache/src/qnnx_ctxcache/_prune.py: qnnx_ctxcache._listing._ListingMixin",
+        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._layout._HOST_ID",
+        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._layout._errname",
+        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._packing._PackingMixin",
+        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._pins._pid_alive",
+        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._verify._VERIFIED",
+        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._verify._VERIFIED_LOCK",
+        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._verify._safe_check",
+        "packages/ctxcache/src/qnnx_ctxcache/_verify.py: qnnx_ctxcache._listing._ListingMixin",
+        "packages/ctxcache/src/qnnx_ctxcache/testing.py: qnnx_ctxcache._verify._VERIFIED",
+        "packages/ctxcache/src/qnnx_ctxcache/testing.py: qnnx_ctxcache._verify._VERIFIED_LOCK",
+        "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._provider_options",
+        "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._session_config",
+        "packages/export/src/qnnx_export/_passes/_dtypes.py: qnnx_export._passes._base._const",
+        "packages/export/src/qnnx_export/_passes/_dtypes.py: qnnx_export._passes._base._names",
+        "packages/export/src/qnnx_export/_passes/_dtypes.py: qnnx_export._passes._base._new_value",
+        "packages/export/src/qnnx_export/_passes/_dtypes.py: qnnx_export._passes._base._shape",
+        "packages/export/src/qnnx_export/_passes/_fusions.py: qnnx_export._passes._base._add_initializer",
+        "packages/export/src/qnnx_export/_passes/_fusions.py: qnnx_export._passes._base._const",
+        "packages/export/src/qnnx_export/_passes/_fusions.py: qnnx_export._passes._base._names",
+        "packages/export/src/qnnx_export/_passes/_fusions.py: qnnx_export._passes._base._new_value",
+        "packages/export/src/qnnx_export/_passes/_fusions.py: qnnx_export._passes._base._replace_value",
+        "packages/export/src/qnnx_export/_passes/_fusions.py: qnnx_export._passes._base._shape",
+        "packages/export/src/qnnx_export/_passes/_layout.py: qnnx_export._passes._base._add_initializer",
+        "packages/export/src/qnnx_export/_passes/_layout.py: qnnx_export._passes._base._const",
+        "packages/export/src/qnnx_export/_passes/_layout.py: qnnx_export._passes._base._names",
+        "packages/export/src/qnnx_export/_passes/_layout.py: qnnx_export._passes._base._new_value",
+        "packages/export/src/qnnx_export/_passes/_layout.py: qnnx_export._passes._base._replace_value",
+        "packages/export/src/qnnx_export/_passes/_layout.py: qnnx_export._passes._base._shape",
+        "packages/export/src/qnnx_export/_passes/_numerics.py: qnnx_export._passes._base._add_initializer",
+        "packages/export/src/qnnx_export/_passes/_numerics.py: qnnx_export._passes._base._const",
+        "packages/export/src/qnnx_export/_passes/_numerics.py: qnnx_export._passes._base._names",
+        "packages/export/src/qnnx_export/_passes/_numerics.py: qnnx_export._passes._base._new_value",
+        "packages/export/src/qnnx_export/_passes/_numerics.py: qnnx_export._passes._base._replace_value",
+        "packages/export/src/qnnx_export/_passes/_numerics.py: qnnx_export._passes._base._shape",
+        "packages/opcheck/src/qnnx_opcheck/_check.py: qnnx_opcheck._rules._Checker",
+        "packages/opcheck/src/qnnx_opcheck/_conditions.py: qnnx_opcheck._view._GraphView",
+        "packages/opcheck/src/qnnx_opcheck/_patterns.py: qnnx_opcheck._values._ValueRules",
+        "packages/opcheck/src/qnnx_opcheck/_qdq.py: qnnx_opcheck._view._GraphView",
+        "packages/opcheck/src/qnnx_opcheck/_rules.py: qnnx_opcheck._conditions._Conditions",
+        "packages/opcheck/src/qnnx_opcheck/_rules.py: qnnx_opcheck._patterns._Patterns",
+        "packages/opcheck/src/qnnx_opcheck/_rules.py: qnnx_opcheck._qdq._QdqRules",
+        "packages/opcheck/src/qnnx_opcheck/_values.py: qnnx_opcheck._view._GraphView",
+    }
+)
+
 
 def imported_roots(path: Path) -> set[str]:
     """Top-level module names imported anywhere in a file (module level or inside functions)."""
@@ -34,6 +122,124 @@ def imported_roots(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             roots.add(node.module.split(".")[0])
     return roots
+
+
+class _Modules:
+    """The modules of every package's src/ under ``root``, by dotted name."""
+
+    def __init__(self, root: Path) -> None:
+        self.paths: dict[str, Path] = {}
+        for path in sorted((root / "packages").glob("*/src/**/*.py")):
+            src = path.relative_to(root / "packages").parts[:2]
+            parts = list(path.relative_to(root / "packages" / src[0] / src[1]).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if parts:
+                self.paths[".".join(parts)] = path
+
+    def is_module(self, name: str) -> bool:
+        return name in self.paths
+
+    def name_of(self, path: Path) -> str:
+        return next(name for name, p in self.paths.items() if p == path)
+
+
+def _imports(tree: ast.AST, own: str, is_package: bool) -> list[tuple[str, str | None, str | None]]:
+    """(module, name taken from it or None, the local name bound) for every import in a file, at any depth; relative
+    imports resolved against ``own``."""
+    found: list[tuple[str, str | None, str | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append((alias.name, None, alias.asname or alias.name.split(".")[0]))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = own.split(".")
+                if not is_package:
+                    anchor = anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                found.append((base, alias.name, alias.asname or alias.name))
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(root: Path = ROOT) -> list[str]:
+    """``path: module._name`` for every private name a module imports from, or reads on, another project module
+    (a submodule is not a private name)."""
+    modules = _Modules(root)
+    found: set[str] = set()
+    for own, path in modules.paths.items():
+        rel = path.relative_to(root)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        bound: dict[str, str] = {}  # local name -> the project module it is
+        for module, name, local in _imports(tree, own, path.name == "__init__.py"):
+            if not module.startswith("qnnx_"):
+                continue
+            target = module if name is None else f"{module}.{name}"
+            if name is None:
+                if local is not None:
+                    bound[local] = module.split(".")[0] if local == module.split(".")[0] else module
+            elif modules.is_module(target):
+                bound[local or name] = target
+            elif _private(name) and module != own:
+                found.add(f"{rel}: {target}")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                continue
+            chain: list[str] = []
+            base: ast.expr = node
+            while isinstance(base, ast.Attribute):
+                chain.insert(0, base.attr)
+                base = base.value
+            if not isinstance(base, ast.Name) or base.id not in bound:
+                continue
+            module = bound[base.id]
+            for attr in chain:
+                if modules.is_module(f"{module}.{attr}"):
+                    module = f"{module}.{attr}"
+                    continue
+                if _private(attr) and module != own:
+                    found.add(f"{rel}: {module}.{attr}")
+                break
+    return sorted(found)
+
+
+def backend_order(root: Path = ROOT) -> list[str]:
+    """Every import inside qnnx-backend that reaches a module of the same or a later layer of ``BACKEND_LAYERS``,
+    and every module missing from it."""
+    rank = {module: k for k, (_, names) in enumerate(BACKEND_LAYERS) for module in names}
+    layer = {module: title for title, names in BACKEND_LAYERS for module in names}
+    src = root / "packages" / "backend" / "src" / "qnnx_backend"
+    found = []
+    for path in sorted(src.glob("*.py")):
+        rel = path.relative_to(root)
+        own = path.stem
+        if own not in rank:
+            found.append(f"{rel}: {own} is not in tools/check_layers.py's BACKEND_LAYERS (declare its layer)")
+            continue
+        own_name = "qnnx_backend" if own == "__init__" else f"qnnx_backend.{own}"
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for module, name, _ in _imports(tree, own_name, own == "__init__"):
+            if module != "qnnx_backend" and not module.startswith("qnnx_backend."):
+                continue
+            parts = module.split(".")[1:]
+            if not parts and name is not None and (src / f"{name}.py").exists():
+                parts = [name]
+            target = parts[0] if parts else "__init__"
+            if target == own or target not in rank:
+                continue
+            if rank[target] >= rank[own]:
+                found.append(
+                    f"{rel}: {own} ({layer[own]}) imports {target} ({layer[target]}): a module imports only modules "
+                    "of earlier layers of BACKEND_LAYERS"
+                )
+    return sorted(set(found))
 
 
 def violations(root: Path = ROOT) -> list[str]:
@@ -61,13 +267,26 @@ def violations(root: Path = ROOT) -> list[str]:
         if path.relative_to(root / "packages").parts[2] != TEST_ONLY and TEST_ONLY in imported_roots(path):
             rel = path.relative_to(root)
             found.append(f"{rel}: imports {TEST_ONLY} (a test-only distribution: only tests may use it)")
+    found.extend(backend_order(root))
+    for use in private_uses(root):
+        if use not in KNOWN_PRIVATE_USES:
+            path, name = use.split(": ")
+            found.append(f"{path}: uses the private name {name} of another module (make it a public internal name)")
     return found
+
+
+def stale_allowances(root: Path = ROOT) -> list[str]:
+    """Entries of ``KNOWN_PRIVATE_USES`` whose file is there and no longer has the use (delete them)."""
+    uses = set(private_uses(root))
+    return sorted(u for u in KNOWN_PRIVATE_USES if (root / u.split(": ")[0]).exists() and u not in uses)
 
 
 def main() -> int:
     bad = violations()
     for line in bad:
         print(line)
+    for entry in stale_allowances():
+        print(f"note: KNOWN_PRIVATE_USES lists {entry!r}, which is gone: delete the entry")
     print(f"layering: {len(bad)} violation(s)")
     return 1 if bad else 0
 

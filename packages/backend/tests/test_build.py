@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import qnnx_export
-from qnnx_backend._build import CompileContext, export_once
+from qnnx_backend._export import CompileContext, export_once
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._program import NoSessionProgram, Target
 from qnnx_backend._session import DeviceRejected

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import qnnx_export
-from qnnx_backend._compiled import _FrozenWeights
 from qnnx_backend._session import StagedModel
+from qnnx_backend._variant import FrozenWeights
 
 
 def _args(n: int) -> list[object]:
@@ -24,7 +24,7 @@ def _args(n: int) -> list[object]:
 def test_unchanged_weights_are_not_reported(n):
     """The same tensors at the same versions are not a change, for no, one or many frozen weights."""
     args = _args(n)
-    frozen = _FrozenWeights(args, range(1, n + 1))
+    frozen = FrozenWeights(args, range(1, n + 1))
     assert not frozen.changed(args)
     assert not frozen.changed(list(args))  # a new argument list holding the same tensors
     args[0].add_(1)  # the user input is not frozen
@@ -35,7 +35,7 @@ def test_unchanged_weights_are_not_reported(n):
 def test_any_replaced_or_updated_weight_is_reported(n, data):
     """Replacing any frozen tensor by another, or updating one in place, is reported; touching none is not."""
     args = _args(n)
-    frozen = _FrozenWeights(args, range(1, n + 1))
+    frozen = FrozenWeights(args, range(1, n + 1))
     edits = data.draw(st.lists(st.tuples(st.integers(1, n), st.sampled_from(["replace", "add_", "fill_"]))))
     with torch.no_grad():
         for index, how in edits:
@@ -49,7 +49,7 @@ def test_any_replaced_or_updated_weight_is_reported(n, data):
 def test_non_tensor_parameter_slots_are_skipped():
     """A parameter index that holds no tensor (a Python scalar) is not watched."""
     args = _args(2)
-    frozen = _FrozenWeights(args, [1, 2, 3])
+    frozen = FrozenWeights(args, [1, 2, 3])
     assert not frozen.changed(args)
     args[3] = 8
     assert not frozen.changed(args)

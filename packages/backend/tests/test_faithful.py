@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qnnx_backend._faithful import RTOL_FP32, compare_outputs
+from qnnx_backend._compare import RTOL_FP32, compare_outputs
 from qnnx_testkit.strategies import seeds, shapes
 
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import qnnx_backend
-from qnnx_backend import _compiled
+from qnnx_backend import _compiled, _trace
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +85,7 @@ def test_nested_and_concurrent_pauses_restore_the_initial_state(initial: bool, d
                 barrier.wait(timeout=10)
                 inside.append(gc.isenabled())
                 return
-            with _compiled._gc_paused():
+            with _trace.gc_paused():
                 nest(k - 1)
 
         nest(depth)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qnnx_backend._compiled import specialize
+from qnnx_backend._trace import specialize
 
 
 def _capture(fn, *shapes):

@@ -7,9 +7,9 @@ registered through the ``torch_dynamo_backends`` entry point. The public API is 
 from qnnx_backend import errors
 from qnnx_backend._arrays import ArrayModel, load_arrays
 from qnnx_backend._backend import is_available, qnn_backend
+from qnnx_backend._calibrate import calibrate
 from qnnx_backend._explain import DeviceExplanation, ExplainReport, GraphExplanation, NodeExplanation, explain
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._quantize import calibrate
 from qnnx_backend._report import Attempt, CompileReport, QuantizationReport, clear_compile_reports, compile_reports
 from qnnx_backend._saved import LoadedModel, SaveReport, load, save
 from qnnx_backend._version import __version__

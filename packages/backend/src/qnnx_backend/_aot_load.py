@@ -1,5 +1,5 @@
 """Load a saved compiled function: QNN sessions straight from its compiled contexts, no Dynamo, export or opcheck
-(private; the payload's format and the saving side are in :mod:`qnnx_backend._aot`).
+(private; the payload's format is :mod:`qnnx_backend._payload`, the saving side :mod:`qnnx_backend._aot`).
 
 Each saved static graph gets its session from its saved context; where that context cannot serve (another
 onnxruntime-qnn or SoC, a context QNN refuses, or one that killed an earlier process here) the graph is rebuilt
@@ -15,21 +15,29 @@ import logging
 import shutil
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from qnnx_backend import _buckets, _report
-from qnnx_backend._payload import _FIX_SAVE, _SAFE_NAME, fingerprint_differences, unpack_payload
-from qnnx_backend._program import recreate_and_run
-from qnnx_backend.errors import QnnDeviceError, QnnRuntimeError, SavedGraphError
-
-if TYPE_CHECKING:
-    from qnnx_backend._program import Program, QnnProgram, Target
+from qnnx_backend import _buckets, _report, _session
+from qnnx_backend._payload import FIX_SAVE, SAFE_NAME, fingerprint_differences, unpack_payload
+from qnnx_backend._program import (
+    CpuEpProgram,
+    NoSessionProgram,
+    Program,
+    QnnProgram,
+    SessionSource,
+    Target,
+    recreate_and_run,
+)
+from qnnx_backend._session import DeviceRejected
+from qnnx_backend._split import opcheck
+from qnnx_backend.errors import QnnDeviceError, QnnFallbackWarning, QnnRuntimeError, SavedGraphError
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +61,7 @@ def deserialize_parts(header: Mapping[str, Any], blobs: Sequence[memoryview]) ->
         if isinstance(exc, SavedGraphError):
             raise
         raise SavedGraphError(
-            f"the saved graph's header is malformed ({type(exc).__name__}: {exc}); {_FIX_SAVE}"
+            f"the saved graph's header is malformed ({type(exc).__name__}: {exc}); {FIX_SAVE}"
         ) from exc
 
 
@@ -90,7 +98,6 @@ class LoadedGraph(SerializableCallable):
 
     def __init__(self, header: Mapping[str, Any], blobs: Sequence[memoryview]) -> None:
         import qnnx_detection
-        from qnnx_backend._session import runtime_versions
 
         self._folder = Path(tempfile.mkdtemp(prefix="qnnx-aot-"))
         # The context files stay while the graph lives: a session re-created after a run-time failure reads them.
@@ -108,7 +115,7 @@ class LoadedGraph(SerializableCallable):
         self._target_soc = int(saved_soc) if saved_soc is not None else qnnx_detection.resolve_soc_model(None)
         self._blob_sha256 = [str(entry["sha256"]) for entry in header["blobs"]]
         saved = {k: v for k, v in header["fingerprint"].items() if k != "options"}
-        self._version_differences = fingerprint_differences(saved, runtime_versions())
+        self._version_differences = fingerprint_differences(saved, _session.runtime_versions())
         self._variants: dict[tuple[object, ...], _LoadedVariant] = {}
         for n, record in enumerate(graph["variants"]):
             key = tuple(record["key"])
@@ -160,7 +167,6 @@ class LoadedGraph(SerializableCallable):
     ) -> _LoadedVariant:
         import qnnx_detection
         import qnnx_export
-        from qnnx_backend._program import NoSessionProgram, Target
 
         start = time.perf_counter()
         device = str(record["device"])
@@ -216,8 +222,6 @@ class LoadedGraph(SerializableCallable):
     ) -> tuple[QnnProgram, str]:
         """The program of one saved QNN graph: from its context, or rebuilt from its ONNX model on a mismatch."""
         import qnnx_detection
-        from qnnx_backend._program import QnnProgram, SessionSource
-        from qnnx_backend._session import create_for_device
 
         device = target.device
         kwargs = {
@@ -242,7 +246,7 @@ class LoadedGraph(SerializableCallable):
                 try:
                     # Marked while ORT reads it: if the process dies here, the next one rebuilds instead.
                     with store.guard_load(name) if store is not None else contextlib.nullcontext():
-                        session = create_for_device(str(ctx), device, kwargs)
+                        session = _session.create_for_device(str(ctx), device, kwargs)
                 except qnnx_detection.errors.SessionCreationError as exc:
                     differences.append(f"its compiled context did not load ({exc.cause})")
             source = str(ctx)
@@ -262,7 +266,7 @@ class LoadedGraph(SerializableCallable):
             model = self._write(f"graph{n}-model", record["model"], blobs)
             self._check_ops(model, device, bool(kwargs["allow_cpu_fallback"]))
             try:
-                session = create_for_device(str(model), device, kwargs)
+                session = _session.create_for_device(str(model), device, kwargs)
             except qnnx_detection.errors.SessionCreationError as exc:
                 raise QnnDeviceError(
                     device, f"rebuilding the saved graph from its ONNX model failed: {exc.cause}"
@@ -282,12 +286,6 @@ class LoadedGraph(SerializableCallable):
     ) -> Program:
         """The saved ONNX model of one graph on ONNX Runtime's CPU EP (its QNN device is not usable here); raises
         QnnDeviceError under strict, or when the CPU EP cannot run it either."""
-        import warnings
-
-        from qnnx_backend._program import CpuEpProgram, SessionSource
-        from qnnx_backend._session import DeviceRejected, create_on_cpu_ep
-        from qnnx_backend.errors import QnnFallbackWarning
-
         device = target.device
         if self._strict:
             raise QnnDeviceError(
@@ -297,7 +295,7 @@ class LoadedGraph(SerializableCallable):
             )
         model = self._write(f"graph{n}-model", record["model"], blobs)
         try:
-            session = create_on_cpu_ep(str(model))
+            session = _session.create_on_cpu_ep(str(model))
         except DeviceRejected as exc:
             raise QnnDeviceError(device, f"{reason}, and {exc.cause}") from exc
         message = f"qnn backend: {reason}; it runs its saved ONNX model on ONNX Runtime's CPU EP"
@@ -311,11 +309,8 @@ class LoadedGraph(SerializableCallable):
         """The operator check a fresh compile runs, against the tables of the onnxruntime-qnn installed here."""
         import onnx
 
-        import qnnx_opcheck
-        from qnnx_backend._options import OPCHECK_BACKEND
-
         structure = onnx.load(str(model), load_external_data=False)
-        report = qnnx_opcheck.check_model(structure, OPCHECK_BACKEND[device], soc_model=self._target_soc)
+        report = opcheck(structure, device, self._target_soc)
         if not report.supported and not mixed:
             nodes = ", ".join(f"{v.op_type} ({v.node_name}): {v.reason}" for v in report.unsupported)
             raise QnnDeviceError(device, f"the saved graph cannot be rebuilt here: unsupported node(s) {nodes}")
@@ -325,12 +320,12 @@ class LoadedGraph(SerializableCallable):
         folder = self._folder / name
         folder.mkdir()
         for file_name, index in files["files"].items():
-            if not _SAFE_NAME.fullmatch(file_name) or not isinstance(index, int) or not 0 <= index < len(blobs):
-                raise SavedGraphError(f"the saved graph lists a bad file entry {file_name!r}: {index!r}; {_FIX_SAVE}")
+            if not SAFE_NAME.fullmatch(file_name) or not isinstance(index, int) or not 0 <= index < len(blobs):
+                raise SavedGraphError(f"the saved graph lists a bad file entry {file_name!r}: {index!r}; {FIX_SAVE}")
             (folder / file_name).write_bytes(blobs[index])
         model_file = str(files["model_file"])
         if model_file not in files["files"]:
-            raise SavedGraphError(f"the saved graph's model file {model_file!r} is not among its files; {_FIX_SAVE}")
+            raise SavedGraphError(f"the saved graph's model file {model_file!r} is not among its files; {FIX_SAVE}")
         return folder / model_file
 
 
@@ -352,9 +347,7 @@ def _crash_guard(files: Mapping[str, Any], blob_sha256: Sequence[str]) -> tuple[
     digests = sorted(blob_sha256[i] for i in files["files"].values())
     name = "qnnx-aot-context:" + hashlib.sha256("+".join(digests).encode()).hexdigest()
     try:
-        from qnnx_backend._session import store
-
-        return store(None, None), name
+        return _session.store(None, None), name
     except Exception as exc:  # a crash record is best effort: never a reason not to load
         logger.debug("qnn backend: no context store to record crashed loads (%s)", exc)
         return None, name

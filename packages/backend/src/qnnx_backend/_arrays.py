@@ -133,7 +133,7 @@ class ArrayModel:
 
     def _write(self, files: Mapping[str, Any], blobs: Sequence[memoryview]) -> Path:
         for name, index in files["files"].items():
-            if not _payload._SAFE_NAME.fullmatch(name) or not isinstance(index, int) or not 0 <= index < len(blobs):
+            if not _payload.SAFE_NAME.fullmatch(name) or not isinstance(index, int) or not 0 <= index < len(blobs):
                 raise SavedGraphError(f"the saved model lists a bad file entry {name!r}: {index!r}; save it again")
             (self._folder / name).write_bytes(blobs[index])
         return self._folder / str(files["model_file"])

@@ -20,6 +20,8 @@ from typing import Any, cast
 import attrs
 import torch
 
+from qnnx_backend._compare import compare_outputs
+
 logger = logging.getLogger(__name__)
 
 # The smallest bucket of the "auto" ladder: powers of two from here up (16, 32, 64, ...).
@@ -182,8 +184,6 @@ def slice_outputs(result: Any, plan: BucketPlan, sizes: Sequence[int]) -> Any:
 def neutral(gm: torch.fx.GraphModule, args: Sequence[object], plan: BucketPlan, bucket: Sequence[int]) -> str | None:
     """None when padding to ``bucket`` leaves the outputs at the true size unchanged (checked in eager PyTorch),
     else what differs."""
-    from qnnx_backend._faithful import compare_outputs
-
     sizes = [int(args[p]) for p in plan.sym_positions]  # type: ignore[call-overload]
     with torch.no_grad():
         true = gm(*args)

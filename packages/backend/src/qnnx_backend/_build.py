@@ -1,235 +1,35 @@
-"""Compile one static graph for one QNN device: export once, check the operators, create the session, or load the
-compiled context from the cache (private).
+"""The build stage: one static graph compiled for one QNN device, or its compiled context loaded from the cache
+(private).
 
-One :class:`CompileContext` carries everything the compile of a graph reads, for every device of the chain; its
-:class:`ExportMemo` keeps what is computed once per graph whatever the device (the export, the fingerprint, the
-quantized model). A device that cannot take the graph raises ``_session.DeviceRejected`` with the cause.
+:func:`build_program` exports once (:mod:`qnnx_backend._export`), checks the operators (:mod:`qnnx_backend._check`)
+and creates the session (:mod:`qnnx_backend._session`); :func:`build_quantized` does the same for the QDQ model and
+checks it against float eager PyTorch. A device that cannot take the graph raises ``DeviceRejected`` with the cause.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
 from qnnx_backend import _session
-from qnnx_backend._options import OPCHECK_BACKEND, BackendOptions
-from qnnx_backend._program import (
-    NoSessionProgram,
-    Program,
-    QnnProgram,
-    SessionSource,
-    Target,
-    output_dtypes,
-    placement_counts,
-)
+from qnnx_backend._calibrate import HOW_TO
+from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, with_plan
+from qnnx_backend._export import CompileContext, export_once
+from qnnx_backend._program import NoSessionProgram, Program, QnnProgram, SessionSource, Target, output_dtypes
+from qnnx_backend._quantize import QuantizeFailed, measure
+from qnnx_backend._report import QuantizationReport
 from qnnx_backend._session import DeviceRejected, StagedModel
-from qnnx_backend._split import CpuPlan, plan_cpu_nodes
+from qnnx_backend.errors import QnnFallbackWarning, QuantizationError
 
 if TYPE_CHECKING:
-    import onnx
-
-    from qnnx_backend._quantize import Calibration
-    from qnnx_export import GraphAnalysis, GraphSignature
-
-logger = logging.getLogger(__name__)
-
-
-class CompilableModel(Protocol):
-    """An ONNX model ready for a QNN session: qnnx-export's ``ExportedGraph``, or its quantized form."""
-
-    @property
-    def signature(self) -> GraphSignature: ...
-    @property
-    def structure(self) -> onnx.ModelProto: ...
-    @property
-    def passes_applied(self) -> tuple[str, ...]: ...
-
-    def save(self, path: str | Path, *, external_data: bool | None = None) -> Path: ...
-
-
-@attrs.define(eq=False)
-class ExportMemo:
-    """What the compile of one graph computes once, for whichever device asks first.
-
-    A failure is kept as its one-line cause, not as the exception: the device that met it raised it with its
-    traceback, and every later device of the chain is refused with the same cause without trying again.
-    """
-
-    exported: Any = None
-    export_refusal: str | None = None
-    fingerprint: str | None = None
-    quantized: Any = None
-    quantize_refusal: str | None = None
-    range_checked: bool = False
-    range_refusal: str | None = None
-
-
-@attrs.frozen(eq=False)
-class CompileContext:
-    """The compile of one static graph: the graph, its example arguments, the options and the graph's analysis.
-
-    ``timings`` is the compile report's own dict, filled in by each stage. ``calibration`` asks for the quantized
-    graph; :meth:`in_float` gives the same compile without it (sharing the float export).
-    """
-
-    gm: torch.fx.GraphModule
-    args: Sequence[object]
-    options: BackendOptions
-    analysis: GraphAnalysis
-    timings: dict[str, float] = attrs.field(factory=dict)
-    calibration: Calibration | None = None
-    memo: ExportMemo = attrs.field(factory=ExportMemo)
-
-    def in_float(self) -> CompileContext:
-        return attrs.evolve(self, calibration=None)
-
-
-def _first_line(exc: BaseException, limit: int = 400) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _export_args(args: Sequence[object], fp16: bool) -> list[object]:
-    if not fp16:
-        return list(args)
-    return [
-        a.detach().half() if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float16 else a
-        for a in args
-    ]
-
-
-def analyze(gm: torch.fx.GraphModule, args: Sequence[object], opts: BackendOptions) -> GraphAnalysis:
-    """The graph's analysis as the compile (and ``explain``) uses it: with the options' exporter, in-place writes
-    to inputs and buffers are lifted to outputs that the caller writes back after each run (the direct translator
-    only: torch.onnx drops such writes)."""
-    import qnnx_export
-
-    analysis = qnnx_export.analyze(gm, args)
-    if opts.exporter != "torch.onnx":
-        analysis = qnnx_export.lift_mutations(analysis) or analysis
-    return analysis
-
-
-def export_once(ctx: CompileContext) -> CompilableModel:
-    """The graph's ONNX model (quantized when ``ctx`` asks for it), exported once per graph.
-
-    Raises DeviceRejected when the export failed (or torch.onnx's model failed its check), and
-    ``_quantize.QuantizeFailed`` when quantizing it failed.
-    """
-    memo = ctx.memo
-    if memo.export_refusal is not None:
-        raise DeviceRejected(memo.export_refusal)
-    if memo.exported is None:
-        memo.exported = _export(ctx)
-    if ctx.calibration is not None:
-        from qnnx_backend._quantize import quantized_model
-
-        return quantized_model(memo.exported, ctx)
-    exported: CompilableModel = memo.exported
-    return exported
-
-
-def _export(ctx: CompileContext) -> Any:
-    import qnnx_export
-
-    opts, memo = ctx.options, ctx.memo
-    t = time.perf_counter()
-    export_args = _export_args(ctx.args, opts.fp16)
-    try:
-        passes = None
-        if opts.disable_passes:
-            default = qnnx_export.ExportOptions().resolved_passes()
-            passes = tuple(p for p in default if p not in opts.disable_passes)
-        export_options = qnnx_export.ExportOptions(
-            passes=passes, exporter=opts.exporter, lift_mutations=bool(ctx.analysis.mutated_indices)
-        )
-        exported = qnnx_export.export(ctx.gm, export_args, options=export_options, analysis=ctx.analysis)
-    except Exception as exc:
-        memo.export_refusal = f"ONNX export failed: {_first_line(exc)}"
-        raise DeviceRejected(memo.export_refusal) from exc
-    finally:
-        ctx.timings["export"] = time.perf_counter() - t
-    if exported.exporter == "torch.onnx":
-        # torch.onnx lowers some ops unfaithfully without an error: verify its model on the CPU EP first.
-        from qnnx_backend._faithful import check_on_cpu
-
-        t = time.perf_counter()
-        problem = check_on_cpu(exported, ctx.gm, ctx.args, export_args)
-        ctx.timings["verify_export"] = time.perf_counter() - t
-        if problem is not None:
-            memo.export_refusal = (
-                "torch.onnx's ONNX model of this graph did not pass the check against PyTorch on ONNX Runtime's CPU "
-                f"EP, before any QNN ({problem}); it is not compiled"
-            )
-            raise DeviceRejected(memo.export_refusal)
-    return exported
-
-
-def check_ops(model: CompilableModel, device: str, soc: int, ctx: CompileContext) -> CpuPlan:
-    """opcheck's verdicts for ``device``, turned into the graph's CPU-EP part (empty: wholly on QNN).
-
-    Raises DeviceRejected when the graph cannot be placed: a refused node under whole-graph placement, or, with
-    ``partition="auto"``, a split that would leave half of the nodes or more on the CPU.
-    """
-    opts = ctx.options
-    t = time.perf_counter()
-    report = _session.opcheck(model.structure, device, soc)
-    ctx.timings[f"opcheck_{device}"] = time.perf_counter() - t
-    mode = opts.resolved_partition
-    if mode == "whole":
-        if report.supported:
-            return CpuPlan()
-        nodes = ", ".join(f"{v.op_type} ({v.node_name}): {v.reason}" for v in report.unsupported)
-        err = DeviceRejected(
-            f"{len(report.unsupported)} ONNX node(s) not supported by QNN {OPCHECK_BACKEND[device]}: {nodes}"
-        )
-        try:
-            report.raise_for_unsupported()
-        except Exception as exc:
-            raise err from exc
-        raise err
-    plan = plan_cpu_nodes(model.structure, report)
-    if plan and mode == "auto" and not plan.keeps_majority():
-        raise DeviceRejected(_minority(plan.on_qnn, plan.on_cpu, plan))
-    if plan:
-        logger.info("qnn backend: partition=%r: %s", opts.partition, plan.describe())
-    return plan
-
-
-def _minority(on_qnn: int, on_cpu: int, plan: CpuPlan) -> str:
-    return (
-        f"QNN would keep only {on_qnn} of {on_qnn + on_cpu} ONNX nodes once the nodes qnnx-opcheck does not vouch "
-        f"for are pinned to ONNX Runtime's CPU EP (by op type); with half or less on QNN the graph runs in "
-        f"PyTorch, or pass partition='mixed' to split it anyway. {plan.describe()}"
-    )
-
-
-def with_plan(kwargs: Mapping[str, Any], plan: CpuPlan) -> dict[str, Any]:
-    """Session arguments that pin ``plan`` to the CPU EP (create_for_device reads the two private keys; without
-    them a split session plans itself again from opcheck)."""
-    fallback = bool(plan) or bool(kwargs.get("allow_cpu_fallback"))
-    return {**kwargs, "allow_cpu_fallback": fallback, "cpu_op_types": plan.op_types, "cpu_nodes": tuple(plan.nodes)}
-
-
-def check_share(session: Any, plan: CpuPlan, opts: BackendOptions) -> None:
-    """partition='auto': ORT's real placement must leave QNN more than half of the nodes too (the QNN EP may
-    decline more than opcheck predicted)."""
-    if not plan or opts.resolved_partition != "auto":
-        return
-    import qnnx_detection
-
-    counts = placement_counts(session)
-    on_qnn = counts.get(qnnx_detection.EP_NAME, 0)
-    on_cpu = sum(counts.values()) - on_qnn
-    if on_qnn <= on_cpu:
-        raise DeviceRejected(_minority(on_qnn, on_cpu, plan).replace("would keep", "kept", 1))
+    from qnnx_export import GraphSignature
 
 
 def _timed_session(model: StagedModel | str, device: str, kwargs: Mapping[str, Any], ctx: CompileContext) -> Any:
@@ -279,44 +79,6 @@ def _setup(ctx: CompileContext, device: str) -> _DeviceSetup:
         },
         out_dtypes=output_dtypes(ctx.gm),
     )
-
-
-FP16_MAX = 65504.0
-"""The largest float16; HTP computes float graphs in float16 and saturates beyond it (no infinities)."""
-
-
-def fp16_range_refusal(ctx: CompileContext) -> str | None:
-    """Why HTP's float16 cannot hold the graph's result on the example inputs, or None.
-
-    HTP computes a float graph in float16 and saturates silently at +-65504: an output that eager PyTorch computes
-    beyond that (or as an infinity) would come back as a wrong finite number. The graph runs once in eager
-    PyTorch on the example inputs to see (once per graph; under no_grad). Later inputs are not checked (the
-    ``verify`` option compares a first call with eager). Graphs that write into their arguments are not run here,
-    since the run would apply the writes.
-    """
-    memo = ctx.memo
-    if memo.range_checked:
-        return memo.range_refusal
-    memo.range_checked = True
-    if ctx.analysis.mutated_indices:
-        return None
-    t = time.perf_counter()
-    with torch.no_grad():
-        outputs = ctx.gm(*ctx.args)
-    leaves = torch.utils._pytree.tree_leaves(outputs)
-    for k, value in enumerate(leaves):
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
-            continue
-        beyond = value.detach().abs().nan_to_num(nan=0.0) > FP16_MAX
-        if bool(beyond.any()):
-            worst = float(value.detach().abs().nan_to_num(nan=0.0).max())
-            memo.range_refusal = (
-                f"output {k} reaches {worst:.4g} on the example inputs, beyond float16's +-65504, where HTP (which "
-                "computes float graphs in float16) would saturate it to a wrong finite value"
-            )
-            break
-    ctx.timings["range_check"] = time.perf_counter() - t
-    return memo.range_refusal
 
 
 def build_program(ctx: CompileContext, device: str) -> Program:
@@ -449,3 +211,57 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
         raise DeviceRejected(exc.cause) from exc
     program_: Program = program
     return program_
+
+
+def build_quantized(ctx: CompileContext, device: str, graph_id: int) -> tuple[Program, QuantizationReport]:
+    """Compile the quantized graph for ``device`` and check it against eager PyTorch on the calibration inputs;
+    a graph that cannot run quantized is compiled in float (raises QuantizationError under strict).
+
+    Raises DeviceRejected (from the float build) when the device cannot take the graph at all.
+    """
+    calibration = ctx.calibration
+    assert calibration is not None, "the quantized build needs the graph's calibration"
+    gm, args, opts, timings = ctx.gm, ctx.args, ctx.options, ctx.timings
+    spec = calibration.spec
+    base: dict[str, Any] = {
+        "scheme": spec.label,
+        "activation_type": spec.activation_type,
+        "weight_type": spec.weight_type,
+        "samples": len(calibration.samples),
+        "calibration_sha256": calibration.digest,
+        "min_sqnr": spec.min_sqnr,
+    }
+    figures: dict[str, Any] = {}
+    if not calibration.samples:
+        reason = f"it was not calibrated. {HOW_TO}"
+    elif ctx.analysis.mutated_indices:
+        reason = "it writes in place into its arguments, which quantization does not support"
+    else:
+        try:
+            program = build_program(ctx, device)
+        except (QuantizeFailed, DeviceRejected) as exc:
+            reason = f"the quantized graph was not compiled ({exc})"
+        else:
+            t = time.perf_counter()
+            figures = measure(program, gm, args, calibration)
+            timings["quantize_check"] = time.perf_counter() - t
+            sqnr = figures.get("sqnr_db")
+            if spec.min_sqnr is None or sqnr is None or sqnr >= spec.min_sqnr:
+                return program, QuantizationReport(used=True, **figures, **base)
+            reason = (
+                f"its SQNR against float eager PyTorch is {sqnr:.1f} dB (cosine {figures['cosine']:.5f}), below "
+                f"min_sqnr={spec.min_sqnr:g} dB"
+            )
+    if opts.strict:
+        fix = (
+            "Calibrate first"
+            if not calibration.samples
+            else "Use a wider scheme ('a16w8', per_channel), keep "
+            "sensitive ops in float (keep_float_ops), lower min_sqnr, or pass strict=False to run it in float"
+        )
+        raise QuantizationError(f"qnn backend: graph {graph_id} cannot run quantized: {reason}. {fix}.")
+    warnings.warn(
+        f"qnn backend: graph {graph_id} runs in float on {device}: {reason}", QnnFallbackWarning, stacklevel=6
+    )
+    program = build_program(ctx.in_float(), device)
+    return program, QuantizationReport(used=False, reason=reason, **figures, **base)

@@ -195,8 +195,11 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     """
     import qnnx_detection
     import qnnx_opcheck
-    from qnnx_backend._build import CompileContext, analyze, export_once, fp16_range_refusal
+    from qnnx_backend._check import fp16_range_refusal
+    from qnnx_backend._export import CompileContext, analyze, export_once
+    from qnnx_backend._quantize import explain_quantized
     from qnnx_backend._session import DeviceRejected, StagedModel
+    from qnnx_backend._trace import compiling
 
     opts = BackendOptions.from_mapping(options)
     probe = qnnx_detection.probe()
@@ -221,19 +224,15 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             reason: str | None = "; ".join(p.detail for p in analysis.problems)
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=reason, **base))
             continue
-        from qnnx_backend._compiled import _compiling
-
         range_ctx = CompileContext(gm=gm, args=list(inputs), options=opts, analysis=analysis)
         try:
-            with _compiling():  # export traces with process-global side effects: serialize with Dynamo
+            with compiling():  # export traces with process-global side effects: serialize with Dynamo
                 exported: Any = export_once(range_ctx)  # the float export: an ExportedGraph
         except DeviceRejected as exc:
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=str(exc), **base))
             continue
         quantization = None
         if opts.quantize is not None:
-            from qnnx_backend._quantize import explain_quantized
-
             exported, quantization = explain_quantized(exported, gm, inputs, opts.quantize, analysis)
         origins = {name: (origin,) for name, origin in exported.node_origins.items()}
 
@@ -334,17 +333,16 @@ def _placement(
 ) -> dict[str, str]:
     """Build the session the backend would build (same options, same split, same retries and placement checks) and
     read ORT's placement of each node."""
-    from qnnx_backend._build import check_share, with_plan
-    from qnnx_backend._session import create_for_device
+    import qnnx_detection
+    from qnnx_backend import _session
+    from qnnx_backend._check import check_share, with_plan
 
     kwargs = {
         "soc_model": soc,
         "provider_options": dict(opts.provider_options),
         "allow_cpu_fallback": opts.resolved_partition == "mixed",
     }
-    session = create_for_device(model, device, with_plan(kwargs, plan))
+    session = _session.create_for_device(model, device, with_plan(kwargs, plan))
     check_share(session, plan, opts)
-    import qnnx_detection
-
     placed = qnnx_detection.node_placement(session) or {}
     return {name: _EP_LABEL.get(ep, ep) for ep, names in placed.items() for name in names}

@@ -9,55 +9,13 @@ compiled for QNN and the graph runs in PyTorch, with the figure in the report.
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
-
-# float32 CPU EP vs eager PyTorch: reassociation and other kernels give ~1e-6 relative; 1e-3 leaves room for
-# long reductions while any wrong lowering seen so far is off by 1e-1 or more. fp16 models get fp16 room.
-RTOL_FP32 = 1e-3
-RTOL_FP16 = 2e-2
-
-
-def compare_outputs(got: Any, ref: Any, rtol: float) -> str | None:
-    """None when ``got`` matches ``ref`` (float leaves within ``rtol`` of the leaf's scale, identical NaN/inf
-    positions, other leaves exactly equal, same shapes and dtypes); else one sentence saying what differs."""
-    got_leaves = torch.utils._pytree.tree_leaves(got)
-    ref_leaves = torch.utils._pytree.tree_leaves(ref)
-    if len(got_leaves) != len(ref_leaves):
-        return f"{len(got_leaves)} outputs instead of {len(ref_leaves)}"
-    for k, (g, r) in enumerate(zip(got_leaves, ref_leaves, strict=True)):
-        if not isinstance(r, torch.Tensor):
-            continue
-        if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(r.shape):
-            shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
-            return f"output {k} has shape {shape} instead of {tuple(r.shape)}"
-        if g.dtype != r.dtype:
-            return f"output {k} has dtype {g.dtype} instead of {r.dtype}"
-        if not r.is_floating_point():
-            if not torch.equal(g, r):
-                return f"output {k} ({r.dtype}) differs in {int((g != r).sum())} of {r.numel()} elements"
-            continue
-        g64, r64 = g.double(), r.double()
-        if not torch.equal(torch.isnan(g64), torch.isnan(r64)):
-            return f"output {k} has NaN where PyTorch has none, or the reverse"
-        inf_g, inf_r = torch.isinf(g64), torch.isinf(r64)
-        if not torch.equal(inf_g, inf_r) or not torch.equal(g64[inf_r], r64[inf_r]):
-            return f"output {k} has infinities where PyTorch has none, or the reverse"
-        finite = torch.isfinite(r64)
-        if not finite.any():
-            continue
-        scale = r64[finite].abs().max().item()
-        err = (g64[finite] - r64[finite]).abs().max().item()
-        if not err <= rtol * scale + 1e-6:
-            rel = err / scale if scale > 0 else math.inf
-            return f"output {k} is off by {err:.3g} ({rel:.3g} of its largest value; limit {rtol:g})"
-    return None
+from qnnx_backend._compare import RTOL_FP16, RTOL_FP32, compare_outputs
+from qnnx_backend._session import StagedModel
 
 
 def check_on_cpu(
@@ -81,8 +39,6 @@ def check_on_cpu(
         options.log_severity_level = 3
         # From a file with external data, like the QNN session: no 2 GiB protobuf limit, and ORT maps the weights
         # instead of holding a second serialized copy in memory.
-        from qnnx_backend._session import StagedModel
-
         staged = StagedModel(exported)
         session = onnxruntime.InferenceSession(
             staged.__fspath__(), sess_options=options, providers=["CPUExecutionProvider"]

@@ -21,8 +21,10 @@ from qnnx_backend.errors import SavedGraphError
 MAGIC = b"QNNXAOT\x00"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIQ32s")  # magic, format version, header length, SHA-256 of the header
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
-_FIX_SAVE = "save the compiled function again with this qnnx-backend"
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+"""A file name a saved graph may list: no folder, no leading dot."""
+FIX_SAVE = "save the compiled function again with this qnnx-backend"
+"""The fix every payload error names."""
 
 
 def pack_payload(header: Mapping[str, Any], blobs: Sequence[bytes]) -> bytes:
@@ -46,7 +48,7 @@ def unpack_payload(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any]
     if len(view) < _PREFIX.size or bytes(view[: len(MAGIC)]) != MAGIC:
         raise SavedGraphError(
             f"the saved graph does not start with {MAGIC!r} (it starts with {bytes(view[:8])!r}, {len(view)} bytes "
-            f"in all): it was not written by qnnx-backend, or is damaged; {_FIX_SAVE}"
+            f"in all): it was not written by qnnx-backend, or is damaged; {FIX_SAVE}"
         )
     _magic, version, header_len, header_sha = _PREFIX.unpack_from(view)
     if version > FORMAT_VERSION:
@@ -55,36 +57,36 @@ def unpack_payload(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any]
             "and older); upgrade qnnx-backend, or save it again with this version"
         )
     if version < 1:
-        raise SavedGraphError(f"the saved graph has format {version}; accepted: 1 to {FORMAT_VERSION}; {_FIX_SAVE}")
+        raise SavedGraphError(f"the saved graph has format {version}; accepted: 1 to {FORMAT_VERSION}; {FIX_SAVE}")
     end = _PREFIX.size + header_len
     if end > len(view):
         raise SavedGraphError(
-            f"the saved graph is truncated: its header needs {end} bytes, the data has {len(view)}; {_FIX_SAVE}"
+            f"the saved graph is truncated: its header needs {end} bytes, the data has {len(view)}; {FIX_SAVE}"
         )
     raw = bytes(view[_PREFIX.size : end])
     if hashlib.sha256(raw).digest() != header_sha:
-        raise SavedGraphError(f"the saved graph's header does not match its SHA-256 (damaged); {_FIX_SAVE}")
+        raise SavedGraphError(f"the saved graph's header does not match its SHA-256 (damaged); {FIX_SAVE}")
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise SavedGraphError(f"the saved graph's header is not JSON ({exc}); {_FIX_SAVE}") from exc
+        raise SavedGraphError(f"the saved graph's header is not JSON ({exc}); {FIX_SAVE}") from exc
     if not isinstance(header, dict) or header.get("format") != version:
-        raise SavedGraphError(f"the saved graph's header is not a dict saying format {version}; {_FIX_SAVE}")
+        raise SavedGraphError(f"the saved graph's header is not a dict saying format {version}; {FIX_SAVE}")
     table = header.get("blobs")
     if not isinstance(table, list) or not all(_blob_entry(b) for b in table):
-        raise SavedGraphError(f"the saved graph's blob table is malformed; {_FIX_SAVE}")
+        raise SavedGraphError(f"the saved graph's blob table is malformed; {FIX_SAVE}")
     total = sum(b["size"] for b in table)
     if end + total != len(view):
         raise SavedGraphError(
             f"the saved graph has {len(view) - end} bytes of data after its header, its table lists {total} "
-            f"(truncated or padded); {_FIX_SAVE}"
+            f"(truncated or padded); {FIX_SAVE}"
         )
     blobs = []
     for k, entry in enumerate(table):
         blob = view[end : end + entry["size"]]
         end += entry["size"]
         if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-            raise SavedGraphError(f"blob {k} of the saved graph does not match its SHA-256 (damaged); {_FIX_SAVE}")
+            raise SavedGraphError(f"blob {k} of the saved graph does not match its SHA-256 (damaged); {FIX_SAVE}")
         blobs.append(blob)
     return header, blobs
 

@@ -1,4 +1,5 @@
-"""What a compiled static graph runs: a QNN session with the plan to call it, or nothing at all (private).
+"""The run stage's program: what a compiled static graph runs, a QNN session with the plan to call it, or nothing at
+all (private).
 
 Both kinds of program satisfy :class:`Program`, which is all the compiled callable, the AOT writer and the reports
 read. Where a program runs is one frozen :class:`Target`; how its session was made, one :class:`SessionSource`, so
@@ -173,13 +174,6 @@ def output_dtypes(gm: torch.fx.GraphModule) -> tuple[torch.dtype | None, ...]:
     return tuple(dtypes)
 
 
-def placement_counts(session: Any) -> dict[str, int]:
-    """How many ONNX nodes each execution provider took (ORT's own assignment record; empty when not recorded)."""
-    import qnnx_detection
-
-    return {ep: len(nodes) for ep, nodes in (qnnx_detection.node_placement(session) or {}).items()}
-
-
 class QnnProgram:
     """An ORT session on a QNN device plus what is needed to call it with Dynamo's arguments."""
 
@@ -215,7 +209,7 @@ class QnnProgram:
         self._input_names = [i.name for i in session.get_inputs()]
         self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
         self._output_names = [o.name for o in session.get_outputs()]
-        self.placement: Mapping[str, int] = placement_counts(session)
+        self.placement: Mapping[str, int] = _session.placement_counts(session)
         # fp16=True: the graph was exported with float16 inputs; cast the caller's float inputs at the boundary.
         self._to_half = tuple(spec.arg_index for spec in signature.inputs if spec.dtype == "float16") if fp16 else ()
         self._direct_in = _direct_inputs(signature, self._input_names, self._input_types)

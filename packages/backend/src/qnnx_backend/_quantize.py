@@ -1,41 +1,28 @@
-"""Quantized graphs: calibration through torch.compile, QDQ quantization with onnxruntime's QNN tooling, and the
-accuracy check against float eager PyTorch (private; public as :func:`qnnx_backend.calibrate`).
+"""ONNX -> QDQ ONNX: a float exported graph quantized with onnxruntime's QNN tooling on its calibration inputs, and
+its accuracy against float eager PyTorch (SQNR, cosine) (private).
 
-A graph compiled with the ``quantize`` option has no quantized form until it is calibrated: inside
-:func:`calibrate`, its calls run the original graph in eager PyTorch and record copies of the user inputs. On exit,
-each recorded graph (each recorded input shape) is exported, quantized by ``onnxruntime.quantization`` with those
-inputs, compiled for QNN, and compared with eager PyTorch on the same inputs (SQNR, cosine). Below ``min_sqnr`` the
-graph is compiled in float instead (or raises under ``strict``).
+The compile asks for the quantized model through :func:`qnnx_backend._export.export_once` and checks it in
+:func:`qnnx_backend._build.build_quantized`; :func:`explain_quantized` is the dry run of both for ``explain``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-import hashlib
 import logging
 import math
 import shutil
 import tempfile
-import time
-import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
+from qnnx_backend._calibrate import Calibration
 from qnnx_backend._quantspec import QuantizeSpec
 from qnnx_backend._report import QuantizationReport
-from qnnx_backend.errors import QnnFallbackWarning, QuantizationError
 
 if TYPE_CHECKING:
     import torch
-
-    from qnnx_backend._build import CompileContext
-    from qnnx_backend._program import Program
 
 logger = logging.getLogger(__name__)
 
@@ -44,265 +31,10 @@ _QDQ_OPSET = 21
 (onnxruntime 1.32); at 21 they are standard ONNX ops, which qnnx-opcheck's QDQ tables describe."""
 _ORT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
 _ORT_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
-_HOW_TO = (
-    "Calibrate it first: `with qnnx_backend.calibrate(compiled): compiled(x)` for a few representative inputs "
-    "(each input shape that should run quantized)"
-)
 
 
 class QuantizeFailed(Exception):
     """onnxruntime's quantization of a graph failed (internal to the backend)."""
-
-
-@attrs.frozen(eq=False)
-class Calibration:
-    """The recorded inputs of one static graph, as passed down to its compile.
-
-    ``positions`` are argument positions (in the compiled graph's argument list) of the recorded user inputs;
-    ``samples`` holds one tuple of tensors per recorded call, in ``positions`` order.
-    """
-
-    spec: QuantizeSpec
-    positions: tuple[int, ...]
-    samples: tuple[tuple[torch.Tensor, ...], ...]
-
-    @functools.cached_property
-    def digest(self) -> str:
-        """sha256 of the calibration inputs (dtype, shape and bytes of each, in order)."""
-        import torch
-
-        h = hashlib.sha256()
-        for sample in self.samples:
-            for t in sample:
-                t = t.detach().contiguous().cpu()
-                h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
-
-    def cache_material(self) -> dict[str, str]:
-        """What the quantized model depends on besides the graph: the settings and the calibration data."""
-        return {**self.spec.cache_material(), "quantize.calibration_sha256": self.digest}
-
-    def args_for(self, template: Sequence[object], k: int) -> list[object]:
-        """The graph's full argument list for calibration sample ``k``."""
-        args = list(template)
-        for pos, tensor in zip(self.positions, self.samples[k], strict=True):
-            args[pos] = tensor
-        return args
-
-    def without(self, dropped: Sequence[int]) -> Calibration:
-        """The same calibration for the graph with the arguments at ``dropped`` removed (symbolic sizes)."""
-        gone = sorted(dropped)
-        return attrs.evolve(self, positions=tuple(p - sum(1 for d in gone if d < p) for p in self.positions))
-
-
-@attrs.define
-class _Recording:
-    template: list[object]
-    positions: tuple[int, ...]
-    grad: bool
-    samples: list[tuple[torch.Tensor, ...]] = attrs.field(factory=list)
-
-
-class _Session:
-    """The graphs called inside one :func:`calibrate` block, with their recorded inputs per input shape."""
-
-    def __init__(self) -> None:
-        self.graphs: dict[Any, dict[tuple[object, ...], _Recording]] = {}
-
-    def record(self, graph: Any, args: Sequence[object]) -> Any:
-        import torch
-
-        key = _key(graph, args)
-        per_key = self.graphs.setdefault(graph, {})
-        rec = per_key.get(key)
-        if rec is None:
-            import qnnx_export
-
-            user = qnnx_export.analyze(graph._gm, args).user_indices
-            positions = tuple(i for i in user if isinstance(args[i], torch.Tensor))
-            template = [_copy(a) if i in positions else a for i, a in enumerate(args)]
-            rec = per_key[key] = _Recording(template=template, positions=positions, grad=torch.is_grad_enabled())
-        rec.samples.append(tuple(_copy(args[i]) for i in rec.positions))
-        return graph._gm(*args)
-
-
-def _copy(value: Any) -> Any:
-    import torch
-
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-_ACTIVE: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("qnnx_calibrating", default=None)
-
-
-@contextlib.contextmanager
-def calibrate(compiled: Any) -> Iterator[None]:
-    """Calibrate a model compiled with ``options={"quantize": ...}`` on the inputs it is called with in the block.
-
-    Inside the block, each Dynamo graph compiled with ``quantize`` runs the original PyTorch graph and records a
-    copy of its inputs; graph breaks are fine, and every input shape seen is calibrated. On a normal exit each
-    recorded graph is quantized with onnxruntime's QNN tooling, compiled for QNN and compared with eager PyTorch on
-    the recorded inputs (the figures are in :func:`qnnx_backend.compile_reports`); later calls run the quantized
-    graphs. Calibrating again replaces the quantized graphs of the shapes seen.
-
-    The block records the quantizing graphs called in the current thread (or asyncio task), which are those of
-    ``compiled`` when only it is called inside the block.
-
-    Example::
-
-        compiled = torch.compile(model.eval(), backend="qnn", options={"quantize": "a16w8"})
-        with torch.no_grad():
-            with qnnx_backend.calibrate(compiled):
-                for x in samples:
-                    compiled(x)
-            y = compiled(x)  # quantized, on the NPU
-
-    Raises:
-        TypeError: ``compiled`` is not what ``torch.compile`` returns.
-        QuantizationError: the block is nested in another one, or no graph compiled with ``quantize`` ran inside
-            it; under ``strict=True``, a graph that cannot run quantized (see :class:`QuantizationError`).
-    """
-    if not hasattr(compiled, "_torchdynamo_orig_callable"):
-        raise TypeError(
-            f"calibrate() takes what torch.compile returns (a compiled module or function), not "
-            f"{type(compiled).__name__}: compiled = torch.compile(model, backend='qnn', options={{'quantize': "
-            "'a16w8'}}), then `with qnnx_backend.calibrate(compiled): compiled(x)`."
-        )
-    if _ACTIVE.get() is not None:
-        raise QuantizationError("calibrate() blocks cannot be nested; close the first block before opening another")
-    session = _Session()
-    token = _ACTIVE.set(session)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-    if not session.graphs:
-        raise QuantizationError(
-            "no graph compiled with the quantize option ran inside calibrate(): compile the model with "
-            "torch.compile(model, backend='qnn', options={'quantize': 'a16w8'}) and call the compiled model inside "
-            "the block"
-        )
-    for graph, per_key in session.graphs.items():
-        for key, rec in per_key.items():
-            calibration = Calibration(
-                spec=graph._options.quantize,
-                positions=rec.positions,
-                samples=tuple(rec.samples),
-            )
-            _install(graph, key, rec.template, calibration, rec.grad)
-
-
-def _key(graph: Any, args: Sequence[object]) -> tuple[object, ...]:
-    return tuple(int(args[i]) for i in graph._sym_positions)
-
-
-def _install(graph: Any, key: tuple[object, ...], args: list[object], calibration: Calibration, grad: bool) -> None:
-    import torch
-
-    from qnnx_backend._compiled import _compiling, _gc_paused
-
-    with torch.set_grad_enabled(grad), graph._lock, _compiling(), _gc_paused():
-        graph._variants[key] = _compile_variant(graph, args, calibration)
-
-
-def _compile_variant(graph: Any, args: Sequence[object], calibration: Calibration) -> Any:
-    from qnnx_backend._compiled import _Specialized, specialize
-
-    if graph._sym_positions:
-        static = specialize(graph._gm, args, graph._sym_positions)
-        rest = [a for i, a in enumerate(args) if i not in graph._sym_positions]
-        inner = graph._compile(static, rest, calibration=calibration.without(graph._sym_positions))
-        return _Specialized(inner, graph._sym_positions)
-    return graph._compile(graph._gm, list(args), calibration=calibration)
-
-
-def call_quantizing(graph: Any, args: Sequence[object]) -> Any:
-    """``QnnGraph.__call__`` of a graph compiled with ``quantize``: record under :func:`calibrate`, else run the
-    quantized variant of this shape (a shape never calibrated runs in float with a warning, or raises under
-    strict)."""
-    session = _ACTIVE.get()
-    if session is not None:
-        return session.record(graph, args)
-    key = _key(graph, args)
-    variant = graph._known_variant(key)
-    if variant is None:
-        from qnnx_backend._compiled import _compiling, _gc_paused
-
-        with graph._lock, _compiling(), _gc_paused():
-            variant = graph._variants.get(key)
-            if variant is None:
-                if graph._options.strict:
-                    sizes = f" for the input sizes {list(key)}" if key else ""
-                    raise QuantizationError(
-                        f"qnn backend: a graph compiled with quantize={graph._options.quantize.scheme!r} was called "
-                        f"before it was calibrated{sizes}. {_HOW_TO}."
-                    )
-                # No samples: compiled in float, with the warning and report of a graph that is not quantized.
-                empty = Calibration(spec=graph._options.quantize, positions=(), samples=())
-                variant = _compile_variant(graph, args, empty)
-                graph._variants[key] = variant
-    return variant(args)
-
-
-# -- compile ---------------------------------------------------------------------------------------------------
-
-
-def build_program(ctx: CompileContext, device: str, graph_id: int) -> tuple[Program, QuantizationReport]:
-    """Compile the quantized graph for ``device`` and check it against eager PyTorch on the calibration inputs;
-    a graph that cannot run quantized is compiled in float (raises QuantizationError under strict).
-
-    Raises DeviceRejected (from the float build) when the device cannot take the graph at all.
-    """
-    from qnnx_backend._build import build_program as build
-    from qnnx_backend._session import DeviceRejected
-
-    calibration = ctx.calibration
-    assert calibration is not None, "the quantized build needs the graph's calibration"
-    gm, args, opts, timings = ctx.gm, ctx.args, ctx.options, ctx.timings
-    spec = calibration.spec
-    base: dict[str, Any] = {
-        "scheme": spec.label,
-        "activation_type": spec.activation_type,
-        "weight_type": spec.weight_type,
-        "samples": len(calibration.samples),
-        "calibration_sha256": calibration.digest,
-        "min_sqnr": spec.min_sqnr,
-    }
-    figures: dict[str, Any] = {}
-    if not calibration.samples:
-        reason = f"it was not calibrated. {_HOW_TO}"
-    elif ctx.analysis.mutated_indices:
-        reason = "it writes in place into its arguments, which quantization does not support"
-    else:
-        try:
-            program = build(ctx, device)
-        except (QuantizeFailed, DeviceRejected) as exc:
-            reason = f"the quantized graph was not compiled ({exc})"
-        else:
-            t = time.perf_counter()
-            figures = measure(program, gm, args, calibration)
-            timings["quantize_check"] = time.perf_counter() - t
-            sqnr = figures.get("sqnr_db")
-            if spec.min_sqnr is None or sqnr is None or sqnr >= spec.min_sqnr:
-                return program, QuantizationReport(used=True, **figures, **base)
-            reason = (
-                f"its SQNR against float eager PyTorch is {sqnr:.1f} dB (cosine {figures['cosine']:.5f}), below "
-                f"min_sqnr={spec.min_sqnr:g} dB"
-            )
-    if opts.strict:
-        fix = (
-            "Calibrate first"
-            if not calibration.samples
-            else "Use a wider scheme ('a16w8', per_channel), keep "
-            "sensitive ops in float (keep_float_ops), lower min_sqnr, or pass strict=False to run it in float"
-        )
-        raise QuantizationError(f"qnn backend: graph {graph_id} cannot run quantized: {reason}. {fix}.")
-    warnings.warn(
-        f"qnn backend: graph {graph_id} runs in float on {device}: {reason}", QnnFallbackWarning, stacklevel=6
-    )
-    program = build(ctx.in_float(), device)
-    return program, QuantizationReport(used=False, reason=reason, **figures, **base)
 
 
 def measure(program: Any, gm: torch.fx.GraphModule, args: Sequence[object], calibration: Calibration) -> dict[str, Any]:
@@ -339,9 +71,6 @@ def measure(program: Any, gm: torch.fx.GraphModule, args: Sequence[object], cali
     return {"sqnr_db": min(sqnrs), "cosine": min(cosines), "max_abs_error": max(a[4] for a in sums.values())}
 
 
-# -- ONNX -> QDQ ONNX ------------------------------------------------------------------------------------------
-
-
 class QuantizedModel:
     """A float exported graph quantized to QDQ: what ``_session`` needs of an exported graph (signature,
     structure, save), the quantized model living in a temporary folder removed with this object."""
@@ -376,27 +105,8 @@ class QuantizedModel:
         return path
 
 
-def quantized_model(exported: Any, ctx: CompileContext) -> QuantizedModel:
-    """The QDQ model of ``exported`` for ``ctx.calibration``, made once per graph (``ctx.memo``); raises
-    QuantizeFailed, with the same cause for every device once it failed."""
-    memo = ctx.memo
-    if memo.quantize_refusal is not None:
-        raise QuantizeFailed(memo.quantize_refusal)
-    if memo.quantized is None:
-        assert ctx.calibration is not None
-        t = time.perf_counter()
-        try:
-            memo.quantized = _quantize(exported, ctx.args, ctx.calibration)
-        except Exception as exc:
-            memo.quantize_refusal = _failure(exc)
-            raise QuantizeFailed(memo.quantize_refusal) from exc
-        finally:
-            ctx.timings["quantize"] = time.perf_counter() - t
-    quantized: QuantizedModel = memo.quantized
-    return quantized
-
-
-def _failure(exc: Exception) -> str:
+def failure(exc: Exception) -> str:
+    """One line naming a failed quantization's exception."""
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
 
 
@@ -410,7 +120,7 @@ class _Reader:
         return next(self._feeds, None)
 
 
-def _quantize(exported: Any, args: Sequence[object], calibration: Calibration) -> QuantizedModel:
+def quantize_model(exported: Any, args: Sequence[object], calibration: Calibration) -> QuantizedModel:
     import onnx
     from onnx import version_converter
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
@@ -523,9 +233,9 @@ def explain_quantized(
         "min_sqnr": spec.min_sqnr,
     }
     try:
-        model = _quantize(exported, args, calibration)
+        model = quantize_model(exported, args, calibration)
     except Exception as exc:
-        failed = f"onnxruntime's quantization failed ({_failure(exc)})"
+        failed = f"onnxruntime's quantization failed ({failure(exc)})"
         return exported, QuantizationReport(used=False, reason=failed, **base)
     figures = measure(_CpuRunner(model), gm, args, calibration)
     sqnr = figures.get("sqnr_db")

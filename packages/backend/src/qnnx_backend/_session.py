@@ -1,5 +1,8 @@
-"""QNN sessions: the staged ONNX model ORT reads, session creation (whole or split with the CPU EP), the context
-cache store and the runtime versions its keys hold (private)."""
+"""The build stage's sessions: the staged ONNX model ORT reads, session creation (whole or split with the CPU EP) and
+the placement ORT records, the context cache store and the runtime versions its keys hold (private).
+
+Callers look ``create_for_device`` and ``runtime_versions`` up on this module at each call: tests that stand in
+for a crash in the EP, or another onnxruntime-qnn, replace them here."""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ from typing import Any
 
 import torch
 
-from qnnx_backend._options import OPCHECK_BACKEND
-from qnnx_backend._split import NO_OPS, context_cpu_types, misplaced, plan_cpu_nodes, write_affinity
+from qnnx_backend._split import NO_OPS, context_cpu_types, misplaced, opcheck, plan_cpu_nodes, write_affinity
+from qnnx_backend._version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +108,6 @@ def _opcheck_version() -> str:
 def versions() -> dict[str, str]:
     """The versions a compiled context depends on (part of its cache key)."""
     import qnnx_export
-    from qnnx_backend._version import __version__
 
     return {
         **runtime_versions(),
@@ -210,11 +212,11 @@ def _create_mixed(
     return session
 
 
-def opcheck(structure: Any, device: str, soc: int) -> Any:
-    """qnnx-opcheck's report of ``structure`` for ``device``'s QNN backend."""
-    import qnnx_opcheck
+def placement_counts(session: Any) -> dict[str, int]:
+    """How many ONNX nodes each execution provider took (ORT's own assignment record; empty when not recorded)."""
+    import qnnx_detection
 
-    return qnnx_opcheck.check_model(structure, OPCHECK_BACKEND[device], soc_model=soc)
+    return {ep: len(nodes) for ep, nodes in (qnnx_detection.node_placement(session) or {}).items()}
 
 
 def context_config(directory: Path) -> dict[str, str]:

@@ -29,6 +29,8 @@ from typing import Any
 
 import attrs
 
+from qnnx_backend._options import OPCHECK_BACKEND
+
 # Table outcomes that run on QNN: opcheck vouches for them (hazards with a documented caveat included, as in
 # whole-graph placement). Anything else is pinned to the CPU EP.
 _VOUCHED_HAZARDS = frozenset({"caveat"})
@@ -277,3 +279,10 @@ def misplaced(
             "kept off QNN"
         )
     return None
+
+
+def opcheck(structure: Any, device: str, soc: int) -> Any:
+    """qnnx-opcheck's report of ``structure`` for ``device``'s QNN backend."""
+    import qnnx_opcheck
+
+    return qnnx_opcheck.check_model(structure, OPCHECK_BACKEND[device], soc_model=soc)

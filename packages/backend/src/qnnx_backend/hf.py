@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from qnnx_backend._buckets import AUTO_MIN, NEUTRAL_RTOL, ladder_bucket
+from qnnx_backend._compare import compare_outputs
 from qnnx_backend.errors import InvalidOptionsError
 
 __all__ = ["compile_for_generation"]
@@ -199,8 +200,6 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 def _padding_problem(forward: Any, ids: Any, mask: Any, padded_ids: Any, padded_mask: Any) -> str | None:
     """None when the logits of the real tokens agree with and without the left padding, else what differs."""
-    from qnnx_backend._faithful import compare_outputs
-
     takes_positions = "position_ids" in inspect.signature(forward).parameters
     extra = lambda m: {"position_ids": _positions(m)} if takes_positions else {}  # noqa: E731
     with torch.no_grad():

@@ -1,0 +1,79 @@
+"""How a result is compared with eager PyTorch (private): the exact-but-for-rounding check of an ONNX model on the
+CPU EP and of padded buckets (:func:`compare_outputs`), and the fp16-level accuracy guard of a first QNN call
+(:func:`mismatch`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+# float32 CPU EP vs eager PyTorch: reassociation and other kernels give ~1e-6 relative; 1e-3 leaves room for
+# long reductions while any wrong lowering seen so far is off by 1e-1 or more. fp16 models get fp16 room.
+RTOL_FP32 = 1e-3
+RTOL_FP16 = 2e-2
+
+
+def compare_outputs(got: Any, ref: Any, rtol: float) -> str | None:
+    """None when ``got`` matches ``ref`` (float leaves within ``rtol`` of the leaf's scale, identical NaN/inf
+    positions, other leaves exactly equal, same shapes and dtypes); else one sentence saying what differs."""
+    got_leaves = torch.utils._pytree.tree_leaves(got)
+    ref_leaves = torch.utils._pytree.tree_leaves(ref)
+    if len(got_leaves) != len(ref_leaves):
+        return f"{len(got_leaves)} outputs instead of {len(ref_leaves)}"
+    for k, (g, r) in enumerate(zip(got_leaves, ref_leaves, strict=True)):
+        if not isinstance(r, torch.Tensor):
+            continue
+        if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(r.shape):
+            shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
+            return f"output {k} has shape {shape} instead of {tuple(r.shape)}"
+        if g.dtype != r.dtype:
+            return f"output {k} has dtype {g.dtype} instead of {r.dtype}"
+        if not r.is_floating_point():
+            if not torch.equal(g, r):
+                return f"output {k} ({r.dtype}) differs in {int((g != r).sum())} of {r.numel()} elements"
+            continue
+        g64, r64 = g.double(), r.double()
+        if not torch.equal(torch.isnan(g64), torch.isnan(r64)):
+            return f"output {k} has NaN where PyTorch has none, or the reverse"
+        inf_g, inf_r = torch.isinf(g64), torch.isinf(r64)
+        if not torch.equal(inf_g, inf_r) or not torch.equal(g64[inf_r], r64[inf_r]):
+            return f"output {k} has infinities where PyTorch has none, or the reverse"
+        finite = torch.isfinite(r64)
+        if not finite.any():
+            continue
+        scale = r64[finite].abs().max().item()
+        err = (g64[finite] - r64[finite]).abs().max().item()
+        if not err <= rtol * scale + 1e-6:
+            rel = err / scale if scale > 0 else math.inf
+            return f"output {k} is off by {err:.3g} ({rel:.3g} of its largest value; limit {rtol:g})"
+    return None
+
+
+def mismatch(got: torch.Tensor, ref: torch.Tensor, rtol: float, min_cosine: float) -> str | None:
+    """Why ``got`` is not ``ref`` within fp16-level limits, or None. NaN and infinities must sit where eager has
+    them (HTP has neither: a NaN in eager that comes back finite is a wrong result); the finite values must be
+    within ``rtol`` of the reference's largest magnitude and have a cosine of at least ``min_cosine``."""
+    if got.shape != ref.shape:
+        return f"shape {tuple(got.shape)} where eager gives {tuple(ref.shape)}"
+    if not (got.is_floating_point() and ref.is_floating_point()):
+        return None if torch.equal(got, ref.to(got.dtype)) else "a non-float value differs"
+    g64, r64 = got.detach().double().flatten(), ref.detach().double().flatten()
+    same_special = (torch.isnan(g64) & torch.isnan(r64)) | (torch.isinf(r64) & (g64 == r64))
+    finite = torch.isfinite(g64) & torch.isfinite(r64)
+    odd = ~(same_special | finite)
+    if bool(odd.any()):
+        k = int(odd.nonzero()[0])
+        return f"element {k} is {g64[k].item()} where eager gives {r64[k].item()}"
+    g64, r64 = g64[finite], r64[finite]
+    if not g64.numel():
+        return None
+    scale = r64.abs().max().item()
+    err = (g64 - r64).abs().max().item()
+    rel = err / scale if scale > 0 else err
+    denom = (g64.norm() * r64.norm()).item()
+    cos = (g64 @ r64).item() / denom if denom > 0 else (1.0 if err == 0 else 0.0)
+    if rel <= rtol and cos >= min_cosine:
+        return None
+    return f"max|err|/max|ref| = {rel:.3g} (limit {rtol:g}), cosine = {cos:.6f} (limit {min_cosine:g})"

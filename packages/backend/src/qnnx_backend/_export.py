@@ -1,0 +1,175 @@
+"""The export stage: one static graph becomes its ONNX model, once per graph whatever the device (private).
+
+One :class:`CompileContext` carries everything the compile of a graph reads, for every device of the chain; its
+:class:`ExportMemo` keeps what is computed once per graph (the export, the fingerprint, the quantized model, the
+float16 range check). A failure is kept as its cause, and raised as ``_session.DeviceRejected`` (or
+``_quantize.QuantizeFailed``) for every device that asks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import torch
+
+from qnnx_backend._calibrate import Calibration
+from qnnx_backend._faithful import check_on_cpu
+from qnnx_backend._options import BackendOptions
+from qnnx_backend._quantize import QuantizedModel, QuantizeFailed, failure, quantize_model
+from qnnx_backend._session import DeviceRejected
+
+if TYPE_CHECKING:
+    import onnx
+
+    from qnnx_export import GraphAnalysis, GraphSignature
+
+
+class CompilableModel(Protocol):
+    """An ONNX model ready for a QNN session: qnnx-export's ``ExportedGraph``, or its quantized form."""
+
+    @property
+    def signature(self) -> GraphSignature: ...
+    @property
+    def structure(self) -> onnx.ModelProto: ...
+    @property
+    def passes_applied(self) -> tuple[str, ...]: ...
+
+    def save(self, path: str | Path, *, external_data: bool | None = None) -> Path: ...
+
+
+@attrs.define(eq=False)
+class ExportMemo:
+    """What the compile of one graph computes once, for whichever device asks first.
+
+    A failure is kept as its one-line cause, not as the exception: the device that met it raised it with its
+    traceback, and every later device of the chain is refused with the same cause without trying again.
+    """
+
+    exported: Any = None
+    export_refusal: str | None = None
+    fingerprint: str | None = None
+    quantized: Any = None
+    quantize_refusal: str | None = None
+    range_checked: bool = False
+    range_refusal: str | None = None
+
+
+@attrs.frozen(eq=False)
+class CompileContext:
+    """The compile of one static graph: the graph, its example arguments, the options and the graph's analysis.
+
+    ``timings`` is the compile report's own dict, filled in by each stage. ``calibration`` asks for the quantized
+    graph; :meth:`in_float` gives the same compile without it (sharing the float export).
+    """
+
+    gm: torch.fx.GraphModule
+    args: Sequence[object]
+    options: BackendOptions
+    analysis: GraphAnalysis
+    timings: dict[str, float] = attrs.field(factory=dict)
+    calibration: Calibration | None = None
+    memo: ExportMemo = attrs.field(factory=ExportMemo)
+
+    def in_float(self) -> CompileContext:
+        return attrs.evolve(self, calibration=None)
+
+
+def first_line(exc: BaseException, limit: int = 400) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _export_args(args: Sequence[object], fp16: bool) -> list[object]:
+    if not fp16:
+        return list(args)
+    return [
+        a.detach().half() if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float16 else a
+        for a in args
+    ]
+
+
+def analyze(gm: torch.fx.GraphModule, args: Sequence[object], opts: BackendOptions) -> GraphAnalysis:
+    """The graph's analysis as the compile (and ``explain``) uses it: with the options' exporter, in-place writes
+    to inputs and buffers are lifted to outputs that the caller writes back after each run (the direct translator
+    only: torch.onnx drops such writes)."""
+    import qnnx_export
+
+    analysis = qnnx_export.analyze(gm, args)
+    if opts.exporter != "torch.onnx":
+        analysis = qnnx_export.lift_mutations(analysis) or analysis
+    return analysis
+
+
+def export_once(ctx: CompileContext) -> CompilableModel:
+    """The graph's ONNX model (quantized when ``ctx`` asks for it), exported once per graph.
+
+    Raises DeviceRejected when the export failed (or torch.onnx's model failed its check), and
+    ``QuantizeFailed`` when quantizing it failed.
+    """
+    memo = ctx.memo
+    if memo.export_refusal is not None:
+        raise DeviceRejected(memo.export_refusal)
+    if memo.exported is None:
+        memo.exported = _export(ctx)
+    if ctx.calibration is not None:
+        return _quantized_once(memo.exported, ctx)
+    exported: CompilableModel = memo.exported
+    return exported
+
+
+def _quantized_once(exported: Any, ctx: CompileContext) -> QuantizedModel:
+    """The QDQ model of ``exported`` for ``ctx.calibration``, made once per graph (``ctx.memo``); raises
+    QuantizeFailed, with the same cause for every device once it failed."""
+    memo = ctx.memo
+    if memo.quantize_refusal is not None:
+        raise QuantizeFailed(memo.quantize_refusal)
+    if memo.quantized is None:
+        assert ctx.calibration is not None
+        t = time.perf_counter()
+        try:
+            memo.quantized = quantize_model(exported, ctx.args, ctx.calibration)
+        except Exception as exc:
+            memo.quantize_refusal = failure(exc)
+            raise QuantizeFailed(memo.quantize_refusal) from exc
+        finally:
+            ctx.timings["quantize"] = time.perf_counter() - t
+    quantized: QuantizedModel = memo.quantized
+    return quantized
+
+
+def _export(ctx: CompileContext) -> Any:
+    import qnnx_export
+
+    opts, memo = ctx.options, ctx.memo
+    t = time.perf_counter()
+    export_args = _export_args(ctx.args, opts.fp16)
+    try:
+        passes = None
+        if opts.disable_passes:
+            default = qnnx_export.ExportOptions().resolved_passes()
+            passes = tuple(p for p in default if p not in opts.disable_passes)
+        export_options = qnnx_export.ExportOptions(
+            passes=passes, exporter=opts.exporter, lift_mutations=bool(ctx.analysis.mutated_indices)
+        )
+        exported = qnnx_export.export(ctx.gm, export_args, options=export_options, analysis=ctx.analysis)
+    except Exception as exc:
+        memo.export_refusal = f"ONNX export failed: {first_line(exc)}"
+        raise DeviceRejected(memo.export_refusal) from exc
+    finally:
+        ctx.timings["export"] = time.perf_counter() - t
+    if exported.exporter == "torch.onnx":
+        # torch.onnx lowers some ops unfaithfully without an error: verify its model on the CPU EP first.
+        t = time.perf_counter()
+        problem = check_on_cpu(exported, ctx.gm, ctx.args, export_args)
+        ctx.timings["verify_export"] = time.perf_counter() - t
+        if problem is not None:
+            memo.export_refusal = (
+                "torch.onnx's ONNX model of this graph did not pass the check against PyTorch on ONNX Runtime's CPU "
+                f"EP, before any QNN ({problem}); it is not compiled"
+            )
+            raise DeviceRejected(memo.export_refusal)
+    return exported

@@ -1,0 +1,161 @@
+"""The trace stage: Dynamo's graph and example inputs as the compile takes them (private).
+
+A graph with symbolic sizes is specialized into static copies; the example inputs are remembered weakly (saving a
+never-called graph compiles it from them); and every compile step runs under the process-global guards below
+(Dynamo's compile lock, Python's garbage collector held off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from qnnx_backend.errors import SavedGraphError
+
+
+def is_symbolic(value: object) -> bool:
+    return isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool)
+
+
+def size_positions(example_inputs: Sequence[object]) -> tuple[int, ...]:
+    """The positions of Dynamo's size arguments (symbolic or plain ints) among a graph's example inputs."""
+    return tuple(
+        i for i, a in enumerate(example_inputs) if is_symbolic(a) or (isinstance(a, int) and not isinstance(a, bool))
+    )
+
+
+def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: Sequence[int]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` whose symbolic-size placeholders are replaced by the concrete values in ``args``.
+
+    Dynamo passes sizes of dynamic dimensions as extra SymInt placeholders; the QNN path compiles one static
+    graph per concrete shape, so each such placeholder becomes a Python constant. The original gm is not touched.
+    """
+    static = copy.deepcopy(gm)
+    placeholders = [n for n in static.graph.nodes if n.op == "placeholder"]
+    # Dynamo's source of each argument (a parameter or buffer is frozen, a user input is not) lives in a node
+    # attribute that a deep copy drops: without it the copy's weights would become runtime inputs.
+    for mine, original in zip(placeholders, (n for n in gm.graph.nodes if n.op == "placeholder"), strict=True):
+        source = getattr(original, "_dynamo_source", None)
+        if source is not None and getattr(mine, "_dynamo_source", None) is None:
+            mine._dynamo_source = source
+    for pos in sym_positions:
+        node = placeholders[pos]
+        value = args[pos]
+        for user in list(node.users):
+            # mypy cannot infer a lambda that binds loop variables through default arguments.
+            user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
+        static.graph.erase_node(node)
+    static.recompile()
+    # Every node still carries Dynamo's symbolic example value; propagate fake tensors of the concrete inputs so
+    # later stages (analysis, export) see a static graph with static metadata.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    concrete = [a for i, a in enumerate(args) if i not in set(sym_positions)]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in concrete]
+    FakeTensorProp(static, mode).propagate_dont_convert_inputs(*fakes)
+    for node in static.graph.nodes:
+        if "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
+    return static
+
+
+def writes_arguments(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph updates any of its arguments (inputs or buffers) in place (read from the graph alone: the
+    backend call must not add guards on symbolic sizes)."""
+    import qnnx_export
+
+    return bool(qnnx_export.written_arguments(gm))
+
+
+_gc_state = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Any:
+    """Hold off Python's cyclic garbage collector while a graph compiles.
+
+    Export and session building allocate many short-lived objects, and every few hundred allocations CPython
+    scans the whole heap, which after ``import torch`` holds millions of objects: a noticeable share of a cold
+    first call went to collections (docs/benchmarks.md). Reference counting still frees almost
+    everything; the cycles left are collected at the next collection after the compile. The collector's state
+    is restored exactly (it stays off if the caller had turned it off), also across threads compiling at once.
+    """
+    global _gc_pausers, _gc_was_enabled
+    with _gc_state:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_state:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+_OWN_COMPILE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def compiling() -> Any:
+    """Run a qnnx compile step (specialize, analyze, export, session build) the way Dynamo runs a backend's compile.
+
+    Our steps trace with process-global side effects: torch.fx's tracer (under ``make_fx``, torch.export, torch.onnx)
+    patches ``torch.nn.Module.__call__``/``__getattr__`` for the whole process, keeps its patcher in a module global
+    and sets a global "FX tracing" flag. We compile on a graph's first call, outside Dynamo, so without this another
+    thread's Dynamo could trace a model through the patched ``Module.__call__`` and build its guards after the patch
+    is undone (``InternalTorchDynamoError: TypeError: 'NoneType' object is not subscriptable``, torch 2.13), two of
+    our compiles could undo each other's patches (``CURRENT_PATCHER is None in finally block``), and another thread
+    calling a compiled function would be refused ("Detected that you are using FX to symbolically trace a
+    dynamo-optimized function"). So we hold Dynamo's ``torch._dynamo.convert_frame.compile_lock`` (an RLock Dynamo
+    holds while tracing a frame; our own RLock if a torch version has none) and mark a compile session as Dynamo
+    does around its backends (``torch.compiler.is_compiling()`` is then true, which that check honours). Calls of
+    compiled graphs never take the lock.
+    """
+    try:
+        from torch._dynamo.convert_frame import compile_lock as lock
+    except ImportError:
+        lock = _OWN_COMPILE_LOCK
+    session = getattr(torch.compiler, "_compile_session_context", contextlib.nullcontext)
+    with lock, session():
+        yield
+
+
+@attrs.frozen
+class Examples:
+    """Dynamo's example inputs, tensors held weakly, and the grad mode the graph was traced in (saving a graph that
+    was never called compiles it from them, in that mode: Dynamo's guards run it only in that mode)."""
+
+    values: tuple[object, ...]
+    grad_enabled: bool
+
+
+def remember(example_inputs: Sequence[object]) -> Examples:
+    """See :class:`Examples`."""
+    values = tuple(weakref.ref(a) if isinstance(a, torch.Tensor) else a for a in example_inputs)
+    return Examples(values, torch.is_grad_enabled())
+
+
+def recall(examples: Examples) -> list[object]:
+    values = [e() if isinstance(e, weakref.ref) else e for e in examples.values]
+    if any(v is None and isinstance(e, weakref.ref) for v, e in zip(values, examples.values)):
+        raise SavedGraphError(
+            "the compiled function was never called and its example tensors (the model's weights among them) are "
+            "gone, so its graph cannot be compiled for saving; call it once, or save while the model is alive"
+        )
+    return values
