@@ -207,3 +207,48 @@ def test_bad_partition_names_the_accepted_values() -> None:
     """partition='split' is refused with the three accepted values."""
     with pytest.raises(InvalidOptionsError, match="'auto', 'whole', 'mixed'"):
         BackendOptions.from_mapping({"partition": "split"})
+
+
+def test_every_option_declares_its_cache_key_membership():
+    """Each option field says how it enters the context-cache key, or why it does not: a new option cannot be left
+    out of cache_material() by forgetting it."""
+    import attrs
+
+    from qnnx_backend._options import CACHE_KEY
+
+    undeclared = [f.name for f in attrs.fields(BackendOptions) if CACHE_KEY not in f.metadata]
+    assert undeclared == []
+    reasons = [f.metadata[CACHE_KEY] for f in attrs.fields(BackendOptions) if not callable(f.metadata[CACHE_KEY])]
+    assert all(isinstance(r, str) and r for r in reasons)
+
+
+_KEYED_VALUES = {
+    "fp16": st.booleans(),
+    "partition": st.sampled_from(["auto", "whole", "mixed"]),
+    "exporter": st.sampled_from(["auto", "fast", "torch.onnx"]),
+    "provider_options": st.dictionaries(
+        st.sampled_from(["htp_performance_mode", "vtcm_mb", "htp_arch"]), st.sampled_from(["1", "burst", "73"])
+    ),
+    "disable_passes": st.lists(st.sampled_from(["fuse_rmsnorm", "int64_to_int32", "fuse_erf_gelu"]), unique=True),
+    "strict": st.booleans(),
+    "verify": st.booleans(),
+    "verify_rtol": st.floats(min_value=1e-4, max_value=1.0),
+    "max_graphs": st.integers(min_value=1, max_value=64),
+    "buckets": st.sampled_from([None, "auto", (16, 64)]),
+}
+
+
+@given(st.fixed_dictionaries({}, optional=_KEYED_VALUES), st.fixed_dictionaries({}, optional=_KEYED_VALUES))
+def test_cache_material_follows_exactly_the_keyed_options(a, b):
+    """Property: two option sets give the same cache material exactly when every option declared as keyed has the
+    same value (partition as resolved), whatever the options declared as not keyed say."""
+    import attrs
+
+    from qnnx_backend._options import CACHE_KEY
+
+    oa, ob = BackendOptions.from_mapping(a), BackendOptions.from_mapping(b)
+    keyed = [f.name for f in attrs.fields(BackendOptions) if callable(f.metadata[CACHE_KEY])]
+    assert set(keyed) == {"fp16", "provider_options", "partition", "disable_passes", "exporter"}
+    same = all(getattr(oa, n) == getattr(ob, n) for n in keyed if n != "partition")
+    same = same and oa.resolved_partition == ob.resolved_partition
+    assert (oa.cache_material() == ob.cache_material()) == same

@@ -21,10 +21,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from qnnx_backend import _buckets, _report, _session
+from qnnx_backend._options import BackendOptions
 from qnnx_backend._payload import FIX_SAVE, SAFE_NAME, fingerprint_differences, unpack_payload
 from qnnx_backend._program import (
     CpuEpProgram,
@@ -40,6 +42,8 @@ from qnnx_backend._split import opcheck
 from qnnx_backend.errors import QnnDeviceError, QnnFallbackWarning, QnnRuntimeError, SavedGraphError
 
 logger = logging.getLogger(__name__)
+
+_OPTION = attrs.fields(BackendOptions)
 
 
 def deserialize(data: bytes) -> LoadedGraph:
@@ -104,14 +108,15 @@ class LoadedGraph(SerializableCallable):
         weakref.finalize(self, shutil.rmtree, str(self._folder), True)
         options = header["options"]
         graph = header["graph"]
-        self._strict = bool(options["strict"])
-        self._requested = str(options["device"])
-        ladder = options.get("buckets")
+        # The saved options are read by their fields' names: a renamed option fails here, not with a KeyError.
+        self._strict = bool(options[_OPTION.strict.name])
+        self._requested = str(options[_OPTION.device.name])
+        ladder = options.get(_OPTION.buckets.name)
         self._ladder = tuple(ladder) if isinstance(ladder, list) else ladder
         self._sym_positions = tuple(int(i) for i in graph["sym_positions"])
         plan = graph.get("plan")
         self._plan = None if plan is None else _plan_from_dict(plan)
-        saved_soc = options.get("soc_model")
+        saved_soc = options.get(_OPTION.soc_model.name)
         self._target_soc = int(saved_soc) if saved_soc is not None else qnnx_detection.resolve_soc_model(None)
         self._blob_sha256 = [str(entry["sha256"]) for entry in header["blobs"]]
         saved = {k: v for k, v in header["fingerprint"].items() if k != "options"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,21 @@ CHAIN = ("npu", "gpu")
 """The order device='auto' tries QNN backends in, before eager PyTorch."""
 OPCHECK_BACKEND = {"npu": "htp", "gpu": "gpu"}
 """qnnx-opcheck's name of each device's table."""
+
+
+CACHE_KEY = "qnnx_cache_key"
+"""The metadata key of every option field: how the option enters the context-cache key (:func:`keyed`), or why it
+does not (:func:`not_keyed`). ``cache_material()`` reads it, so an option cannot be left out by mistake."""
+
+
+def keyed(material: Callable[[BackendOptions], Mapping[str, str]]) -> dict[str, Any]:
+    """Field metadata: the option changes what is compiled; ``material`` gives its entries of the cache key."""
+    return {CACHE_KEY: material}
+
+
+def not_keyed(why: str) -> dict[str, Any]:
+    """Field metadata: the option does not change the compiled context (``why`` says so, for the reader)."""
+    return {CACHE_KEY: why}
 
 
 def effective_device(requested: str, override: str | None) -> str:
@@ -262,72 +277,136 @@ class BackendOptions:
     :class:`~qnnx_backend.errors.InvalidOptionsError` naming the accepted keys or values.
     """
 
-    device: str = attrs.field(default="auto", converter=_device)
+    device: str = attrs.field(
+        default="auto",
+        converter=_device,
+        metadata=not_keyed("the device a context is compiled for is in the key's EP options and target"),
+    )
     """``"auto"`` tries NPU (HTP), then GPU, then the original PyTorch graph; or exactly ``"npu"``, ``"gpu"``,
     ``"cpu"`` (``"cpu"`` runs the original PyTorch graph: no ONNX, no QNN)."""
 
-    strict: bool = attrs.field(default=False, converter=_bool("strict"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+    strict: bool = attrs.field(
+        default=False,
+        converter=_bool("strict"),  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+        metadata=not_keyed(
+            "where a failure goes, not what is compiled",
+        ),
+    )
     """When True, a failure on the chosen device raises instead of falling back."""
 
-    fp16: bool = attrs.field(default=False, converter=_bool("fp16"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+    fp16: bool = attrs.field(
+        default=False,
+        converter=_bool("fp16"),  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+        metadata=keyed(lambda o: {"fp16": str(o.fp16)}),
+    )
     """Run the graph in float16 end to end: weights and float inputs are cast to float16 at the ONNX boundary,
     outputs are cast back to the caller's dtype. HTP computes float graphs in fp16 anyway on QAIRT >= 2.35, so on
     the NPU this halves weight memory and the cached context, not precision; see the README."""
 
-    cache: bool = attrs.field(factory=_cache_default, converter=_bool("cache"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+    cache: bool = attrs.field(
+        factory=_cache_default,
+        converter=_bool("cache"),  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+        metadata=not_keyed(
+            "whether the cache is used at all",
+        ),
+    )
     """Keep compiled QNN contexts on disk (qnnx-ctxcache) so later processes skip export and compile. Default:
     off, or on when ``QNNX_CACHE=1``."""
 
-    cache_max_bytes: int | None = attrs.field(factory=_cache_max_default, converter=_cache_max_bytes)
+    cache_max_bytes: int | None = attrs.field(
+        factory=_cache_max_default, converter=_cache_max_bytes, metadata=not_keyed("the cache's size cap")
+    )
     """Size cap of the context cache in bytes (least recently used entries are evicted past it); None: the
     cache's default (10 GiB), or ``QNNX_CACHE_MAX_BYTES``."""
 
-    cache_dir: Path | None = attrs.field(default=None, converter=_cache_dir)
+    cache_dir: Path | None = attrs.field(
+        default=None, converter=_cache_dir, metadata=not_keyed("where the cache lives")
+    )
     """Where the context cache lives; None uses ``QNNX_CTXCACHE_DIR`` or the platform cache directory."""
 
-    soc_model: int | None = attrs.field(default=None, converter=_soc_model)
+    soc_model: int | None = attrs.field(
+        default=None, converter=_soc_model, metadata=not_keyed("the SoC is in the key's EP options and target")
+    )
     """Target Snapdragon chip: a QNN SoC number or a chip name; None = the detected chip on real hardware,
     Snapdragon X Elite (60) on the host simulator."""
 
-    provider_options: tuple[tuple[str, str], ...] = attrs.field(factory=tuple, converter=_provider_options)
+    provider_options: tuple[tuple[str, str], ...] = attrs.field(
+        factory=tuple,
+        converter=_provider_options,
+        metadata=keyed(lambda o: {f"provider.{k}": v for k, v in o.provider_options}),
+    )
     """Extra QNN EP provider options passed through (names are checked against a list of known options)."""
 
-    verify: bool = attrs.field(default=True, converter=_bool("verify"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+    verify: bool = attrs.field(
+        default=True,
+        converter=_bool("verify"),  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+        metadata=not_keyed(
+            "a check of the first call, after the compile",
+        ),
+    )
     """Accuracy guard, on by default: the first call of each compiled float graph is compared with eager PyTorch on
     the same inputs (its outputs, and what it writes into its arguments); a mismatch sends the graph down the
     device chain (raises under ``strict``). ``False`` saves that one eager run per graph."""
 
-    verify_rtol: float = attrs.field(default=5e-2, converter=_tolerance("verify_rtol"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+    verify_rtol: float = attrs.field(
+        default=5e-2,
+        converter=_tolerance("verify_rtol"),  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+        metadata=not_keyed(
+            "a limit of the first-call check",
+        ),
+    )
     """Guard threshold on max |qnn - eager| / max |eager| (fp16-level default)."""
 
-    verify_min_cosine: float = attrs.field(default=0.999, converter=_tolerance("verify_min_cosine"))  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+    verify_min_cosine: float = attrs.field(
+        default=0.999,
+        converter=_tolerance("verify_min_cosine"),  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
+        metadata=not_keyed(
+            "a limit of the first-call check",
+        ),
+    )
     """Guard threshold on the cosine similarity of qnn and eager outputs."""
 
-    partition: str = attrs.field(default="auto", converter=_partition)
+    partition: str = attrs.field(
+        default="auto", converter=_partition, metadata=keyed(lambda o: {"partition": o.resolved_partition})
+    )
     """``"auto"``: without ``strict``, a graph with nodes qnnx-opcheck does not vouch for runs on QNN with the op
     types of those nodes pinned to ONNX Runtime's CPU EP in the same session, when QNN keeps more than half of the
     graph's nodes (else the graph runs in PyTorch); with ``strict``, as ``"whole"``. ``"whole"``: a graph runs
     wholly on QNN or not at all. ``"mixed"``: always split as ``"auto"`` does, whatever share stays on QNN."""
 
-    disable_passes: tuple[str, ...] = attrs.field(factory=tuple, converter=_disable_passes)
+    disable_passes: tuple[str, ...] = attrs.field(
+        factory=tuple,
+        converter=_disable_passes,
+        metadata=keyed(lambda o: {"disable_passes": ",".join(o.disable_passes)}),
+    )
     """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
     wrong results; keep the accuracy guard ``verify`` on when skipping any)."""
 
-    buckets: str | tuple[int, ...] | None = attrs.field(default="auto", converter=_buckets)
+    buckets: str | tuple[int, ...] | None = attrs.field(
+        default="auto",
+        converter=_buckets,
+        metadata=not_keyed("which static sizes are compiled: each size is its own graph and key"),
+    )
     """Length buckets for dynamic sizes: ``"auto"`` (powers of two from 16, bounded by Dynamo's maximum), a list of
     sizes, or None (one static graph per exact size). Inputs are padded to the bucket and outputs sliced back, once
     padding is proven neutral for the graph (eager PyTorch at the true and the bucket size agree)."""
 
-    max_graphs: int = attrs.field(default=8, converter=_max_graphs)
+    max_graphs: int = attrs.field(
+        default=8, converter=_max_graphs, metadata=not_keyed("how many static graphs are compiled, not what each is")
+    )
     """Recompile budget: the static QNN graphs one Dynamo graph with dynamic sizes may compile, one per concrete
     shape. Past it, new shapes run in PyTorch with one warning naming the shapes seen (an error under ``strict``)."""
 
-    exporter: str = attrs.field(default="auto", converter=_exporter)
+    exporter: str = attrs.field(default="auto", converter=_exporter, metadata=keyed(lambda o: {"exporter": o.exporter}))
     """How the graph becomes ONNX: ``"auto"`` uses qnnx-export's direct ATen->ONNX translator when it covers every
     op of the graph (much faster than torch.onnx; see docs/benchmarks.md) and ``torch.onnx.export`` otherwise; ``"fast"`` refuses
     graphs the translator cannot take; ``"torch.onnx"`` always uses torch.onnx (an escape hatch)."""
 
-    quantize: QuantizeSpec | None = attrs.field(default=None, converter=parse_quantize)
+    quantize: QuantizeSpec | None = attrs.field(
+        default=None,
+        converter=parse_quantize,
+        metadata=not_keyed("keyed with the calibration data, by the quantized build (Calibration.cache_material)"),
+    )
     """Quantize each graph to QDQ integers after calibrating it on real inputs with :func:`qnnx_backend.calibrate`:
     ``"a16w8"`` (uint16 activations, uint8 weights), ``"a8w8"``, or a dict (``scheme``, ``activation_type``,
     ``weight_type``, ``per_channel``, ``calibration``, ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``).
@@ -386,11 +465,10 @@ class BackendOptions:
         return self.partition
 
     def cache_material(self) -> dict[str, str]:
-        """The options that change what is compiled (they go into the context-cache key)."""
-        return {
-            "fp16": str(self.fp16),
-            "partition": self.resolved_partition,
-            "disable_passes": ",".join(self.disable_passes),
-            "exporter": self.exporter,
-            **{f"provider.{k}": v for k, v in self.provider_options},
-        }
+        """The options that change what is compiled (they go into the context-cache key), as each field declares."""
+        material: dict[str, str] = {}
+        for field in attrs.fields(type(self)):
+            declared = field.metadata[CACHE_KEY]
+            if callable(declared):
+                material.update(declared(self))
+        return material
