@@ -174,6 +174,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.transpose.int": _ex(lambda x: aten.transpose.int(x, 0, -1), (2, 3, 4)),
     "aten.permute.default": _ex(lambda x: aten.permute.default(x, [2, 0, 1]), (2, 3, 4)),
     "aten.expand.default": _ex(lambda x: aten.expand.default(x, [3, 4, 5]), (1, 4, 1)),
+    "aten.repeat.default": _ex(lambda x: aten.repeat.default(x, [2, 1, 3, 2]), (3, 1, 4)),
     "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
     "aten.cat.default": _ex(lambda x, i: aten.cat.default([x, i, x], 1), (2, 3), _ints(2, 4)),
     "aten.split.Tensor": _ex(lambda x: _items(aten.split.Tensor(x, 2, 1), 3), (2, 5)),

@@ -68,6 +68,21 @@ def _expand(t: Translator, node: Node, x: Node, size: Sequence[int], **kwargs: o
     return t.out("Expand", [t.value(x), t.ints(shape)])
 
 
+@handles(aten.repeat.default)
+def _repeat(t: Translator, node: Node, x: Node, repeats: Sequence[int]) -> ir.Value:
+    """``x.repeat(*repeats)``: ONNX Tile, after prepending size-1 dims when ``repeats`` is longer than x's rank."""
+    shape = tuple(fake(x).shape)
+    value = t.value(x)
+    if len(repeats) > len(shape):
+        shape = (1,) * (len(repeats) - len(shape)) + shape
+        if all(r == 1 for r in repeats):
+            return t.out("Reshape", [value, t.ints(shape)])
+        value = t.emit1("Reshape", [value, t.ints(shape)], dtype=fake(x).dtype, shape=shape)
+    elif all(r == 1 for r in repeats):
+        return value
+    return t.out("Tile", [value, t.ints(list(repeats), "repeats")])
+
+
 @handles(aten.slice.Tensor)
 def _slice(
     t: Translator, node: Node, x: Node, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1
