@@ -184,3 +184,33 @@ def test_scaled_outputs_run_on_qnn_only_within_float16(scale: float, sign: float
     out, reports = _run(f, x)
     assert [r.device for r in reports] == (["npu"] if scale <= 65504 else ["eager"])
     assert_close_fp16(out, f(x))
+
+
+def test_moe_decoder_with_default_options_returns_eagers_logits() -> None:
+    """A tiny Mixtral with Hugging Face's static-shape experts (``batched_mm``) exports through torch.onnx and its
+    graph comes back wrong from QNN (logits cosine about 0.0006 with the first-call check off: a known open defect,
+    not yet narrowed to a node). With the default options the first call is checked, so the caller gets eager's
+    logits and the report says where the graph ran."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
+    model = transformers.MixtralForCausalLM(cfg).eval()
+    model.set_experts_implementation("batched_mm")
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    out, reports = _run(lambda t: model(input_ids=t).logits, ids)
+    assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
+    assert reports
