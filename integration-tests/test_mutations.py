@@ -103,6 +103,32 @@ def test_slice_and_index_assignments_are_lifted_onto_qnn() -> None:
     assert all(r.on_qnn for r in qnnx_backend.compile_reports())
 
 
+class _FlippedCache(_KVCache):
+    """The same cache, written from values the direct translator cannot translate (``flip`` has no handler)."""
+
+    def forward(self, new: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        self.length.add_(new.shape[2])
+        self.keys.index_copy_(2, position, self.proj(torch.flip(new, [-1])))
+        return torch.softmax(self.keys.sum(-1), dim=-1)
+
+
+def test_writes_of_a_graph_the_translator_declines_are_lifted_through_torch_onnx() -> None:
+    """A cache written from an op without a direct translation still runs on QNN, exported by torch.onnx from
+    the lifted trace: after every step the cache, the counter and the output match eager (never a dropped write)."""
+    torch.manual_seed(0)
+    model, reference = _FlippedCache().eval(), _FlippedCache().eval()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="qnn", options=NPU_STRICT)
+    with torch.no_grad():
+        for step in range(4):
+            new, position = torch.randn(1, 2, 1, 4), torch.tensor([step])
+            assert_close_fp16(compiled(new, position), reference(new, position))
+            assert_close_fp16(model.keys, reference.keys)
+            assert int(model.length) == int(reference.length) == step + 1
+    (report,) = qnnx_backend.compile_reports()
+    assert report.on_qnn and "verify_export" in report.timings, report.summary()  # torch.onnx made the model
+
+
 def test_a_write_that_cannot_be_lifted_falls_back_and_is_not_lost() -> None:
     """An accumulating index_put_ (a sum HTP would take in fp16) runs in PyTorch with a warning; the write still
     happens."""

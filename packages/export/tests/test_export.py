@@ -413,3 +413,40 @@ def test_write_lifting_is_linear_in_shared_values(from_itself: bool) -> None:
         assert isinstance(outcome[0], qe.errors.ExportError) and "accumulate fp16 rounding" in str(outcome[0])
     else:
         assert isinstance(outcome[0], qe.ExportedGraph) and outcome[0].signature.writes
+
+
+@pytest.mark.parametrize("row_write", [True, False])
+def test_writes_are_lifted_through_torch_onnx_when_an_op_lacks_a_translation(row_write: bool) -> None:
+    """A graph that writes a buffer (a row write as a KV cache does, or a whole-tensor copy) and uses an op the
+    direct translator lacks (flip) exports through torch.onnx from the lifted trace: the written values come back
+    as outputs, and running the model gives eager's result and eager's new buffer."""
+    from export_capture import capture, only
+    from export_qnn_helpers import cpu_session
+
+    class Cache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(4, 3))
+
+        def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            y = torch.flip(x, [1]) * 2
+            if row_write:
+                self.cache.index_copy_(0, pos, y)
+            else:
+                self.cache.copy_(torch.ones(4, 3) * y.sum())
+            return self.cache.sum(0) + 1
+
+    x, pos = torch.randn(1, 3), torch.tensor([2])
+    eager = Cache().eval()
+    with torch.no_grad():
+        want = eager(x, pos)
+    cap = only(capture(Cache().eval(), x, pos)[0])
+    exported = qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(lift_mutations=True))
+    assert exported.exporter == "torch.onnx" and "flip" in (exported.fast_path_declined or "")
+    sig = exported.signature
+    assert sig.writes
+    session = cpu_session(exported.model_bytes())
+    feeds = {s.name: t.numpy() for s, t in zip(sig.inputs, sig.onnx_inputs(cap.example_inputs), strict=True)}
+    outs = dict(zip(sig.onnx_output_names, session.run(None, feeds), strict=True))
+    torch.testing.assert_close(torch.from_numpy(outs[sig.onnx_output_names[0]]), want)
+    assert len(sig.onnx_output_names) > 1  # the written values came back

@@ -32,8 +32,13 @@ def check_on_cpu(
     fp16 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in export_args) and not any(
         isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in args
     )
+    signature = exported.signature
+    # A graph that writes into its arguments (a cache) runs on copies of what it writes: the check must not move
+    # the caller's state (the compiled call then writes it once, as eager would).
+    written = {arg for _, arg in signature.writebacks} | {w.arg_index for w in signature.row_writebacks}
+    copies = {i: args[i].clone() for i in written if isinstance(args[i], torch.Tensor)}
     with torch.no_grad():
-        ref = gm(*args)
+        ref = gm(*(copies.get(i, a) for i, a in enumerate(args)))
     try:
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
@@ -44,7 +49,6 @@ def check_on_cpu(
             staged.__fspath__(), sess_options=options, providers=["CPUExecutionProvider"]
         )
         staged.keep_for(session)
-        signature = exported.signature
         feeds = {
             name: t.numpy() for name, t in zip(signature.input_names, signature.onnx_inputs(export_args), strict=True)
         }
@@ -62,4 +66,9 @@ def check_on_cpu(
         else g
         for g, r in zip(got_leaves, ref_leaves, strict=False)
     ]
+    # What a whole-tensor write returns is checked against eager's new value too.
+    for index, arg in signature.writebacks:
+        if arg in copies:
+            got_leaves.append(torch.from_numpy(outs[index]).to(copies[arg].dtype))
+            ref_leaves.append(copies[arg])
     return compare_outputs(got_leaves, ref_leaves, RTOL_FP16 if fp16 else RTOL_FP32)

@@ -292,6 +292,42 @@ def _build_frozen_module(
     return make_module, user_inputs, slots, onnx_nodes, container
 
 
+def _export_lifted(
+    lifted: tuple[Any, tuple[Any, ...]],
+    example_inputs: Sequence[Any],
+    analysis: GraphAnalysis,
+    user_inputs: Sequence[tuple[str, int]],
+    options: ExportOptions,
+    declined: BaseException,
+) -> tuple[ir.Model, tuple[Any, ...]]:
+    """Export the functional trace of a graph whose writes were lifted (``Declined.lifted``) with torch.onnx.
+
+    Its outputs are the graph's results, then what each write returns; every one must stay a distinct ONNX output
+    (a written value that is also a result, or a graph input, declines as before). Its ONNX inputs are renamed to
+    the names of Dynamo's graph, which the signature uses."""
+    traced, writes = lifted
+    make_frozen, traced_inputs, _, onnx_nodes, _ = _build_frozen_module(traced, example_inputs, analysis)
+    (out_arg,) = next(n for n in traced.graph.nodes if n.op == "output").args
+    if len(onnx_nodes) != len(out_arg):
+        raise ExportError(
+            f"the in-place writes of this graph cannot be lifted: the direct translator declines it ({declined}), "
+            "and a written value is also a result or an input, which torch.onnx cannot return twice."
+        ) from declined
+    frozen = make_frozen()
+    args = tuple(example_inputs[i].detach() for _, i in traced_inputs)
+    try:
+        program = _torch_onnx_export(frozen, args, options.opset)
+    except Exception as exc:
+        raise ExportError(_describe_failure(exc, frozen)) from exc
+    model = program.model
+    by_position = {i: name for name, i in user_inputs}
+    traced_names = {name: i for name, i in traced_inputs}
+    for value in model.graph.inputs:
+        if value.name in traced_names:
+            value.name = by_position[traced_names[value.name]]
+    return model, writes
+
+
 @contextlib.contextmanager
 def _quiet_logger(name: str) -> Any:
     """Raise one logger's level for the duration (torch 2.13 warns "torchvision is not installed.
@@ -481,18 +517,25 @@ def export(
             )
             exporter = "fast"
         except _fast.Declined as exc:
-            if written:
+            if written and exc.lifted is not None and options.exporter != "fast":
+                # The writes are lifted into a functional trace; only an op lacked a translation. torch.onnx
+                # exports that trace, its written values included, instead of Dynamo's graph (whose writes it
+                # would drop).
+                model, writes = _export_lifted(exc.lifted, example_inputs, analysis, user_inputs, options, exc)
+                exporter, declined = "torch.onnx", str(exc)
+            elif written:
                 raise ExportError(
                     f"the in-place writes of this graph cannot be lifted: the direct translator declines it ({exc}) "
                     "and torch.onnx would drop the writes."
                 ) from exc
-            if options.exporter == "fast":
+            elif options.exporter == "fast":
                 raise ExportError(
                     f"ExportOptions.exporter='fast' but the direct translator cannot take this graph: {exc}. "
                     "Fix: use exporter='auto' (falls back to torch.onnx) or 'torch.onnx'."
                 ) from exc
-            declined = str(exc)
-            log.debug("direct translation declined (%s); exporting with torch.onnx", declined)
+            else:
+                declined = str(exc)
+                log.debug("direct translation declined (%s); exporting with torch.onnx", declined)
     if model is None and onnx_nodes:
         frozen = make_frozen()
         try:

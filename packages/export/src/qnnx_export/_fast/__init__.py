@@ -100,7 +100,10 @@ def translate(
         ) from exc
     writes = _lift_writes(traced, written, user_positions={i for _, i in user_inputs})
     constants = {i: example_inputs[i].detach() for i in param_indices}
-    model, origins = translate_aten(traced, constants, user_inputs=user_inputs, opset=opset)
+    try:
+        model, origins = translate_aten(traced, constants, user_inputs=user_inputs, opset=opset)
+    except Declined as exc:
+        raise Declined(str(exc), lifted=(traced, writes) if written else None) from exc
     return model, origins, writes
 
 
@@ -165,6 +168,10 @@ def _check_no_fp16_accumulation(placeholder: Any, new: Any) -> None:
         if value is placeholder:
             return True
         written = partial.get(value.target) if value.op == "call_function" else None
+        if value.op == "call_function" and value.target is aten.index_put.default:
+            accumulate = value.args[3] if len(value.args) > 3 else value.kwargs.get("accumulate", False)
+            if accumulate:
+                return False  # adds into the old values: the same fp16 drift as a running sum
         if written is not None:
             # The base keeps its other elements as they are: it must itself be the old tensor or such an overwrite.
             args = [value.args[k] for k in written]

@@ -47,7 +47,17 @@ Attrs: TypeAlias = "Mapping[str, bool | int | float | str | Sequence[int]]"
 
 
 class Declined(Exception):
-    """The fast path cannot translate this graph faithfully; the message says why."""
+    """The fast path cannot translate this graph faithfully; the message says why.
+
+    Attributes:
+        lifted: When the writes of the graph were lifted before the translation declined: the functional ATen trace
+            (its outputs: the graph's results, then what each write returns) and its writes, so that another
+            exporter can take the trace without dropping the writes; None otherwise.
+    """
+
+    def __init__(self, message: str, *, lifted: tuple[Any, tuple[Any, ...]] | None = None) -> None:
+        super().__init__(message)
+        self.lifted = lifted
 
 
 def ir_dtype(dtype: torch.dtype) -> ir.DataType:
