@@ -32,18 +32,25 @@ class _KVCache(torch.nn.Module):
 
 def test_kv_cache_updates_run_on_qnn_and_match_eager_step_by_step() -> None:
     """Eight decode steps: one QNN graph, and after every step the cache, the counter and the output match eager."""
+    report = _decode_steps(_KVCache, 8)
+    assert report.on_qnn
+
+
+def _decode_steps(cache: type[_KVCache], steps: int) -> qnnx_backend.CompileReport:
+    """Run ``steps`` decode steps compiled (strict, on QNN) and in eager; after each, the output, the cache and the
+    counter must match. Returns the one compile report."""
     torch.manual_seed(0)
-    model, reference = _KVCache().eval(), _KVCache().eval()
+    model, reference = cache().eval(), cache().eval()
     reference.load_state_dict(model.state_dict())
     compiled = torch.compile(model, backend="qnn", options=NPU_STRICT)
     with torch.no_grad():
-        for step in range(8):
+        for step in range(steps):
             new, position = torch.randn(1, 2, 1, 4), torch.tensor([step])
             assert_close_fp16(compiled(new, position), reference(new, position))
             assert_close_fp16(model.keys, reference.keys)
             assert int(model.length) == int(reference.length) == step + 1
     (report,) = qnnx_backend.compile_reports()
-    assert report.on_qnn
+    return report
 
 
 def test_a_written_user_input_is_updated_in_the_callers_tensor() -> None:
@@ -115,17 +122,7 @@ class _FlippedCache(_KVCache):
 def test_writes_of_a_graph_the_translator_declines_are_lifted_through_torch_onnx() -> None:
     """A cache written from an op without a direct translation still runs on QNN, exported by torch.onnx from
     the lifted trace: after every step the cache, the counter and the output match eager (never a dropped write)."""
-    torch.manual_seed(0)
-    model, reference = _FlippedCache().eval(), _FlippedCache().eval()
-    reference.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend="qnn", options=NPU_STRICT)
-    with torch.no_grad():
-        for step in range(4):
-            new, position = torch.randn(1, 2, 1, 4), torch.tensor([step])
-            assert_close_fp16(compiled(new, position), reference(new, position))
-            assert_close_fp16(model.keys, reference.keys)
-            assert int(model.length) == int(reference.length) == step + 1
-    (report,) = qnnx_backend.compile_reports()
+    report = _decode_steps(_FlippedCache, 4)
     assert report.on_qnn and "verify_export" in report.timings, report.summary()  # torch.onnx made the model
 
 
