@@ -141,22 +141,30 @@ def slow(session: nox.Session) -> None:
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Opt-in: the benchmark harness (qnnx vs raw ORT, eager, OpenVINO and Inductor, then generation with a KV cache,
-    then float against quantized graphs); writes docs/benchmarks.md."""
+    then float against quantized graphs, then compile time against a decoder's depth); writes docs/benchmarks.md."""
     _install(session)
     session.install("openvino", "matplotlib")
     _versions(session)
     session.run("python", "tools/bench/run.py", *session.posargs)
     session.run("python", "tools/bench/generation.py")  # these two append their sections to docs/benchmarks.md
     session.run("python", "tools/bench/quantization.py")
+    session.run("python", "tools/bench/depth.py")
 
 
 @nox.session(python=PYTHON, default=False)
 def conformance(session: nox.Session) -> None:
     """Opt-in: every float32 OpInfo op through backend="qnn" against eager PyTorch (writes docs/conformance.md),
     then the shape-class suites at depth: every rewrite pass over ranks 1-5 and unit dims on the simulator, and the
-    rank sweep of common patterns through torch.compile (about 40 minutes on the 2-core bench)."""
+    rank sweep of common patterns through torch.compile (about 40 minutes on the 2-core bench). With
+    `-- --opcheck-node-tests`: only qnnx-opcheck against ONNX's node tests on the simulator (rewrites its record, the
+    tables and docs/operators.md)."""
     _install(session)
     _versions(session)
+    if "--opcheck-node-tests" in session.posargs:  # only qnnx-opcheck against ONNX's node tests (~3 minutes)
+        session.run("python", "tools/opcheck/node_tests.py", "--record")
+        session.run("python", "tools/opcheck/tables.py")
+        session.run("python", "tools/opcheck/gen_operators_doc.py")
+        return
     session.run("python", "tools/conformance/run.py", *session.posargs)
     wide = {"HYPOTHESIS_PROFILE": "dev", "QNNX_PASS_CONFORMANCE_EXAMPLES": "80", "QNNX_RANK_SWEEP_EXAMPLES": "150"}
     session.run("pytest", "packages/export/tests/test_pass_conformance.py", "-p", "no:cacheprovider", env=wide)

@@ -184,3 +184,39 @@ def test_compile_for_generation_refuses_what_is_not_a_generation_model() -> None
         compile_for_generation(torch.nn.Linear(2, 2))
     with pytest.raises(InvalidOptionsError, match="max_cache_len"):
         compile_for_generation(_model("llama", "eager"), max_cache_len=0)
+
+
+def test_an_eight_layer_decoder_compiles_its_decode_graph_in_seconds() -> None:
+    """Compile steps stay linear in depth: an 8-layer tiny Llama's prefill and decode graphs compile on QNN and
+    give eager's tokens. A guard far above the expected time (about 5 s per graph here), not a benchmark: a walk
+    that grows with the number of paths took minutes at 4 layers (tools/bench/depth.py measures the scaling)."""
+    import transformers
+
+    from qnnx_backend.hf import compile_for_generation
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = model.generate(prompt, max_new_tokens=3, do_sample=False)
+    compile_for_generation(model, max_cache_len=32, options={"soc_model": 60})
+    with torch.no_grad():
+        got = model.generate(prompt, max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, eager)
+    reports = qnnx_backend.compile_reports()
+    assert len(reports) == 2 and all(r.on_qnn for r in reports), [r.summary() for r in reports]
+    for report in reports:
+        ours = report.timings.get("analyze", 0.0) + report.timings.get("export", 0.0)
+        assert ours < 120, f"export of an 8-layer graph took {ours:.0f} s: {report.summary()}"
