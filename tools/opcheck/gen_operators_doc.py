@@ -119,6 +119,10 @@ def _patterns(table: Any) -> list[str]:
         lines.append(
             f"- **{pid}** -> {p['status']} / {p['kind']}{ops}: {p['reason']}{fix}  \n  Evidence: {p['evidence']}"
         )
+        for rule in p.get("rules", ()):
+            when = ", ".join(f"{k}={rule[k]}" for k in rule if k not in ("ops", "kind", "reason", "evidence"))
+            cases = rule.get("evidence", "").rpartition(": ")[2]
+            lines.append(f"  - {'/'.join(rule['ops'])} when {when} -> {rule['kind']}: {rule['reason']} ({cases})")
     return lines
 
 
@@ -178,6 +182,52 @@ def _measured(table: Any) -> list[str]:
     return lines
 
 
+def _node_tests() -> list[str]:
+    """The summary of the newest record of tools/opcheck/node_tests.py: opcheck's verdicts against the live EP on
+    ONNX's own node tests."""
+    import json
+
+    files = sorted((ROOT / "tools" / "opcheck" / "data").glob("node-tests-htp-*-soc*.json"))
+    if not files:
+        return []
+    record = json.loads(files[-1].read_text())
+    meta, summary, rows = record["provenance"], record["summary"], record["cases"]
+    k = summary["classes"]
+    lines = [
+        "## opcheck against ONNX's node tests",
+        "",
+        f"Every case of `onnx.backend.test.case.node` (onnx {meta['onnx']}: {summary['cases']} cases, each a small "
+        f"model with inputs and expected outputs), checked by qnnx-opcheck {meta['qnnx_opcheck']} and run on QNN HTP "
+        f"(onnxruntime-qnn {meta['onnxruntime_qnn']}, soc_model {meta['soc_model']}, CPU fallback disabled) on "
+        f"{meta['date']} by `tools/opcheck/node_tests.py`. Outputs match when shapes agree, integers and bools are "
+        f"equal and floats are within {meta['tolerance']} with NaN and inf at the same positions. A case whose graph "
+        "carries a type no table holds (double, string, sequences, 2-, 4- and 8-bit types) and that opcheck refuses "
+        "is not run and counts as agreement.",
+        "",
+        "| measured | agreement | supported but wrong or crash | supported but refused | refuses what QNN runs "
+        "right | fp16 inputs | non-finite inputs | skipped |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {summary['measured']} | {summary['agreement']:.1f}% | "
+        f"{k['supported_but_wrong'] + k['supported_but_crash']} | {k['supported_but_refused']} | "
+        f"{k['unsupported_but_right']} | {k['fp16_inherent']} | {k['nonfinite_input']} | {k['skipped']} |",
+        "",
+        "Live outcomes: " + ", ".join(f"{n} {o}" for o, n in summary["outcomes"].items()) + ".",
+        "",
+        "*fp16 inputs*: wrong, and equal to the reference computed on the inputs rounded to fp16 (softmax of "
+        "10000..10003, which are one number in fp16). *Non-finite inputs*: a feed holds inf or NaN, which HTP reads "
+        "as large finite numbers, and the outputs match wherever the expected one is finite. Both are what HTP does "
+        "with any op on such runtime data, which a static check cannot see: documented, not guarded.",
+        "",
+    ]
+    odd = [r for r in rows if r["class"] in ("fp16_inherent", "nonfinite_input", "supported_but_wrong")]
+    odd += [r for r in rows if r["class"] == "supported_but_crash"]
+    if odd:
+        lines += ["| case | class | detail |", "|---|---|---|"]
+        lines += [f"| {r['case']} | {r['class']} | {(r.get('why') or r.get('rc') or '')} |" for r in odd]
+        lines.append("")
+    return lines
+
+
 def render() -> str:
     sys.path.insert(0, str(ROOT / "packages" / "opcheck" / "src"))
     from qnnx_opcheck import available_tables
@@ -209,6 +259,7 @@ def render() -> str:
         "A row with a condition applies to the nodes that match it; the plain row covers the rest.",
         "",
         *_guards(),
+        *_node_tests(),
         "## Tables",
         "",
         "| backend | onnxruntime-qnn | QAIRT | soc_model | source | ops | provenance |",

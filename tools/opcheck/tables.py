@@ -461,6 +461,7 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck/conformance.py): dilations [2, 2] refused "
         "at session creation; pads, strides, output_padding and output_shape right (7.1e-4)",
     }
+    p["node_conditions"] = _node_conditions()
     p["int64_saturation"] = {
         "status": "hazard",
         "kind": "caveat",
@@ -469,6 +470,120 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "evidence": "measured: Add of two 2.0e9 int64 tensors returned 2147483647 (onnxruntime-qnn 2.7.0); ORT#24351",
     }
     return p
+
+
+_REDUCE_WITH_AXES_INPUT = [
+    "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+    "ReduceLogSumExp", "ReduceSumSquare",
+]  # fmt: skip
+_ZERO = [None, [0], [0, 0], [0, 0, 0]]
+# Conditions under which the QNN EP declines a node (its REASON line), computes it wrongly or stops the process,
+# measured on ONNX's node tests (tools/opcheck/node_tests.py, whose record names the cases). A rule holds when all
+# its conditions hold; the keys are read by qnnx_opcheck._patterns (runtime_inputs, given_inputs, attr_in,
+# attr_not_in, min_outputs, max_inputs, input_dtype, uneven_attr, input_rank).
+NODE_CONDITIONS: list[dict[str, Any]] = [
+    {"ops": _REDUCE_WITH_AXES_INPUT, "runtime_inputs": [1], "kind": "rejected",
+     "reason": "the QNN EP takes the axes input only as a constant", "cases": "test_reduce_*_random"},
+    {"ops": ["Clip"], "runtime_inputs": [1, 2], "kind": "rejected",
+     "reason": "the QNN EP takes min and max only as constants", "cases": "test_clip*"},
+    {"ops": ["Split"], "runtime_inputs": [1], "kind": "rejected",
+     "reason": "the QNN EP takes the split sizes only as a constant", "cases": "test_split_variable_parts_*"},
+    {"ops": ["TopK"], "runtime_inputs": [1], "kind": "rejected",
+     "reason": "the QNN EP takes k only as a constant", "cases": "test_top_k_same_values*"},
+    {"ops": ["OneHot"], "runtime_inputs": [1], "kind": "rejected",
+     "reason": "the QNN EP takes depth only as a constant", "cases": "test_onehot_*"},
+    {"ops": ["CumSum"], "runtime_inputs": [1], "kind": "rejected",
+     "reason": "the QNN EP takes the axis only as a constant", "cases": "test_cumsum_*_int32"},
+    {"ops": ["Pad"], "runtime_inputs": [1, 2], "kind": "rejected",
+     "reason": "the QNN EP takes pads and the constant value only as constants", "cases": "test_constant_pad"},
+    {"ops": ["Pad"], "given_inputs": [3], "kind": "rejected",
+     "reason": "the QNN EP declines Pad with an axes input", "cases": "test_attention_*_expanded"},
+    {"ops": ["BatchNormalization"], "runtime_inputs": [1, 2, 3, 4], "kind": "rejected",
+     "reason": "the QNN EP takes scale, bias, mean and variance only as constants", "cases": "test_batchnorm_*"},
+    {"ops": ["DequantizeLinear", "QuantizeLinear"], "runtime_inputs": [1, 2], "kind": "rejected",
+     "reason": "the QNN EP takes the scale and zero point only as constants", "cases": "test_dequantizelinear*"},
+    {"ops": ["LayerNormalization"], "min_outputs": 2, "kind": "rejected",
+     "reason": "the QNN EP takes LayerNormalization with one output only (no mean or inverse std dev output)",
+     "cases": "test_layer_normalization_*"},
+    {"ops": ["ArgMax", "ArgMin"], "attr_in": {"select_last_index": [1]}, "kind": "rejected",
+     "reason": "the QNN EP takes select_last_index=0 only", "cases": "test_arg*_select_last_index"},
+    {"ops": ["Attention"], "given_inputs": [6], "kind": "rejected",
+     "reason": "the QNN EP declines the nonpad_kv_seqlen input", "cases": "test_attention_4d_causal_nonpad_*"},
+    {"ops": ["Attention"], "input_dtype": [3, ["bool"]], "kind": "rejected",
+     "reason": "the QNN EP declines a boolean attn_mask", "cases": "test_attention_4d_attn_mask_bool*"},
+    {"ops": ["Attention"], "attr_not_in": {"softmax_precision": [None, 0]}, "kind": "rejected",
+     "reason": "the QNN EP declines softmax_precision", "cases": "test_attention_24_*_softmax_precision"},
+    {"ops": ["Attention"], "attr_not_in": {"left_window_size": [None, -1], "right_window_size": [None, -1]},
+     "kind": "wrong_result", "reason": "QNN HTP ignores the local attention window (errors of 0.13-0.54 of the "
+     "output's scale)", "cases": "test_attention_local_window, test_attention_bidirectional_window"},
+    {"ops": ["Attention"], "attr_in": {"is_causal": [1], "qk_matmul_output_mode": [1, 2, 3]},
+     "kind": "wrong_result", "reason": "QNN HTP's qk_matmul output of a causal Attention is wrong (inf positions "
+     "differ)", "cases": "test_attention_4d_with_past_and_present_qk_matmul_bias_*_mask_causal"},
+    {"ops": ["LpPool"], "attr_not_in": {"p": [1, 2]}, "kind": "rejected",
+     "reason": "the QNN EP takes p=1 or p=2 only", "cases": "test_lppool_*_default"},
+    {"ops": ["LpPool", "MaxPool"], "attr_not_in": {"dilations": [None, [1], [1, 1], [1, 1, 1]]},
+     "kind": "rejected", "reason": "the QNN EP takes dilations of 1 only", "cases": "test_lppool_2d_dilations"},
+    {"ops": ["LpPool"], "input_rank": [5], "kind": "rejected",
+     "reason": "the QNN EP declines 3-D LpPool on HTP", "cases": "test_lppool_3d_default"},
+    {"ops": ["LpPool"], "attr_not_in": {"auto_pad": ["NOTSET", "VALID"]}, "kind": "crash",
+     "reason": "LpPool with auto_pad SAME_UPPER stopped the process", "cases": "test_lppool_2d_same_upper"},
+    {"ops": ["MaxPool"], "min_outputs": 2, "kind": "rejected",
+     "reason": "the QNN EP takes MaxPool with one output only (no indices)", "cases": "test_maxpool_with_argmax_*"},
+    {"ops": ["LpNormalization"], "attr_not_in": {"p": [2]}, "kind": "rejected",
+     "reason": "the QNN EP takes p=2 only", "cases": "test_l1normalization_*"},
+    {"ops": ["Gemm"], "attr_not_in": {"alpha": [1.0], "beta": [1.0, 0.0]}, "kind": "rejected",
+     "reason": "the QNN EP takes alpha=1 and beta 0 or 1 only", "cases": "test_gemm_alpha, test_gemm_beta"},
+    {"ops": ["Max", "Min", "Sum", "Mean"], "max_inputs": 1, "kind": "rejected",
+     "reason": "the QNN EP takes two inputs or more", "cases": "test_max_one_input"},
+    {"ops": ["Mod"], "attr_in": {"fmod": [1]}, "kind": "rejected",
+     "reason": "the QNN EP takes fmod=0 only", "cases": "test_mod_int64_fmod"},
+    {"ops": ["GridSample"], "attr_in": {"mode": ["cubic", "bicubic"]}, "kind": "rejected",
+     "reason": "the QNN EP declines mode cubic", "cases": "test_gridsample_bicubic*"},
+    {"ops": ["GridSample"], "input_rank": [5], "kind": "rejected",
+     "reason": "the QNN EP declines volumetric (5-D) GridSample", "cases": "test_gridsample_volumetric_*"},
+    {"ops": ["GridSample"], "attr_in": {"mode": ["nearest"]}, "kind": "wrong_result",
+     "reason": "HTP rounds the grid to fp16, so a sample point on or near a pixel boundary picks the neighbour "
+     "pixel (off by a whole pixel value)", "cases": "test_gridsample_nearest*"},
+    {"ops": ["ScatterND"], "attr_in": {"reduction": ["max", "min"]}, "kind": "rejected",
+     "reason": "the QNN EP declines reduction max and min", "cases": "test_scatternd_max, test_scatternd_min"},
+    {"ops": ["GRU", "LSTM"], "attr_in": {"layout": [1]}, "kind": "rejected",
+     "reason": "the QNN EP takes layout=0 only", "cases": "test_gru_batchwise, test_lstm_batchwise"},
+    {"ops": ["ConvTranspose"], "uneven_attr": "strides", "attr_not_in": {"output_padding": _ZERO},
+     "kind": "wrong_result", "reason": "QNN HTP computes output_padding wrongly when the strides differ between "
+     "axes (errors of 3 times the output's scale)", "cases": "test_convtranspose_pad, test_convtranspose_kernel_shape"},
+    {"ops": ["ConvTranspose"], "uneven_attr": "strides", "attr_not_in": {"output_shape": [None]},
+     "kind": "wrong_result", "reason": "QNN HTP computes output_shape wrongly when the strides differ between axes",
+     "cases": "test_convtranspose_output_shape"},
+    {"ops": ["IsNaN"], "input_dtype": [0, ["float32"]], "kind": "wrong_result",
+     "reason": "HTP computes float32 in fp16 and reads an infinite input as NaN", "cases": "test_isnan"},
+    {"ops": ["SpaceToDepth"], "attr_in": {"mode": ["CRD"]}, "kind": "wrong_result",
+     "reason": "QNN HTP ignores mode=CRD (it computes DCR)", "cases": "test_spacetodepth_crd_mode_example"},
+]  # fmt: skip
+
+
+def _node_conditions() -> dict[str, Any]:
+    """The ``node_conditions`` pattern: :data:`NODE_CONDITIONS`, each rule with its evidence."""
+    files = sorted(DATA.glob("node-tests-htp-*-soc*.json"))
+    meta = json.loads(files[-1].read_text())["provenance"] if files else {}
+    source = (
+        f"node tests htp {meta['onnxruntime_qnn']} soc{meta['soc_model']} {meta['date']} "
+        f"(tools/opcheck/node_tests.py, onnx {meta['onnx']})"
+        if meta
+        else "node tests (tools/opcheck/node_tests.py)"
+    )
+    rules = []
+    for rule in NODE_CONDITIONS:
+        rule = {k: v for k, v in rule.items() if k != "cases"} | {"evidence": f"{source}: {rule['cases']}"}
+        rules.append(rule)
+    return {
+        "status": "unsupported",
+        "kind": "rejected",
+        "ops": sorted({op for r in NODE_CONDITIONS for op in r["ops"]}),
+        "rules": rules,
+        "reason": "conditions of attributes, optional inputs and outputs under which the QNN EP declines the node, "
+        "computes it wrongly or stops the process",
+        "evidence": source,
+    }
 
 
 def _measured_conditions() -> dict[str, Any] | None:

@@ -48,6 +48,21 @@ DTYPE_KEYS: dict[int, str] = {
     TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
 }
 
+
+def dtype_key(elem_type: int) -> str | None:
+    """The dtype key of an ONNX element type: the table's spelling, else the type's own name in lower case
+    (``float8e5m2``, ``uint2``), so that a type no table lists is known, and refused, rather than unknown."""
+    if not elem_type:
+        return None
+    key = DTYPE_KEYS.get(elem_type)
+    if key is None:
+        try:
+            key = TensorProto.DataType.Name(elem_type).lower()
+        except ValueError:  # a number this onnx does not know
+            return None
+    return key
+
+
 # Small constant tensors whose values the checker may look at (Slice steps, scalar multipliers).
 _MAX_CONST_VALUE_ELEMENTS = 64
 # Initializers up to this size keep their data in the weightless view: shape inference reads the values of
@@ -302,7 +317,7 @@ def _value_facts(vi: onnx.ValueInfoProto) -> ValueFacts:
     if not t.HasField("tensor_type"):
         return ValueFacts()
     tt = t.tensor_type
-    dtype = DTYPE_KEYS.get(tt.elem_type) if tt.elem_type else None
+    dtype = dtype_key(tt.elem_type)
     shape: tuple[int | str | None, ...] | None = None
     if tt.HasField("shape"):
         dims: list[int | str | None] = []
@@ -320,7 +335,7 @@ def _value_facts(vi: onnx.ValueInfoProto) -> ValueFacts:
 
 
 def _tensor_facts(t: TensorProto) -> ValueFacts:
-    return ValueFacts(dtype=DTYPE_KEYS.get(t.data_type), shape=tuple(int(d) for d in t.dims))
+    return ValueFacts(dtype=dtype_key(t.data_type), shape=tuple(int(d) for d in t.dims))
 
 
 def _small_value(t: TensorProto) -> Any:

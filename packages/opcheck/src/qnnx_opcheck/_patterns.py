@@ -199,7 +199,7 @@ class _Patterns(_ValueRules):
         """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
         HTP has no infinities (-inf saturates near -65504), so the comparison is never true and the output is
         finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
-        nonfinite = [name for name in node.input if name and self._is_const(name) and self._const_nonfinite(name)]
+        nonfinite = [name for name in node.input if name and self._from_nonfinite_constant(name)]
         if not nonfinite:
             return False
         if node.op_type in _COMPARISONS:
@@ -238,3 +238,38 @@ class _Patterns(_ValueRules):
             if ceil and span % strides[axis]:
                 return True  # ceil_mode adds a last window that hangs over the end
         return False
+
+    def _node_condition(self, node: NodeView) -> tuple[str, str, str | None] | None:
+        """The first rule of the table's ``node_conditions`` that the node meets: (kind, reason, evidence). A rule
+        names its ops and holds when every condition it lists holds (see tools/opcheck/tables.py)."""
+        p = self._pattern("node_conditions")
+        for rule in (p or {}).get("rules", ()):
+            if node.op_type in rule["ops"] and self._meets(rule, node):
+                return rule["kind"], f"{node.op_type}: {rule['reason']}", rule.get("evidence")
+        return None
+
+    def _meets(self, rule: dict[str, Any], node: NodeView) -> bool:
+        present = [i for i, name in enumerate(node.input) if name]
+        checks: list[bool] = []
+        if "runtime_inputs" in rule:  # one of these inputs is given and is not a constant
+            checks.append(any(i in present and not self._is_static(node.input[i]) for i in rule["runtime_inputs"]))
+        if "given_inputs" in rule:  # one of these optional inputs is given
+            checks.append(any(i in present for i in rule["given_inputs"]))
+        if "attr_in" in rule:  # every listed attribute (its default when absent) has one of these values
+            checks.append(all(self._attr(node, a) in values for a, values in rule["attr_in"].items()))
+        if "attr_not_in" in rule:  # some listed attribute has none of these values
+            checks.append(any(self._attr(node, a) not in values for a, values in rule["attr_not_in"].items()))
+        if "min_outputs" in rule:
+            checks.append(sum(1 for o in node.output if o) >= rule["min_outputs"])
+        if "max_inputs" in rule:
+            checks.append(len(present) <= rule["max_inputs"])
+        if "input_dtype" in rule:
+            idx, allowed = rule["input_dtype"]
+            checks.append(idx in present and self._dtype(node.input[idx]) in allowed)
+        if "uneven_attr" in rule:  # an ints attribute whose values differ between axes
+            values = self._attr(node, rule["uneven_attr"]) or []
+            checks.append(len(set(values)) > 1)
+        if "input_rank" in rule:
+            shape = self._shape(node.input[0]) if node.input else None
+            checks.append(shape is None or len(shape) in rule["input_rank"])
+        return bool(checks) and all(checks)

@@ -30,6 +30,8 @@ _log = logging.getLogger("qnnx_opcheck._check")  # the checker's warnings keep t
 class _Checker(_QdqRules, _Patterns, _Conditions):
     """The verdicts of one graph's nodes against one table (the rules are split by theme across the base classes)."""
 
+    _table_dtypes: frozenset[str] | None = None  # every dtype some cell of the table holds, on first use
+
     def verdicts(self) -> list[NodeVerdict]:
         out = []
         for i, node in enumerate(self.f.nodes):
@@ -142,6 +144,9 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
             p = self._pattern(pid)
             if p is not None and node.op_type in p.get("ops", ()) and matcher(index, node):
                 return p["kind"], p["reason"] + (f" Fix: {p['fix']}" if p.get("fix") else ""), p.get("evidence"), dtype
+        condition = self._node_condition(node)
+        if condition is not None:
+            return condition[0], condition[1], condition[2], dtype
         if kind == "supported":
             p = self._pattern("int64_saturation")
             ops = p.get("ops", ()) if p is not None else ()
@@ -256,6 +261,15 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
                 None,
             )
         dtype, qdq = self._dtype_keys(node, entry)
+        foreign = self._foreign_dtype(node)
+        if foreign is not None:
+            return (
+                "unlisted_dtype",
+                f"{node.op_type} has a {foreign[1]} value ('{foreign[0]}'): no QNN {self.t.backend} table cell holds "
+                f"that type, and the QNN EP cannot map it to a QNN data type",
+                entry.get("evidence"),
+                dtype,
+            )
         variants = [v for v in entry["variants"] if self._matches(v.get("when", {}), node)]
         if not variants:
             return "unknown_op", f"no {where} entry matches this {node.op_type} node", entry.get("evidence"), dtype
@@ -276,6 +290,21 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
             entry.get("evidence"),
             dtype,
         )
+
+    def _foreign_dtype(self, node: NodeView) -> tuple[str, str] | None:
+        """(value, dtype) of an input or output whose known type no cell of the table holds (float8, int2...)."""
+        if self._table_dtypes is None:
+            keys: set[str] = set()
+            for e in self.t.ops.values():
+                for v in e["variants"]:
+                    for k in v["dtypes"]:
+                        keys.update(part.removeprefix("qdq_").removeprefix("w=") for part in k.split("/"))
+            self._table_dtypes = frozenset(keys)
+        for name in (*node.input, *node.output):
+            dtype = self._dtype(name) if name else None
+            if dtype is not None and dtype not in self._table_dtypes:
+                return name, dtype
+        return None
 
     def _unknown_dtype(self, node: NodeView, variant: dict[str, Any], entry: dict[str, Any]) -> Decision:
         cells = {k: c["status"] for k, c in variant["dtypes"].items() if not k.startswith("qdq_")}

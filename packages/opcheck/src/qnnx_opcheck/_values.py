@@ -3,6 +3,8 @@ or NaN (from a float graph input or a non-finite constant), and whether an infin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from qnnx_opcheck._view import FLOATS, _GraphView
 
 __all__ = ["_ValueRules"]
@@ -144,23 +146,20 @@ class _ValueRules(_GraphView):
         kind = getattr(getattr(value, "dtype", None), "kind", None)
         return kind == "f" and not bool(np.isfinite(value).all())
 
-    def _may_hold_nonfinite(self, name: str) -> bool:
-        """Whether ``name`` can hold inf or NaN at run time: it is (or is computed from) a float graph input or a
-        non-finite constant. Overflow inside the graph (exp of a large number) is not tracked."""
-        memo = self.__dict__.setdefault("_nonfinite_memo", {})
+    def _any_upstream(self, name: str, memo_key: str, leaf: Callable[[str, int | None], bool | None]) -> bool:
+        """Whether ``name`` holds a property that ``leaf(value, producer index)`` decides for a value (True or False)
+        or leaves to the producer's inputs (None: true when any input has it); memoized per ``memo_key``."""
+        memo = self.__dict__.setdefault(memo_key, {})
         stack = [name]
         while stack:
             cur = stack[-1]
             if cur in memo:
                 stack.pop()
                 continue
-            if self._is_const(cur):
-                memo[cur] = self._const_nonfinite(cur)
-                stack.pop()
-                continue
             idx = self.f.producers.get(cur)
-            if idx is None:  # a graph input
-                memo[cur] = self._dtype(cur) in FLOATS
+            decided = leaf(cur, idx)
+            if decided is not None or idx is None:
+                memo[cur] = bool(decided)
                 stack.pop()
                 continue
             pending = [i for i in self.f.nodes[idx].input if i and i not in memo]
@@ -170,3 +169,28 @@ class _ValueRules(_GraphView):
             memo[cur] = any(memo[i] for i in self.f.nodes[idx].input if i)
             stack.pop()
         return bool(memo[name])
+
+    def _from_nonfinite_constant(self, name: str) -> bool:
+        """Whether ``name`` is a non-finite constant, or is computed from one without a graph input in between and
+        without an op that absorbs infinities: a -inf mask that onnxruntime folds (Where of constants), or a -inf
+        passed through CastLike, holds -inf at run time although opcheck does not know the folded value."""
+
+        def leaf(cur: str, idx: int | None) -> bool | None:
+            if self._is_const(cur) and (idx is None or self._const_value(cur) is not None):
+                return self._const_nonfinite(cur)
+            if idx is None or self.f.nodes[idx].op_type in _ABSORB_INFINITY:
+                return False
+            return self._const_nonfinite(cur) if self.f.nodes[idx].op_type == "Constant" else None
+
+        return self._any_upstream(name, "_from_nonfinite_memo", leaf)
+
+    def _may_hold_nonfinite(self, name: str) -> bool:
+        """Whether ``name`` can hold inf or NaN at run time: it is (or is computed from) a float graph input or a
+        non-finite constant. Overflow inside the graph (exp of a large number) is not tracked."""
+
+        def leaf(cur: str, idx: int | None) -> bool | None:
+            if self._is_const(cur):
+                return self._const_nonfinite(cur)
+            return self._dtype(cur) in FLOATS if idx is None else None  # a graph input: a float may hold inf
+
+        return self._any_upstream(name, "_nonfinite_memo", leaf)
