@@ -443,6 +443,45 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "ScatterElements with runtime indices in [-4, -1]: off by 1.0 and 1.04 of the output's max; the same "
         "indices as constants, and non-negative runtime indices: right (2.2e-4)",
     }
+    p["gather_runtime_inner_axis"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Gather"],
+        "reason": "QNN HTP's Gather by runtime indices is wrong along an inner axis when a dim before it is larger "
+        "than 1, and along the last axis by indices of rank 2 or more.",
+        "fix": "gather along axis 0 of a transposed [N, A*B] view (qnnx-export's gather_runtime_indices_as_rows "
+        "pass), or use constant indices",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-02 (70 random Gathers, ranks 2-4, index ranks 0-2, runtime "
+        "indices): [2, 16, 64] along axis 1 by 4 indices, [3, 3, 5] along axis 1, [2, 5, 8, 3] along axis 2 by a "
+        "scalar, [3, 1, 1] along axis 1 gave errors of 1.0 of the output's max; along axis 0, along the last axis "
+        "by 0-D/1-D indices, and every Gather by constant indices: right (3e-4)",
+    }
+    p["gather_scaled_by_constant"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Mul"],
+        "reason": "QNN HTP computes Mul(Gather(table, indices), c) wrongly when the table is a constant, the indices "
+        "are int32 values computed at run time and c is a one-element constant (a scaled embedding).",
+        "fix": "fold the factor into the table (qnnx-export's fold_gather_scale pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-02: a [128, 64] table by int32 ids [2, 16] times 8.0 gave a right "
+        "first batch row and errors of 0.85-1.0 of the output's max after it (tables 8x8 to 1000x16, ids [2, 2] to "
+        "[16, 2]); a Reshape between Gather and Mul does not help; int64 ids, a runtime table, a vector factor, "
+        "Add/Sub/Div: right",
+    }
+    p["conv_defects"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Conv"],
+        "reason": "QNN HTP computes a Conv wrongly with one output channel and a stride of 3 or more (one channel "
+        "in and out: outputs about 1.5e4 times too large), and with padding on an axis whose one output window "
+        "leaves part of the input out.",
+        "fix": "give the Conv a second output channel of zeros and slice it off, or pad so that the window covers "
+        "the input",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-02 (two sweeps of 260 and 400 random Convs, 1-D and 2-D, 1-8 "
+        "channels in, 1-16 out, kernels 1-3, strides 1-5, pads 0-1): every wrong case (34) fell in these two "
+        "classes, none of the 502 others; the classes also hold Convs QNN computes right (75 of 400), refused to "
+        "stay on the safe side. A 3x3 Conv with pad 1 on a 1x1 or a 2x2 input (stride 2) is right",
+    }
     p["runtime_parameters"] = {
         "status": "unsupported",
         "kind": "rejected",

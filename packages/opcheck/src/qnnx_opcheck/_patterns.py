@@ -25,6 +25,10 @@ _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrE
 _EMPTY_PLACEHOLDERS: dict[tuple[str, str], tuple[int, ...]] = {("", "Resize"): (1, 2)}
 
 
+# Ops that only move elements (a scalar factor commutes with them).
+_MOVES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
+
+
 class _Patterns(_ValueRules):
     """The matchers of the table's patterns: ``(index, node) -> bool`` unless said otherwise."""
 
@@ -183,6 +187,71 @@ class _Patterns(_ValueRules):
             return not self._non_negative(node.input[1])  # e.g. Max(index, 0), as qnnx writes index_copy
         value = self._const_value(node.input[1])
         return value is not None and bool((value < 0).any())
+
+    def _static_dims(self, name: str) -> tuple[int, ...] | None:
+        shape = self._shape(name) if name else None
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return tuple(int(d) for d in shape)  # type: ignore[arg-type]
+
+    def _is_gather_inner_runtime(self, index: int, node: NodeView) -> bool:
+        """Gather by runtime indices along an inner axis after a dim > 1, or along the last axis by indices of rank
+        >= 2; with unknown shapes the class cannot be ruled out."""
+        if len(node.input) < 2 or not node.input[1] or self._is_const(node.input[1]):
+            return False
+        data, indices = self._static_dims(node.input[0]), self._static_dims(node.input[1])
+        if data is None or indices is None:
+            return True
+        axis = int(self._attr(node, "axis") or 0)
+        axis = axis + len(data) if axis < 0 else axis
+        if math.prod(data[:axis]) == 1:
+            return False
+        return not (axis == len(data) - 1 and len(indices) <= 1)
+
+    def _is_gather_scaled(self, index: int, node: NodeView) -> bool:
+        """Mul of a one-element constant and rows gathered from a constant table by runtime int32 indices (through
+        reshapes or transposes)."""
+        if len(node.input) != 2:
+            return False
+        for scaled, factor in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            if not factor or not self._is_const(factor):
+                continue
+            value = self._const_value(factor)
+            if value is None or getattr(value, "size", 0) != 1:
+                continue
+            source = self._producer(scaled)
+            while source is not None and source.op_type in _MOVES and source.input:
+                source = self._producer(source.input[0])
+            if source is None or source.op_type != "Gather" or len(source.input) < 2:
+                continue
+            table, ids = source.input[0], source.input[1]
+            if self._is_const(table) and not self._is_const(ids) and self._dtype(ids) in ("int32", None):
+                return True
+        return False
+
+    def _is_conv_defect(self, index: int, node: NodeView) -> bool:
+        """A Conv with one output channel and a stride >= 3, or with padding on an axis whose one output window
+        leaves part of the input out; with unknown shapes, any Conv that has padding or a stride >= 3."""
+        strides = list(self._attr(node, "strides") or [])
+        pads = list(self._attr(node, "pads") or [])
+        weights = self._static_dims(node.input[1]) if len(node.input) > 1 else None
+        data = self._static_dims(node.input[0]) if node.input else None
+        out = self._static_dims(node.output[0]) if node.output else None
+        wide = any(s >= 3 for s in strides)
+        if weights is None or out is None or data is None:
+            return wide or any(pads)
+        if wide and weights[0] == 1:
+            return True
+        spatial = len(out) - 2
+        if len(pads) != 2 * spatial or len(weights) != spatial + 2:
+            return False
+        dilations = list(self._attr(node, "dilations") or [1] * spatial)
+        return any(
+            (pads[d] or pads[spatial + d])
+            and out[2 + d] == 1
+            and data[2 + d] > dilations[d] * (weights[2 + d] - 1) + 1 - pads[d]
+            for d in range(spatial)
+        )
 
     def _has_runtime_parameters(self, index: int, node: NodeView) -> bool:
         """A shape-like parameter input (Slice starts/ends/axes/steps, Tile repeats, Expand shape) that is not a

@@ -138,6 +138,9 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
             ("averagepool_defects", self._is_avgpool_defect),
             ("nonfinite_constant", self._uses_nonfinite_constant),
             ("runtime_indices", self._has_runtime_indices),
+            ("gather_runtime_inner_axis", self._is_gather_inner_runtime),
+            ("gather_scaled_by_constant", self._is_gather_scaled),
+            ("conv_defects", self._is_conv_defect),
             ("runtime_parameters", self._has_runtime_parameters),
             ("convtranspose_dilation", self._is_dilated),
         ):

@@ -1,0 +1,186 @@
+"""Gather and Conv classes QNN HTP computes wrongly: opcheck refuses them, vouches for their right neighbours, and the
+live simulator agrees on a few of each (the sweeps behind the table's evidence are wider)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import qnnx_opcheck as oc
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, tuple[int, ...]]], inits: dict) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, t, list(s)) for n, (t, s) in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+def _verdict(m: onnx.ModelProto, name: str) -> oc.NodeVerdict:
+    report = oc.check_model(m, "htp", onnxruntime_qnn="2.7.0", soc_model=60)
+    return next(v for v in report.verdicts if v.node_name == name)
+
+
+def _gather(shape: tuple[int, ...], axis: int, index_shape: tuple[int, ...], runtime: bool = True) -> onnx.ModelProto:
+    node = helper.make_node("Gather", ["x", "ids"], ["y"], axis=axis, name="gather")
+    inputs = {"x": (TensorProto.FLOAT, shape)}
+    inits = {}
+    if runtime:
+        inputs["ids"] = (TensorProto.INT32, index_shape)
+    else:
+        inits["ids"] = np.zeros(index_shape, np.int32)
+    return _model([node], inputs, inits)
+
+
+def _conv(shape: tuple[int, ...], cout: int, kernel: int, stride: int, pads: tuple[int, int]) -> onnx.ModelProto:
+    rank = len(shape) - 2
+    weights = np.random.default_rng(0).standard_normal((cout, shape[1], *[kernel] * rank)).astype(np.float32)
+    node = helper.make_node(
+        "Conv",
+        ["x", "w"],
+        ["y"],
+        kernel_shape=[kernel] * rank,
+        strides=[stride] * rank,
+        pads=[pads[0]] * rank + [pads[1]] * rank,
+        name="conv",
+    )
+    return _model([node], {"x": (TensorProto.FLOAT, shape)}, {"w": weights})
+
+
+GATHERS = [
+    # (data shape, axis, index shape, runtime indices, refused)
+    ((2, 16, 64), 1, (4,), True, True),
+    ((3, 3, 5), 1, (2,), True, True),
+    ((2, 5, 8, 3), 2, (), True, True),
+    ((2, 5, 8, 3), 3, (2, 2), True, True),
+    ((4, 3, 8), 0, (2, 3), True, False),
+    ((1, 16, 64), 1, (4,), True, False),
+    ((4, 3, 8), 2, (5,), True, False),
+    ((2, 16, 64), 1, (4,), False, False),
+]
+
+
+@pytest.mark.parametrize(("shape", "axis", "index_shape", "runtime", "refused"), GATHERS)
+def test_gather_by_runtime_indices_along_an_inner_axis_is_refused(
+    shape: tuple[int, ...], axis: int, index_shape: tuple[int, ...], runtime: bool, refused: bool
+) -> None:
+    """Runtime indices along an inner axis after a dim > 1 (or along the last by indices of rank >= 2) are refused
+    as wrong; axis 0, a leading unit dim, the last axis by 1-D indices and constant indices are vouched for."""
+    v = _verdict(_gather(shape, axis, index_shape, runtime), "gather")
+    assert (v.status == "unsupported") == refused, v
+    if refused:
+        assert v.kind == "wrong_result" and "inner axis" in (v.reason or "")
+
+
+def test_a_scaled_embedding_is_refused_and_its_parts_are_not() -> None:
+    """Mul(Gather(constant table, runtime int32 ids), one-element constant) is refused (the Mul); with a vector
+    factor, or a runtime table, it is vouched for."""
+    table = np.zeros((128, 64), np.float32)
+
+    def build(factor: np.ndarray, runtime_table: bool) -> onnx.ModelProto:
+        nodes = [
+            helper.make_node("Gather", ["table", "ids"], ["rows"], name="gather"),
+            helper.make_node("Mul", ["rows", "c"], ["y"], name="scale"),
+        ]
+        inputs = {"ids": (TensorProto.INT32, (2, 16))}
+        inits = {"c": factor}
+        if runtime_table:
+            inputs["table"] = (TensorProto.FLOAT, table.shape)
+        else:
+            inits["table"] = table
+        return _model(nodes, inputs, inits)
+
+    scalar = np.array(8.0, np.float32)
+    v = _verdict(build(scalar, runtime_table=False), "scale")
+    assert (v.status, v.kind) == ("unsupported", "wrong_result") and "scaled embedding" in (v.reason or "")
+    assert _verdict(build(np.full(64, 8.0, np.float32), runtime_table=False), "scale").status == "supported"
+    assert _verdict(build(scalar, runtime_table=True), "scale").status == "supported"
+
+
+CONVS = [
+    # (input shape, out channels, kernel, stride, pads, refused)
+    ((1, 1, 8), 1, 2, 3, (0, 0), True),
+    ((1, 3, 8, 8), 1, 2, 3, (0, 0), True),
+    ((1, 8, 3, 3), 8, 3, 3, (1, 1), True),
+    ((1, 8, 3), 4, 3, 2, (1, 0), True),
+    ((1, 8, 1, 1), 8, 3, 1, (1, 1), False),
+    ((1, 8, 2, 2), 16, 3, 2, (1, 1), False),
+    ((1, 3, 8, 8), 8, 2, 3, (0, 0), False),
+    ((1, 1, 6), 1, 3, 2, (0, 0), False),
+]
+
+
+@pytest.mark.parametrize(("shape", "cout", "kernel", "stride", "pads", "refused"), CONVS)
+def test_conv_defect_classes_are_refused(
+    shape: tuple[int, ...], cout: int, kernel: int, stride: int, pads: tuple[int, int], refused: bool
+) -> None:
+    """One output channel with a stride >= 3, or padding on an axis whose one window leaves input out, is refused;
+    a 3x3 Conv with pad 1 on a 1x1 or 2x2 input, or many output channels at stride 3, is vouched for."""
+    v = _verdict(_conv(shape, cout, kernel, stride, pads), "conv")
+    assert (v.status == "unsupported") == refused, v
+
+
+@given(
+    size=st.integers(1, 12),
+    cout=st.sampled_from([2, 4, 16]),
+    kernel=st.integers(1, 3),
+    stride=st.integers(1, 2),
+)
+def test_unpadded_convs_with_small_strides_and_several_outputs_stay_vouched(
+    size: int, cout: int, kernel: int, stride: int
+) -> None:
+    """Outside the two classes (no padding, stride 1-2, several output channels) every Conv is vouched for: the
+    refusal does not spread to the Convs CNNs are made of."""
+    kernel = min(kernel, size)
+    assert _verdict(_conv((1, 3, size, size), cout, kernel, stride, (0, 0)), "conv").status == "supported"
+
+
+def _qnn_error(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
+    import onnxruntime as ort
+    import onnxruntime_qnn as oq
+
+    ort.set_default_logger_severity(3)
+    with contextlib.suppress(Exception):  # already registered in this process
+        ort.register_execution_provider_library(oq.get_ep_name(), oq.get_library_path())
+    device = next(d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider")
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    so.add_provider_for_devices([device], {"backend_path": oq.get_qnn_htp_path(), "soc_model": "60"})
+    got = ort.InferenceSession(m.SerializeToString(), sess_options=so).run(None, feeds)[0]
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-6))
+
+
+@pytest.mark.parametrize(
+    ("build", "refused"),
+    [
+        (lambda: _gather((2, 16, 64), 1, (4,)), True),
+        (lambda: _gather((4, 3, 8), 0, (2, 3)), False),
+        (lambda: _conv((1, 8, 3, 3), 8, 3, 3, (1, 1)), True),
+        (lambda: _conv((1, 8, 2, 2), 16, 3, 2, (1, 1)), False),
+    ],
+)
+def test_the_live_simulator_agrees(build: object, refused: bool) -> None:
+    """On the HTP simulator the refused cases are wrong and the vouched neighbours right."""
+    m = build()  # type: ignore[operator]
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in m.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.type.tensor_type.elem_type == TensorProto.INT32:
+            feeds[i.name] = rng.integers(0, 3, shape).astype(np.int32)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    error = _qnn_error(m, feeds)
+    assert (error > 0.1) == refused, error
