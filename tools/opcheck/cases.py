@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 # for other weights (ops with constant weights only); the table keys cells by the weights the tooling wrote.
 PLAIN_DTYPES = ("float32", "float16", "int32", "int64", "uint8", "bool")
 QDQ_DTYPES = ("qdq_uint8", "qdq_uint16")
-QDQ_WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16")
+QDQ_WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16", "int4")
 DEFAULT_WEIGHT_TYPE = "uint8"
 # The opset QDQ cases are written at: 16-bit QuantizeLinear/DequantizeLinear are standard ONNX from opset 21.
 QDQ_OPSET = 21
@@ -632,6 +632,7 @@ def _quantized(variant: Variant, built: Built, key: str, seed: int, *, prefix: b
         "int8": QuantType.QInt8,
         "uint16": QuantType.QUInt16,
         "int16": QuantType.QInt16,
+        "int4": QuantType.QInt4,
     }
 
     class _Reader(CalibrationDataReader):  # type: ignore[misc]

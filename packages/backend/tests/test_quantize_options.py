@@ -29,6 +29,19 @@ def test_presets_name_their_types(name, types):
     assert spec.label == name
 
 
+@given(scheme=st.sampled_from(sorted(PRESETS)), per_channel=st.one_of(st.none(), st.booleans()))
+def test_int4_weights_are_per_channel_unless_told(scheme, per_channel):
+    """int4 weights (the a16w4 preset, or weight_type='int4' on any scheme) get one scale per output channel by
+    default; an explicit per_channel wins; other weight types stay per tensor by default."""
+    for mapping in ({"scheme": scheme}, {"scheme": scheme, "weight_type": "int4"}):
+        if per_channel is not None:
+            mapping["per_channel"] = per_channel
+        spec = _quantize(mapping)
+        expected = per_channel if per_channel is not None else spec.weight_type == "int4"
+        assert spec.per_channel is expected
+    assert _quantize("a16w4").per_channel is True and _quantize("a16w4").weight_type == "int4"
+
+
 def test_mapping_starts_from_its_scheme_and_overrides():
     """A mapping starts from its scheme (a16w8 by default) and sets the details, min_sqnr included."""
     spec = _quantize({"scheme": "a8w8", "calibration": "Percentile", "per_channel": True, "min_sqnr": None})
@@ -45,9 +58,9 @@ def test_mapping_starts_from_its_scheme_and_overrides():
     ("value", "match"),
     [
         ("int8", r"quantize='int8' is not valid; accepted: 'a16w8', 'a8w8'"),
-        (8, r"quantize: 8 is not valid; accepted: None, 'a16w8', 'a8w8' or a dict"),
+        (8, r"quantize: 8 is not valid; accepted: None, 'a16w8', 'a8w8', 'a16w4' or a dict"),
         ({"activation": "uint8"}, r"unknown key\(s\) 'activation' \(did you mean 'activation_type'\?\)"),
-        ({"weight_type": "int4"}, r"weight_type='int4' is not valid; accepted: 'uint8', 'int8', 'uint16'"),
+        ({"weight_type": "int2"}, r"weight_type='int2' is not valid; accepted: 'uint8', 'int8', 'uint16', 'int4'"),
         ({"calibration": "kl"}, r"calibration='kl' is not valid; accepted: 'minmax', 'entropy', 'percentile'"),
         ({"per_channel": "yes"}, r"per_channel='yes' is not valid; accepted: True or False"),
         ({"min_sqnr": "30"}, r"min_sqnr='30' is not valid; accepted: a finite number of dB"),

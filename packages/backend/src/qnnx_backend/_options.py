@@ -408,8 +408,8 @@ class BackendOptions:
         metadata=not_keyed("keyed with the calibration data, by the quantized build (Calibration.cache_material)"),
     )
     """Quantize each graph to QDQ integers after calibrating it on real inputs with :func:`qnnx_backend.calibrate`:
-    ``"a16w8"`` (uint16 activations, uint8 weights), ``"a8w8"``, or a dict (``scheme``, ``activation_type``,
-    ``weight_type``, ``per_channel``, ``calibration``, ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``).
+    ``"a16w8"`` (uint16 activations, uint8 weights), ``"a8w8"``, ``"a16w4"`` (int4 weights per channel), or a dict
+    (``scheme``, ``activation_type``, ``weight_type``, ``per_channel``, ``calibration``, ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``).
     None (default): float graphs. See the README's "Quantized models"."""
 
     def __attrs_post_init__(self) -> None:

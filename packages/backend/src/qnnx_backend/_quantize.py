@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 _QDQ_OPSET = 21
 """Below opset 21 onnxruntime writes 16-bit QuantizeLinear/DequantizeLinear in the ``com.microsoft`` domain
 (onnxruntime 1.32); at 21 they are standard ONNX ops, which qnnx-opcheck's QDQ tables describe."""
-_ORT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
+_ORT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16", "int4": "QInt4"}
 _ORT_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 

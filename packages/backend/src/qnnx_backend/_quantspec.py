@@ -16,11 +16,16 @@ from qnnx_backend.errors import InvalidOptionsError
 
 ACTIVATION_TYPES = ("uint8", "uint16")
 """Activation types HTP takes in QDQ graphs (uint16 is QNN's recommended accuracy/speed default)."""
-WEIGHT_TYPES = ("uint8", "int8", "uint16")
-"""Weight types; HTP's MatMul takes the (activation, weight) pairs (u8, u8), (u8, u16) and (u16, u8)."""
+WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
+"""Weight types; HTP's MatMul takes the (activation, weight) pairs (u8, u8), (u8, u16) and (u16, u8), and
+per-channel int4 weights under uint16 activations (``a16w4``)."""
 CALIBRATIONS = ("minmax", "entropy", "percentile")
 """onnxruntime's calibration methods (``CalibrationMethod.MinMax``, ``Entropy``, ``Percentile``)."""
-PRESETS: Mapping[str, tuple[str, str]] = {"a16w8": ("uint16", "uint8"), "a8w8": ("uint8", "uint8")}
+PRESETS: Mapping[str, tuple[str, str]] = {
+    "a16w8": ("uint16", "uint8"),
+    "a8w8": ("uint8", "uint8"),
+    "a16w4": ("uint16", "int4"),
+}
 """Named schemes: (activation type, weight type)."""
 DEFAULT_MIN_SQNR = 20.0
 """dB. Below it a quantized graph is not used: a net failure of quantization, not a fine accuracy target (the small
@@ -119,9 +124,9 @@ def parse_quantize(value: object) -> QuantizeSpec | None:
     if isinstance(value, str):
         scheme = _choice("quantize", value, tuple(PRESETS))
         act, weight = PRESETS[scheme]
-        return QuantizeSpec(scheme=scheme, activation_type=act, weight_type=weight)
+        return QuantizeSpec(scheme=scheme, activation_type=act, weight_type=weight, per_channel=weight == "int4")
     if not isinstance(value, Mapping):
-        raise _invalid(f"{value!r} is not valid; accepted: None, 'a16w8', 'a8w8' or a dict of settings")
+        raise _invalid(f"{value!r} is not valid; accepted: None, 'a16w8', 'a8w8', 'a16w4' or a dict of settings")
     unknown = [str(k) for k in value if k not in _KEYS]
     if unknown:
         hints = [difflib.get_close_matches(k, _KEYS, n=1) for k in unknown]
@@ -129,13 +134,15 @@ def parse_quantize(value: object) -> QuantizeSpec | None:
         raise _invalid(f"unknown key(s) {', '.join(map(repr, sorted(unknown)))}{close}; valid keys: {', '.join(_KEYS)}")
     scheme = _choice("scheme", value.get("scheme", "a16w8"), tuple(PRESETS))
     act, weight = PRESETS[scheme]
-    per_channel = value.get("per_channel", False)
+    weight_type = _choice("weight_type", value.get("weight_type", weight), WEIGHT_TYPES)
+    # Sixteen levels per tensor lose most weights to rounding: int4 weights are per output channel unless told.
+    per_channel = value.get("per_channel", weight_type == "int4")
     if not isinstance(per_channel, bool):
         raise _invalid(f"per_channel={per_channel!r} is not valid; accepted: True or False")
     fields: dict[str, Any] = {
         "scheme": scheme,
         "activation_type": _choice("activation_type", value.get("activation_type", act), ACTIVATION_TYPES),
-        "weight_type": _choice("weight_type", value.get("weight_type", weight), WEIGHT_TYPES),
+        "weight_type": weight_type,
         "per_channel": per_channel,
         "calibration": _choice("calibration", value.get("calibration", "minmax"), CALIBRATIONS),
         "keep_float_ops": _names("keep_float_ops", value.get("keep_float_ops", ())),
