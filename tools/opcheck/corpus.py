@@ -63,9 +63,8 @@ def _fetch(spec: str, member: str, cache: Path) -> Path:
 
 
 def _row(path: Path, dims: dict[str, int], shapes: dict[str, list[int]]) -> dict[str, Any]:
-    from opcheck_live import live_check
-
     import qnnx_opcheck as oc
+    from qnnx_opcheck import live_check
 
     before = oc.check_model(path, onnxruntime_qnn="2.7.0", soc_model=60)
     after = oc.check_model(path, onnxruntime_qnn="2.7.0", soc_model=60, free_dims=dims, input_shapes=shapes)

@@ -232,3 +232,25 @@ def test_version_flag() -> None:
     """--version prints the package version and exits 0."""
     proc = _run("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"qnnx-opcheck {oc.__version__}"
+
+
+def test_live_runs_the_model_on_the_installed_qnn_ep(good: Path) -> None:
+    """--live builds the model on the installed QNN EP (the HTP simulator here) in a child process: every node it
+    keeps lands on QNN and the outputs match the CPU EP; text and JSON say so, and the exit code stays 0."""
+    pytest.importorskip("onnxruntime_qnn")
+    r = _run(str(good), "--onnxruntime-qnn", "2.7.0", "--soc-model", "60", "--live")
+    assert r.returncode == 0, r.stderr
+    assert "QNNExecutionProvider" in r.stdout and "matches the CPU EP" in r.stdout
+    assert "nodes on QNN; outputs match the CPU EP" in r.stdout.splitlines()[-1]
+    j = _run(str(good), "--onnxruntime-qnn", "2.7.0", "--live", "--json")
+    live = json.loads(j.stdout)["live"]
+    assert live["ran"] and live["whole_on_qnn"] and live["outputs_match"], live
+    assert {a["ep"] for a in live["assignment"]} == {"QNNExecutionProvider"}
+
+
+def test_live_without_onnxruntime_is_a_usage_error_with_the_fix(good: Path) -> None:
+    """Without onnxruntime-qnn installed, --live exits 2 naming the package to install; the static check still
+    needs none of it."""
+    r = _run(str(good), "--live", block_heavy=True)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "onnxruntime-qnn" in r.stderr and "pip install onnxruntime-qnn" in r.stderr

@@ -1,6 +1,6 @@
 """Placeholders and control flow: the static verdict against what the QNN EP does on the HTP simulator.
 
-Each live answer comes from ``opcheck_live.live_check`` (a child process: QNN may stop a process natively), with CPU
+Each live answer comes from ``qnnx_opcheck.live_check`` (a child process: QNN may stop a process natively), with CPU
 fallback disabled, so "the session builds and matches the CPU EP" means QNN ran the whole graph right.
 """
 
@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from opcheck_live import LiveReport, live_check
 
 import qnnx_opcheck as oc
+from qnnx_opcheck import LiveReport, live_check
 
 pytest.importorskip("onnxruntime_qnn")
 

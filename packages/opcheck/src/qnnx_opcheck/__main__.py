@@ -7,6 +7,7 @@ metadata when present).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from qnnx_clikit import Parser, error, message_and_fix, out, parse_args, soc_model
 from qnnx_opcheck._check import check_model
+from qnnx_opcheck._live import LiveReport, live_check
 from qnnx_opcheck._report import OpCheckReport
 from qnnx_opcheck._shapes import parse_dim, parse_shape
 from qnnx_opcheck._tables import available_tables
@@ -38,13 +40,14 @@ _EPILOG = """\
 examples:
   qnnx-opcheck model.onnx                         # NPU (HTP), installed onnxruntime-qnn or newest table
   qnnx-opcheck model.onnx --device gpu --json
+  qnnx-opcheck model.onnx --dim batch=1 --live    # also run it on the installed QNN EP, against the CPU EP
   qnnx-opcheck model.onnx --onnxruntime-qnn 2.6.0 --soc-model SM8650 --problems-only
   qnnx-opcheck model.onnx --dim batch=1 --dim height=320 --dim width=320   # fix the free dims by name
   qnnx-opcheck model.onnx --shape images=1,3,320,320                      # or whole input shapes
 
 exit codes:
   0  every node is supported (hazards allowed: they run, with a documented caveat)
-  1  at least one node is unsupported
+  1  at least one node is unsupported (with --live: or the live session failed, or its outputs differ)
   2  usage error (bad option or value: device, version, SoC, a --dim or --shape the model does not have)
   3  error: the model cannot be read (missing, empty, not ONNX, invalid) or the tables are missing
 
@@ -117,6 +120,12 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--markdown", action="store_true", help="print the per-node table as Markdown")
     p.add_argument("--problems-only", action="store_true", help="list only unsupported and hazard nodes")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="also build the model on the installed QNN EP (in a child process), record where ONNX Runtime placed "
+        "each node and compare its outputs on generated inputs with the CPU EP (needs onnxruntime-qnn)",
+    )
     return p
 
 
@@ -182,13 +191,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QnnxOpcheckError as exc:  # a broken installation (missing table)
         message, named = message_and_fix(exc)
         return error(PROG, args.json, type(exc).__name__, message, named or "reinstall qnnx-opcheck", EXIT_UNREADABLE)
+    live = None
+    if args.live:
+        if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxruntime_qnn") is None:
+            message = "--live builds the model on the installed QNN EP, and onnxruntime-qnn is not installed"
+            return error(PROG, args.json, "LiveUnavailable", message, "pip install onnxruntime-qnn", EXIT_USAGE)
+        soc = int(args.soc_model) if args.soc_model is not None else 60
+        live = live_check(args.model, soc_model=soc, free_dims=free_dims, input_shapes=input_shapes or None)
     if args.json:
-        out(json.dumps(report.to_dict(), indent=2))
+        data = report.to_dict()
+        if live is not None:
+            data["live"] = live.to_dict()
+        out(json.dumps(data, indent=2))
     elif args.markdown:
         out(_markdown(report, args.problems_only))
     else:
         out(_text(report, args.problems_only))
+    if live is not None and not args.json:
+        out(_live_text(live))
+    if live is not None and not (live.ran and live.outputs_match):
+        return EXIT_UNSUPPORTED
     return EXIT_SUPPORTED if report.supported else EXIT_UNSUPPORTED
+
+
+def _live_text(live: LiveReport) -> str:
+    lines = ["", "live: where ONNX Runtime placed each node it kept (after its own graph optimizations)"]
+    lines += [f"  {node}  {op}  {ep}" for node, op, ep in live.assignment]
+    for name, result in live.outputs.items():
+        figure = result.get("why") or f"max |err| {result.get('max_abs_error', 0):.3g}"
+        lines.append(f"  output {name}: {'matches' if result.get('match') else 'DOES NOT match'} the CPU EP ({figure})")
+    lines.append(live.summary())
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""Test helper: the live answer of the installed QNN EP for a model, to hold opcheck's static verdicts against.
+"""``qnnx-opcheck --live``: the live answer of the installed QNN EP for a model, beside the static verdict.
 
-``live_check`` runs this file as a child process (QNN may stop a process natively): it builds the session on the QNN
-EP (the HTP simulator here), records ONNX Runtime's node assignment, runs generated inputs and compares the outputs
-with the CPU EP.
+:func:`live_check` runs this module as a child process (QNN may stop a process natively): it builds the session on
+the QNN EP (the NPU on a device, the HTP simulator on x86_64), records ONNX Runtime's node assignment, runs
+generated inputs and compares the outputs with the CPU EP. The only module of qnnx-opcheck that uses onnxruntime,
+and only in that child: the static check needs none.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import attrs
 import onnx
+
+__all__ = ["LiveReport", "live_check"]
 
 _EP = "QNNExecutionProvider"
 
@@ -243,7 +246,7 @@ def live_check(
         }
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps(request))
-        cmd = [sys.executable, __file__, str(req), str(res)]
+        cmd = [sys.executable, "-m", "qnnx_opcheck._live", str(req), str(res)]
         try:
             proc = subprocess.run(
                 cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout, check=False
