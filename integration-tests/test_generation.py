@@ -18,7 +18,7 @@ NEW_TOKENS = 32
 EOS = 2  # the models' eos_token_id
 
 
-def _model(kind: str, attention: str) -> torch.nn.Module:
+def _model(kind: str, attention: str, layers: int = 2) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
@@ -26,7 +26,7 @@ def _model(kind: str, attention: str) -> torch.nn.Module:
         "vocab_size": 128,
         "hidden_size": 32,
         "intermediate_size": 64,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "max_position_embeddings": 128,
@@ -190,24 +190,9 @@ def test_an_eight_layer_decoder_compiles_its_decode_graph_in_seconds() -> None:
     """Compile steps stay linear in depth: an 8-layer tiny Llama's prefill and decode graphs compile on QNN and
     give eager's tokens. A guard far above the expected time (about 5 s per graph here), not a benchmark: a walk
     that grows with the number of paths took minutes at 4 layers (tools/bench/depth.py measures the scaling)."""
-    import transformers
-
     from qnnx_backend.hf import compile_for_generation
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = _model("llama", "sdpa", layers=8)
     prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         eager = model.generate(prompt, max_new_tokens=3, do_sample=False)
