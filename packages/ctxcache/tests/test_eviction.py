@@ -10,7 +10,7 @@ import pytest
 from ctxcache_helpers import key_for
 
 import qnnx_ctxcache as cc
-from qnnx_ctxcache._store import _HOST_ID
+from qnnx_ctxcache._layout import HOST_ID
 from qnnx_ctxcache.testing import FakeBuild
 
 KIB = 1024
@@ -113,7 +113,7 @@ def test_stale_staging_and_locks_are_cleaned_fresh_ones_kept(tmp_path: Path) -> 
     """gc removes a 2-hour-old staging dir of a dead writer and old locks; keeps fresh ones and .nfs files."""
     store = cc.ContextStore(tmp_path, options=cc.StoreOptions(stale_after_seconds=3600))
     staging = tmp_path / "v1" / "staging"
-    host = _HOST_ID
+    host = HOST_ID
     old = staging / f"{'a' * 64}.{host}.999999999.{'0' * 32}"
     fresh = staging / f"{'b' * 64}.{host}.999999999.{'1' * 32}"
     live = staging / f"{'c' * 64}.{host}.{os.getpid()}.{'2' * 32}"

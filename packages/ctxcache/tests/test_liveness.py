@@ -9,15 +9,15 @@ import sys
 import psutil
 import pytest
 
-from qnnx_ctxcache import _store
+from qnnx_ctxcache import _pins
 
 
 def test_a_finished_process_is_dead_and_this_one_alive() -> None:
     """A pid whose process has exited is not alive; the current process is."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    assert _store._pid_alive(os.getpid())
-    assert not _store._pid_alive(proc.pid) or psutil.pid_exists(proc.pid)  # a reused pid may exist again
+    assert _pins.pid_alive(os.getpid())
+    assert not _pins.pid_alive(proc.pid) or psutil.pid_exists(proc.pid)  # a reused pid may exist again
 
 
 def test_windows_is_asked_through_psutil_not_os_kill(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,8 +25,8 @@ def test_windows_is_asked_through_psutil_not_os_kill(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(os, "name", "nt")
     monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("os.kill must not be used"))
     monkeypatch.setattr(psutil, "pid_exists", lambda pid: pid == 4242)
-    assert _store._pid_alive(4242)
-    assert not _store._pid_alive(4243)
+    assert _pins.pid_alive(4242)
+    assert not _pins.pid_alive(4243)
 
 
 def test_a_failing_probe_counts_as_alive(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,4 +36,4 @@ def test_a_failing_probe_counts_as_alive(monkeypatch: pytest.MonkeyPatch) -> Non
         raise PermissionError("denied")
 
     monkeypatch.setattr(psutil, "pid_exists", refuse)
-    assert _store._pid_alive(1234)
+    assert _pins.pid_alive(1234)

@@ -71,8 +71,8 @@ def test_a_read_only_store_marks_nothing(tmp_path: Path) -> None:
 @given(names=st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=4, unique=True))
 def test_names_never_collide_with_entries_or_each_other(names: list[str]) -> None:
     """Every name gets its own marker folder, which is never the name of a store entry (64 hex digits)."""
-    from qnnx_ctxcache._pins import _external_hex
+    from qnnx_ctxcache._pins import external_hex
 
-    folders = [_external_hex(n) for n in names]
+    folders = [external_hex(n) for n in names]
     assert len(set(folders)) == len(names)
     assert all(len(f) != 64 and not all(c in "0123456789abcdef" for c in f) for f in folders)

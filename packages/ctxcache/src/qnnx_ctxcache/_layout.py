@@ -30,17 +30,17 @@ RECACHE_ENV_VAR = "QNNX_CTXCACHE_RECACHE"
 ROOT_MARKER = "ctxcache-root.json"
 ROOT_FORMAT = "qnnx-ctxcache-root"
 LAYOUT = "v1"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_HEX2 = re.compile(r"^[0-9a-f]{2}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+HEX2 = re.compile(r"^[0-9a-f]{2}$")
 _CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file is a cache directory tag created by qnnx-ctxcache.\n"
     "# For information about cache directory tags, see https://bford.info/cachedir/\n"
 )
 Mode = Literal["readwrite", "readonly", "disabled"]
-_HOST_ID = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
-_FOREIGN_MAX_AGE = 24 * 3600.0  # staging/pins of another host (or a reused PID) expire after a day
-_FUTURE_TOLERANCE = 300.0  # timestamps this far in the future are clock skew, not recent use
+HOST_ID = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+FOREIGN_MAX_AGE = 24 * 3600.0  # staging/pins of another host (or a reused PID) expire after a day
+FUTURE_TOLERANCE = 300.0  # timestamps this far in the future are clock skew, not recent use
 _WARNED: set[tuple[str, str]] = set()
 
 
@@ -59,7 +59,7 @@ def is_key_prefix(text: str) -> bool:
     return len(text) >= 4 and re.fullmatch(r"[0-9a-fA-F]+", text) is not None
 
 
-def _errname(exc: BaseException) -> str:
+def errname(exc: BaseException) -> str:
     code = getattr(exc, "errno", None)
     return errno.errorcode.get(code, str(code)) if isinstance(code, int) else type(exc).__name__
 
@@ -123,7 +123,7 @@ class _StoreBase:
                 probe.unlink()
                 return "readwrite"
             except OSError as exc:
-                reason = f"{_errname(exc)}: {exc}"
+                reason = f"{errname(exc)}: {exc}"
             if requested == "readwrite":
                 self._warn_once("mode", f"cache root {self._root} is not writable ({reason}); running read-only")
         else:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
-from qnnx_ctxcache._layout import _FUTURE_TOLERANCE, _HEX2, _HEX64, _HOST_ID, is_key_prefix
+from qnnx_ctxcache._layout import FUTURE_TOLERANCE, HEX2, HEX64, HOST_ID, is_key_prefix
 from qnnx_ctxcache._manifest import LAST_USED_NAME, MANIFEST_NAME, read_manifest
 from qnnx_ctxcache._pins import _PinsMixin
 from qnnx_ctxcache._results import EntryDetails, EntryInfo, StoreStats
@@ -28,14 +28,14 @@ class _ListingMixin(_PinsMixin):
         except OSError:
             return
         for shard in shards:
-            if not _HEX2.match(shard.name) or shard.is_symlink() or not shard.is_dir():
+            if not HEX2.match(shard.name) or shard.is_symlink() or not shard.is_dir():
                 continue
             try:
                 children = sorted(shard.iterdir())
             except OSError:
                 continue
             for child in children:
-                if _HEX64.match(child.name) and child.name[:2] == shard.name:
+                if HEX64.match(child.name) and child.name[:2] == shard.name:
                     yield child.name, child
 
     def _junk(self) -> list[str]:
@@ -46,12 +46,12 @@ class _ListingMixin(_PinsMixin):
         except OSError:
             return junk
         for shard in shards:
-            if not _HEX2.match(shard.name) or shard.is_symlink() or not shard.is_dir():
+            if not HEX2.match(shard.name) or shard.is_symlink() or not shard.is_dir():
                 junk.append(shard.name)
                 continue
             with contextlib.suppress(OSError):
                 for child in sorted(shard.iterdir()):
-                    if not (_HEX64.match(child.name) and child.name[:2] == shard.name):
+                    if not (HEX64.match(child.name) and child.name[:2] == shard.name):
                         junk.append(f"{shard.name}/{child.name}")
         return junk
 
@@ -66,7 +66,7 @@ class _ListingMixin(_PinsMixin):
         except OSError:
             last = created
         last = max(last, created)
-        if last > now + _FUTURE_TOLERANCE:
+        if last > now + FUTURE_TOLERANCE:
             # Clock skew: treat as used now and rewrite the stamp so the entry ages normally from here
             # instead of looking fresh until the far-future time arrives.
             if self._mode == "readwrite":
@@ -112,7 +112,7 @@ class _ListingMixin(_PinsMixin):
         A damaged entry (its manifest missing or unreadable) comes back with ``error`` set, never raised.
         """
         key_hex = key.hex if isinstance(key, CacheKey) else key
-        if not _HEX64.match(key_hex):
+        if not HEX64.match(key_hex):
             return None
         entry_dir = self.entry_dir(key_hex)
         manifest, reason = read_manifest(entry_dir)
@@ -168,6 +168,6 @@ class _ListingMixin(_PinsMixin):
             return
         with self._counter_lock:
             counters = dict(self._counters)
-        path = self._dir("stats") / f"{_HOST_ID}-{os.getpid()}-{id(self):x}.json"
+        path = self._dir("stats") / f"{HOST_ID}-{os.getpid()}-{id(self):x}.json"
         with contextlib.suppress(OSError):
             _fs.write_json_atomic(path, {"counters": counters, "time": self._clock()}, durable=False)

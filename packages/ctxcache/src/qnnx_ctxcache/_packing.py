@@ -15,7 +15,7 @@ from qnnx_ctxcache._key import CacheKey, host_material
 from qnnx_ctxcache._manifest import LAST_USED_NAME, MANIFEST_NAME, CheckResult
 from qnnx_ctxcache._prune import _PruneMixin
 from qnnx_ctxcache._results import Entry, PackReport, Problem, UnpackReport
-from qnnx_ctxcache._verify import _safe_check, _VerifyMixin
+from qnnx_ctxcache._verify import _VerifyMixin, safe_check
 from qnnx_ctxcache.errors import ArchiveError, EntryNotFoundError, StoreNotWritableError
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
         from qnnx_ctxcache import _archive
 
         key_hex = record["key"]
-        result = _safe_check(staging, key_hex, None, full=True)
+        result = safe_check(staging, key_hex, None, full=True)
         problem = f"{result.reason}: {result.detail}" if not result.ok else ""
         if not problem:
             assert result.manifest is not None

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from qnnx_ctxcache import _fs
-from qnnx_ctxcache._layout import _FOREIGN_MAX_AGE, _HOST_ID, _StoreBase
+from qnnx_ctxcache._layout import FOREIGN_MAX_AGE, HOST_ID, _StoreBase
 
 _log = logging.getLogger(__name__)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether a process with this id runs on this host (crashed-loader detection, stale-lock cleanup).
 
     psutil asks the OS the portable way: on Windows ``os.kill(pid, 0)`` would send CTRL_C_EVENT instead of probing,
@@ -31,7 +31,7 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _external_hex(name: str) -> str:
+def external_hex(name: str) -> str:
     """The marker folder of a context outside the store: never the 64-hex-digit name of an entry."""
     return "x" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
@@ -47,8 +47,8 @@ class _PinsMixin(_StoreBase):
             pin_dir = self._dir("pins") / key_hex
             try:
                 self._mkdir(pin_dir)
-                marker = pin_dir / f"{_HOST_ID}.{os.getpid()}.{_fs.unique_suffix()}{suffix}"
-                marker.write_text(json.dumps({"host": _HOST_ID, "pid": os.getpid()}), encoding="utf-8")
+                marker = pin_dir / f"{HOST_ID}.{os.getpid()}.{_fs.unique_suffix()}{suffix}"
+                marker.write_text(json.dumps({"host": HOST_ID, "pid": os.getpid()}), encoding="utf-8")
             except OSError as exc:
                 _log.debug("could not create %s marker for %s: %s", suffix, key_hex[:16], exc)
                 marker = None
@@ -71,7 +71,7 @@ class _PinsMixin(_StoreBase):
         in every later process on this host, so the caller can stop feeding ONNX Runtime a context that kills it.
         Best effort: nothing is marked in a read-only or disabled store.
         """
-        with self._marker(_external_hex(name), ".loading"):
+        with self._marker(external_hex(name), ".loading"):
             yield
 
     def load_crashed(self, name: str) -> bool:
@@ -80,7 +80,7 @@ class _PinsMixin(_StoreBase):
         Remembered (under ``crashes/``) until :meth:`clear`: a context that crashed a process once is not tried
         again by a later one.
         """
-        hex_ = _external_hex(name)
+        hex_ = external_hex(name)
         record = self._dir("crashes") / hex_
         if record.is_file():
             return True
@@ -89,7 +89,7 @@ class _PinsMixin(_StoreBase):
         if self._mode == "readwrite":
             try:
                 self._mkdir(record.parent)
-                payload = {"name": name, "host": _HOST_ID, "seen": self._clock()}
+                payload = {"name": name, "host": HOST_ID, "seen": self._clock()}
                 _fs.write_json_atomic(record, payload, durable=False)
             except OSError as exc:
                 _log.debug("could not record the crashed load of %s: %s", name, exc)
@@ -105,7 +105,7 @@ class _PinsMixin(_StoreBase):
         for marker in markers:
             host, _, rest = marker.name.partition(".")
             pid = rest.partition(".")[0]
-            if host == _HOST_ID and pid.isdigit() and not _pid_alive(int(pid)):
+            if host == HOST_ID and pid.isdigit() and not pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
                     marker.unlink()
                 return True
@@ -130,11 +130,11 @@ class _PinsMixin(_StoreBase):
             age = now - path.lstat().st_mtime
         except OSError:
             return False
-        if host == _HOST_ID and pid.isdigit():
-            if not _pid_alive(int(pid)):
+        if host == HOST_ID and pid.isdigit():
+            if not pid_alive(int(pid)):
                 # A dead owner will never publish or unpin. Pins go at once; staging waits stale_after
                 # in case the PID belongs to another PID namespace with the same host name.
                 return is_pin or age >= stale_after
             # A live owner (or a reused PID) keeps its files for at least a day: long compiles exist.
-            return age >= max(stale_after, _FOREIGN_MAX_AGE)
-        return age >= max(stale_after, _FOREIGN_MAX_AGE if is_pin else stale_after)
+            return age >= max(stale_after, FOREIGN_MAX_AGE)
+        return age >= max(stale_after, FOREIGN_MAX_AGE if is_pin else stale_after)

@@ -11,7 +11,7 @@ import filelock
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
-from qnnx_ctxcache._layout import _HEX64, ROOT_MARKER
+from qnnx_ctxcache._layout import HEX64, ROOT_MARKER
 from qnnx_ctxcache._listing import _ListingMixin
 from qnnx_ctxcache._results import PruneReport
 from qnnx_ctxcache.errors import InvalidOptionsError, NotACacheRootError
@@ -175,7 +175,7 @@ class _PruneMixin(_ListingMixin):
     def remove(self, key: CacheKey | str) -> bool:
         """Delete one entry (rename to trash, then delete). Returns False when it was not there."""
         key_hex = key.hex if isinstance(key, CacheKey) else key
-        if not _HEX64.match(key_hex) or self._mode != "readwrite":
+        if not HEX64.match(key_hex) or self._mode != "readwrite":
             return False
         return (
             self._evict(key_hex) if self.entry_dir(key_hex).exists() or self.entry_dir(key_hex).is_symlink() else False

@@ -29,15 +29,15 @@ import filelock
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey, canonical_json
-from qnnx_ctxcache._layout import _HOST_ID as _HOST_ID
 from qnnx_ctxcache._layout import (
     DIR_ENV_VAR,
+    HOST_ID,
     LAYOUT,
     MODE_ENV_VAR,
     RECACHE_ENV_VAR,
     ROOT_MARKER,
-    _errname,
     default_root,
+    errname,
     is_key_prefix,
 )
 from qnnx_ctxcache._manifest import (
@@ -52,7 +52,6 @@ from qnnx_ctxcache._manifest import (
 )
 from qnnx_ctxcache._options import StoreOptions
 from qnnx_ctxcache._packing import _PackingMixin
-from qnnx_ctxcache._pins import _pid_alive as _pid_alive
 from qnnx_ctxcache._results import (
     BuildResult,
     Entry,
@@ -65,7 +64,7 @@ from qnnx_ctxcache._results import (
     UnpackReport,
     VerifyReport,
 )
-from qnnx_ctxcache._verify import _VERIFIED, _VERIFIED_LOCK, _safe_check
+from qnnx_ctxcache._verify import VERIFIED, VERIFIED_LOCK, safe_check
 from qnnx_ctxcache._version import __version__
 from qnnx_ctxcache.errors import BuildOutputError, InvalidOptionsError
 
@@ -190,10 +189,10 @@ class ContextStore(_PackingMixin):
             )
             return None
         memo = self._memo_token(entry_dir)
-        with _VERIFIED_LOCK:
-            known = _VERIFIED.get(memo) if memo is not None else None
+        with VERIFIED_LOCK:
+            known = VERIFIED.get(memo) if memo is not None else None
         need_full = full or (self._options.verify_on_first_use and known is None)
-        result = _safe_check(entry_dir, key.hex, key.material, full=need_full, known=known)
+        result = safe_check(entry_dir, key.hex, key.material, full=need_full, known=known)
         if not result.ok:
             self._reject(key.hex, result)
             return None
@@ -398,7 +397,7 @@ class ContextStore(_PackingMixin):
         return model_file, metadata, contexts
 
     def _new_staging(self, key_hex: str) -> Path:
-        staging = self._dir("staging") / f"{key_hex}.{_HOST_ID}.{os.getpid()}.{_fs.unique_suffix()}"
+        staging = self._dir("staging") / f"{key_hex}.{HOST_ID}.{os.getpid()}.{_fs.unique_suffix()}"
         staging.mkdir(mode=0o700 if self._options.private else 0o777)
         return staging
 
@@ -419,8 +418,8 @@ class ContextStore(_PackingMixin):
             if staging is not None:
                 _fs.rmtree_quiet(staging)
             self._warn_once("staging", f"cannot create a staging dir under {self._root} ({exc}); compiling uncached")
-            self._count(f"store_skipped:{_errname(exc)}")
-            return self._build_private(key, build, f"store-failed:{_errname(exc)}")
+            self._count(f"store_skipped:{errname(exc)}")
+            return self._build_private(key, build, f"store-failed:{errname(exc)}")
         self._count("build")
         started = time.monotonic()
         try:
@@ -434,10 +433,10 @@ class ContextStore(_PackingMixin):
             return self._commit(key, staging, result, seconds)
         except OSError as exc:
             self._warn_once(
-                f"store:{_errname(exc)}", f"could not store a context under {self._root} ({exc}); using it uncached"
+                f"store:{errname(exc)}", f"could not store a context under {self._root} ({exc}); using it uncached"
             )
-            self._count(f"store_skipped:{_errname(exc)}")
-            return self._rescue(key, staging, result, f"store-failed:{_errname(exc)}")
+            self._count(f"store_skipped:{errname(exc)}")
+            return self._rescue(key, staging, result, f"store-failed:{errname(exc)}")
         except BaseException:
             _fs.rmtree_quiet(staging)
             raise
@@ -495,7 +494,7 @@ class ContextStore(_PackingMixin):
             "metadata": metadata,
             "created": self._clock(),
             "compile_seconds": round(seconds, 6),
-            "writer": {"ctxcache": __version__, "host": _HOST_ID, "pid": os.getpid()},
+            "writer": {"ctxcache": __version__, "host": HOST_ID, "pid": os.getpid()},
         }
         _fs.write_json_atomic(staging / MANIFEST_NAME, manifest, durable=self._options.durable)
         _fs.fault("manifest_written")
@@ -553,7 +552,7 @@ class ContextStore(_PackingMixin):
         # does not hash them again on the next hit (the check itself only stats the files here).
         token = self._memo_token(final)
         if token is not None:
-            seen = _safe_check(final, key_hex, None, full=False)
+            seen = safe_check(final, key_hex, None, full=False)
             if seen.ok:
                 self._remember_verified(token, seen)
 

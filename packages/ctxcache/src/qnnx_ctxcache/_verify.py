@@ -20,11 +20,11 @@ _log = logging.getLogger(__name__)
 # Entries this process has verified (full SHA-256), keyed by (entry dir, manifest inode, size, mtime_ns,
 # ctime_ns), with the signature of every file at that moment. A hit whose files still have those
 # signatures needs no hashing; any change (even a rewrite with the old mtime restored) is hashed again.
-_VERIFIED: dict[tuple[str, int, int, int, int], dict[str, Signature]] = {}
-_VERIFIED_LOCK = threading.Lock()
+VERIFIED: dict[tuple[str, int, int, int, int], dict[str, Signature]] = {}
+VERIFIED_LOCK = threading.Lock()
 
 
-def _safe_check(
+def safe_check(
     entry_dir: Path,
     key_hex: str,
     material: Mapping[str, Any] | None,
@@ -54,8 +54,8 @@ class _VerifyMixin(_ListingMixin):
 
     @staticmethod
     def _remember_verified(token: tuple[str, int, int, int, int], result: CheckResult) -> None:
-        with _VERIFIED_LOCK:
-            _VERIFIED[token] = dict(result.signatures)
+        with VERIFIED_LOCK:
+            VERIFIED[token] = dict(result.signatures)
 
     def _reject(self, key_hex: str, result: CheckResult) -> None:
         _log.warning(
@@ -71,9 +71,9 @@ class _VerifyMixin(_ListingMixin):
 
     # ------------------------------------------------------------------ quarantine
     def _quarantine(self, key_hex: str, reason: str, detail: str = "") -> bool:
-        with _VERIFIED_LOCK:
-            for token in [t for t in _VERIFIED if t[0] == str(self.entry_dir(key_hex))]:
-                del _VERIFIED[token]
+        with VERIFIED_LOCK:
+            for token in [t for t in VERIFIED if t[0] == str(self.entry_dir(key_hex))]:
+                del VERIFIED[token]
         if self._mode != "readwrite":
             return False
         src = self.entry_dir(key_hex)
@@ -131,4 +131,4 @@ class _VerifyMixin(_ListingMixin):
         """Check an entry directory without the caller's key: its stored key material must hash to ``key_hex``."""
         if path.is_symlink() or not path.is_dir():
             return CheckResult("untrusted:not-a-directory", "entry path is not a directory")
-        return _safe_check(path, key_hex, None, full=full)
+        return safe_check(path, key_hex, None, full=full)

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from qnnx_ctxcache._results import BuildResult
-from qnnx_ctxcache._verify import _VERIFIED, _VERIFIED_LOCK
+from qnnx_ctxcache._verify import VERIFIED, VERIFIED_LOCK
 
 __all__ = ["FakeBuild", "forget_verified", "write_fake_context"]
 
@@ -111,5 +111,5 @@ class FakeBuild:
 
 def forget_verified() -> None:
     """Make this process treat every entry as never verified (as a fresh process would)."""
-    with _VERIFIED_LOCK:
-        _VERIFIED.clear()
+    with VERIFIED_LOCK:
+        VERIFIED.clear()
