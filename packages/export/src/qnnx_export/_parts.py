@@ -23,7 +23,7 @@ from qnnx_export.errors import ExportError
 __all__ = ["Part", "PartsPlan", "extract_parts", "plan_parts", "weight_bytes"]
 
 # Bits per element of each ONNX tensor type (sub-byte types are packed).
-_BITS = {
+_BITS: dict[int, int] = {
     onnx.TensorProto.FLOAT: 32,
     onnx.TensorProto.FLOAT16: 16,
     onnx.TensorProto.BFLOAT16: 16,
@@ -197,7 +197,7 @@ class _Graph:
         self.types = types
 
     def part(self, start: int, stop: int, later_reads: set[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        inside = set()
+        inside: set[str] = set()
         for node in self.nodes[start:stop]:
             inside.update(x for x in node.output if x)
         reads: dict[str, None] = {}
