@@ -57,13 +57,6 @@ BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # list only shrinks: a new use fails the check; an entry whose use is gone is reported, to be deleted.
 KNOWN_PRIVATE_USES = frozenset(
     {
-        "packages/ctxcache/src/qnnx_ctxcache/_listing.py: qnnx_ctxcache._pins._PinsMixin",
-        "packages/ctxcache/src/qnnx_ctxcache/_packing.py: qnnx_ctxcache._prune._PruneMixin",
-        "packages/ctxcache/src/qnnx_ctxcache/_packing.py: qnnx_ctxcache._verify._VerifyMixin",
-        "packages/ctxcache/src/qnnx_ctxcache/_pins.py: qnnx_ctxcache._layout._StoreBase",
-        "packages/ctxcache/src/qnnx_ctxcache/_prune.py: qnnx_ctxcache._listing._ListingMixin",
-        "packages/ctxcache/src/qnnx_ctxcache/_store.py: qnnx_ctxcache._packing._PackingMixin",
-        "packages/ctxcache/src/qnnx_ctxcache/_verify.py: qnnx_ctxcache._listing._ListingMixin",
         "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._provider_options",
         "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._session_config",
         "packages/export/src/qnnx_export/_passes/_dtypes.py: qnnx_export._passes._base._const",

@@ -1,4 +1,4 @@
-"""Filesystem helpers: fault injection points, fsync, atomic small-file writes, safe deletion."""
+"""Filesystem helpers: fault injection points, fsync, atomic small-file writes, safe deletion, quiet release."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import shutil
 import signal
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "fault",
     "fsync_dir",
     "fsync_file",
+    "releasing",
     "rmtree_quiet",
     "tree_disk_usage",
     "unique_suffix",
@@ -117,6 +119,18 @@ def rmtree_quiet(path: Path) -> bool:
         _log.debug("could not delete %s: %s", path, exc)
         return False
     return True
+
+
+@contextlib.contextmanager
+def releasing(*steps: Callable[[], object]) -> Iterator[None]:
+    """Run each of ``steps`` when the block ends, however it ends, passing over an OSError of each: the best-effort
+    release of a lock or removal of a marker."""
+    try:
+        yield
+    finally:
+        for step in steps:
+            with contextlib.suppress(OSError):
+                step()
 
 
 def tree_disk_usage(path: Path) -> int:

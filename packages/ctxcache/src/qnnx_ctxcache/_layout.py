@@ -1,4 +1,4 @@
-"""The cache root: where things live under it, how a store opens it, and the state every part of the store shares."""
+"""The cache root: where things live under it, and how a store opens it (the mode it then runs in)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import logging
 import os
 import re
 import socket
-import threading
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -60,57 +58,54 @@ def is_key_prefix(text: str) -> bool:
 
 
 def errname(exc: BaseException) -> str:
+    """The errno name of an OS error (``ENOSPC``), or the exception's type name."""
     code = getattr(exc, "errno", None)
     return errno.errorcode.get(code, str(code)) if isinstance(code, int) else type(exc).__name__
 
 
-class _StoreBase:
-    """The state of a :class:`~qnnx_ctxcache.ContextStore` and the primitives all its parts use."""
+class Layout:
+    """Where the parts of one store live under its root, the options and clock it was opened with, and its mode.
 
-    _root: Path
-    _options: StoreOptions
-    _clock: Callable[[], float]
-    _base: Path
-    _counters: Counter[str]
-    _counter_lock: threading.Lock
-    _mode: Mode
+    Opening decides the mode once: ``readwrite`` when the layout can be created and written to, ``readonly`` when
+    only its entries can be read, ``disabled`` otherwise; each fallback is warned about once per root and process.
+    """
 
-    # ------------------------------------------------------------------ properties
-    @property
-    def root(self) -> Path:
-        """The cache root directory."""
-        return self._root
+    def __init__(self, root: Path, options: StoreOptions, clock: Callable[[], float]) -> None:
+        self.root = root
+        self.options = options
+        self.clock = clock
+        self.base = root / LAYOUT
+        self.mode: Mode = self._open()
 
-    @property
-    def options(self) -> StoreOptions:
-        """The options this store was opened with."""
-        return self._options
-
-    @property
-    def mode(self) -> Mode:
-        """``readwrite``, ``readonly`` or ``disabled`` (decided when the store was opened)."""
-        return self._mode
-
-    def _dir(self, name: str) -> Path:
-        return self._base / name
+    def folder(self, name: str) -> Path:
+        """``<root>/v1/<name>``: ``entries``, ``staging``, ``locks``, ``quarantine``, ``trash``, ``pins``..."""
+        return self.base / name
 
     def entry_dir(self, key: CacheKey | str) -> Path:
-        """Where the entry for ``key`` lives (whether or not it exists)."""
         hex_ = key.hex if isinstance(key, CacheKey) else str(key)
-        return self._base / "entries" / hex_[:2] / hex_
+        return self.base / "entries" / hex_[:2] / hex_
 
-    # ------------------------------------------------------------------ opening
-    def _mkdir(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700 if self._options.private else 0o777)
+    def mkdir(self, path: Path) -> None:
+        """Create ``path`` and its parents (private to this user with ``StoreOptions.private``)."""
+        path.mkdir(parents=True, exist_ok=True, mode=0o700 if self.options.private else 0o777)
+
+    def warn_once(self, kind: str, message: str) -> None:
+        """Log a warning the first time ``kind`` happens under this root in this process (later: debug)."""
+        token = (str(self.root), kind)
+        if token in _WARNED:
+            _log.debug("%s", message)
+            return
+        _WARNED.add(token)
+        _log.warning("%s", message)
 
     def _open(self) -> Mode:
-        requested = self._options.mode
+        requested = self.options.mode
         if requested == "auto":
             env = os.environ.get(MODE_ENV_VAR, "").strip().lower()
             if env in ("readwrite", "readonly", "disabled"):
                 requested = env
             elif env:
-                self._warn_once(
+                self.warn_once(
                     "mode-env", f"ignoring ${MODE_ENV_VAR}={env!r}: expected readwrite, readonly or disabled"
                 )
         if requested == "disabled":
@@ -118,50 +113,34 @@ class _StoreBase:
         if requested != "readonly":
             try:
                 self._init_layout()
-                probe = self._base / f".probe-{_fs.unique_suffix()}"
+                probe = self.base / f".probe-{_fs.unique_suffix()}"
                 probe.write_bytes(b"")
                 probe.unlink()
                 return "readwrite"
             except OSError as exc:
                 reason = f"{errname(exc)}: {exc}"
             if requested == "readwrite":
-                self._warn_once("mode", f"cache root {self._root} is not writable ({reason}); running read-only")
+                self.warn_once("mode", f"cache root {self.root} is not writable ({reason}); running read-only")
         else:
             reason = "read-only mode requested"
-        if (self._base / "entries").is_dir() and os.access(self._base / "entries", os.R_OK | os.X_OK):
+        if (self.base / "entries").is_dir() and os.access(self.base / "entries", os.R_OK | os.X_OK):
             if requested != "readonly":
-                self._warn_once("mode", f"cache root {self._root} is not writable ({reason}); serving hits only")
+                self.warn_once("mode", f"cache root {self.root} is not writable ({reason}); serving hits only")
             return "readonly"
-        self._warn_once("mode", f"cache root {self._root} is unusable ({reason}); compiling without a cache")
+        self.warn_once("mode", f"cache root {self.root} is unusable ({reason}); compiling without a cache")
         return "disabled"
 
     def _init_layout(self) -> None:
-        if self._root.exists() and not self._root.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "cache root is not a directory", str(self._root))
-        self._mkdir(self._root)
-        marker = self._root / ROOT_MARKER
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "cache root is not a directory", str(self.root))
+        self.mkdir(self.root)
+        marker = self.root / ROOT_MARKER
         if not marker.is_file():
             _fs.write_json_atomic(marker, {"format": ROOT_FORMAT, "layout": LAYOUT}, durable=False)
-        tag = self._root / "CACHEDIR.TAG"
+        tag = self.root / "CACHEDIR.TAG"
         if not tag.is_file():
             tmp = tag.with_name(f".CACHEDIR.TAG.{_fs.unique_suffix()}")
             tmp.write_text(_CACHEDIR_TAG, encoding="ascii")
             os.replace(tmp, tag)
         for name in ("entries", "staging", "locks", "quarantine", "trash", "pins", "stats"):
-            self._mkdir(self._dir(name))
-
-    def _warn_once(self, kind: str, message: str) -> None:
-        token = (str(self._root), kind)
-        if token in _WARNED:
-            _log.debug("%s", message)
-            return
-        _WARNED.add(token)
-        _log.warning("%s", message)
-
-    def _count(self, name: str, amount: int = 1) -> None:
-        with self._counter_lock:
-            self._counters[name] += amount
-
-    def _check_key(self, key: object) -> None:
-        if not isinstance(key, CacheKey):
-            raise TypeError(f"key must be a CacheKey from qnnx_ctxcache.make_key(), got {type(key).__name__}")
+            self.mkdir(self.folder(name))

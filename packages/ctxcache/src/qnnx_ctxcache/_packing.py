@@ -12,10 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey, host_material
+from qnnx_ctxcache._layout import Layout
+from qnnx_ctxcache._listing import Listing
+from qnnx_ctxcache._lookup import Lookup
 from qnnx_ctxcache._manifest import LAST_USED_NAME, MANIFEST_NAME, CheckResult
-from qnnx_ctxcache._prune import _PruneMixin
-from qnnx_ctxcache._results import Entry, PackReport, Problem, UnpackReport
-from qnnx_ctxcache._verify import _VerifyMixin, safe_check
+from qnnx_ctxcache._pins import Pins
+from qnnx_ctxcache._prune import Pruner
+from qnnx_ctxcache._publish import Publisher
+from qnnx_ctxcache._results import PackReport, Problem, UnpackReport
+from qnnx_ctxcache._stats import Counters
+from qnnx_ctxcache._verify import check_dir, safe_check
 from qnnx_ctxcache.errors import ArchiveError, EntryNotFoundError, StoreNotWritableError
 
 if TYPE_CHECKING:
@@ -24,41 +30,30 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
-class _PackingMixin(_PruneMixin, _VerifyMixin):
+class Packer:
     """``pack`` and ``unpack``; an unpacked entry is published like a build."""
 
-    if TYPE_CHECKING:  # the publishing steps of ContextStore, shared with builds
-
-        def _lookup(self, key: CacheKey, *, full: bool = False, count: bool = True) -> Entry | None: ...
-        def _new_staging(self, key_hex: str) -> Path: ...
-        def _publish(self, key: CacheKey, staging: Path, final: Path) -> bool: ...
-        def _after_publish(self, final: Path, key_hex: str) -> None: ...
+    def __init__(
+        self,
+        layout: Layout,
+        listing: Listing,
+        pins: Pins,
+        lookup: Lookup,
+        publisher: Publisher,
+        pruner: Pruner,
+        counters: Counters,
+    ) -> None:
+        self._layout = layout
+        self._listing = listing
+        self._pins = pins
+        self._lookup = lookup
+        self._publisher = publisher
+        self._pruner = pruner
+        self._counters = counters
 
     def pack(
-        self,
-        archive_path: str | os.PathLike[str],
-        keys: Iterable[CacheKey | str] | None = None,
-        *,
-        compression: str = "auto",
+        self, archive_path: str | os.PathLike[str], keys: Iterable[CacheKey | str] | None, compression: str
     ) -> PackReport:
-        """Write entries into one archive, to install them on other machines with :meth:`unpack`.
-
-        Each chosen entry is pinned (a concurrent prune cannot remove it) and fully checked (SHA-256 of every
-        file) while it is read; a bad entry is left out and reported in ``skipped``, never packed. Reading
-        changes nothing in the cache, not even last-use times. The archive is written to a temp file beside
-        ``archive_path`` and renamed onto it: no half-written archive ever carries the final name.
-
-        Args:
-            archive_path: the tar file to write (replaced if it exists).
-            keys: entries to pack, as ``CacheKey`` objects, full keys or unique prefixes (>= 4 hex digits);
-                None packs every entry.
-            compression: ``auto`` (gzip when the name ends in ``.gz`` or ``.tgz``), ``gz`` or ``none``.
-
-        Raises:
-            EntryNotFoundError: a key or prefix names no single entry (nothing is written).
-            InvalidOptionsError: ``compression`` is not one of the accepted values.
-            OSError: the archive cannot be written (nothing is left under its name).
-        """
         from qnnx_ctxcache import _archive  # deferred: importing the package must stay cheap
 
         target = Path(archive_path)
@@ -68,9 +63,9 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
         skipped: list[Problem] = []
         with contextlib.ExitStack() as pins:
             for key_hex in chosen:
-                pins.enter_context(self._marker(key_hex, ".pin"))
-                path = self.entry_dir(key_hex)
-                result = self._check_dir(path, key_hex, full=True)
+                pins.enter_context(self._pins.marker(key_hex, ".pin"))
+                path = self._layout.entry_dir(key_hex)
+                result = check_dir(path, key_hex, full=True)
                 try:
                     manifest_bytes = (path / MANIFEST_NAME).read_bytes() if result.ok else b""
                 except OSError as exc:
@@ -85,7 +80,7 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
                     )
                 )
             size, digest = _archive.write_archive(
-                target, items, created=self._clock(), gz=gz, durable=self._options.durable
+                target, items, created=self._layout.clock(), gz=gz, durable=self._layout.options.durable
             )
         _log.info("ctxcache packed %d entries into %s (%d bytes)", len(items), target, size)
         return PackReport(
@@ -100,7 +95,7 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
     def _select(self, keys: Iterable[CacheKey | str] | None) -> list[str]:
         """The full keys ``pack`` was asked for, in order and without repeats."""
         if keys is None:
-            return [key_hex for key_hex, _ in self._iter_entry_dirs()]
+            return [key_hex for key_hex, _ in self._listing.entry_dirs()]
         if isinstance(keys, str | CacheKey):
             keys = [keys]
         chosen: list[str] = []
@@ -108,46 +103,30 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
             text = item.hex if isinstance(item, CacheKey) else item
             if not isinstance(text, str):
                 raise TypeError(f"keys must hold CacheKey objects or key strings, got {type(item).__name__}")
-            matches = self._matching(text)
+            matches = self._listing.matching(text)
             if matches is None or len(matches) != 1:
-                raise EntryNotFoundError(text, str(self._root), None if matches is None else len(matches))
+                raise EntryNotFoundError(text, str(self._layout.root), None if matches is None else len(matches))
             if matches[0] not in chosen:
                 chosen.append(matches[0])
         return chosen
 
     def unpack(self, archive_path: str | os.PathLike[str]) -> UnpackReport:
-        """Install the entries of an archive written by :meth:`pack`, checking everything before publishing.
-
-        Before anything is published: the archive manifest must be well formed, of a known format version and
-        intact; every member must be a regular file with a plain relative name that the manifest lists, appearing
-        once, with the listed size and SHA-256 (tar path traversal is impossible: nothing else is written); and
-        every entry must pass the same check as a lookup, with every file hashed and its key recomputed from its
-        key material. Then each entry is published like a build (staging directory, one rename, first writer
-        wins); an entry the cache already has is kept and reported in ``already_present``. Entries compiled for
-        another target or runtime version are installed as they are: a lookup here uses this machine's key and
-        never returns them.
-
-        Raises:
-            ArchiveError: the archive is unreadable, truncated, damaged, tampered with or unsafe; nothing was
-                added to the cache.
-            StoreNotWritableError: the store is not read-write.
-            OSError: writing into the cache failed (e.g. ENOSPC); nothing half-written is visible.
-        """
         from qnnx_ctxcache import _archive  # deferred: importing the package must stay cheap
 
-        if self._mode != "readwrite":
-            raise StoreNotWritableError(str(self._root), self._mode)
+        layout = self._layout
+        if layout.mode != "readwrite":
+            raise StoreNotWritableError(str(layout.root), layout.mode)
         archive = Path(archive_path)
         staged: dict[str, Path] = {}
 
         def staging_for(key_hex: str) -> Path:
             if key_hex not in staged:
-                staged[key_hex] = self._new_staging(key_hex)
+                staged[key_hex] = self._publisher.new_staging(key_hex)
             return staged[key_hex]
 
         try:
             contents = _archive.extract_archive(
-                archive, staging_for, dest_root=self._dir("staging"), durable=self._options.durable
+                archive, staging_for, dest_root=layout.folder("staging"), durable=layout.options.durable
             )
             manifests = [self._check_unpacked(archive, record, staged[record["key"]]) for record in contents.records]
             return self._publish_unpacked(archive, contents, manifests, staged)
@@ -175,7 +154,7 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
                 with contextlib.suppress(OSError, OverflowError, ValueError):
                     os.utime(staging / item["path"], ns=(item["mtime_ns"], item["mtime_ns"]))
         (staging / LAST_USED_NAME).touch()
-        if self._options.durable:
+        if self._layout.options.durable:
             _fs.fsync_dir(staging)
         return result.manifest
 
@@ -187,22 +166,23 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
         skipped: list[Problem] = []
         other_host: list[str] = []
         here = host_material()
+        layout = self._layout
         for manifest in manifests:
             key = CacheKey(manifest["key"], MappingProxyType(manifest["key_material"]))
             staging = staged[key.hex]
             size = _fs.tree_disk_usage(staging)
-            if size > self._options.max_size_bytes:
-                limit = self._options.max_size_bytes
+            if size > layout.options.max_size_bytes:
+                limit = layout.options.max_size_bytes
                 skipped.append(
                     Problem(key=key.hex, reason="too-large", detail=f"{size} bytes > max_size_bytes={limit}")
                 )
                 continue
-            final = self.entry_dir(key)
-            self._mkdir(final.parent)
-            if self._publish(key, staging, final):
-                self._after_publish(final, key.hex)
+            final = layout.entry_dir(key)
+            layout.mkdir(final.parent)
+            if self._publisher.publish(key, staging, final):
+                self._publisher.after_publish(final, key.hex)
                 added.append(key.hex)
-            elif self._lookup(key, count=False) is not None:
+            elif self._lookup.find(key, count=False) is not None:
                 present.append(key.hex)
             else:
                 detail = "an unusable entry sits at its path and could not be moved to quarantine"
@@ -211,14 +191,14 @@ class _PackingMixin(_PruneMixin, _VerifyMixin):
             if key.material.get("host") != here:
                 other_host.append(key.hex)
         if added:
-            self._count("unpacked", len(added))
-            self._flush_stats()
+            self._counters.count("unpacked", len(added))
+            self._counters.flush()
         _log.info(
             "ctxcache unpacked %s: %d added, %d already present, %d skipped",
             archive, len(added), len(present), len(skipped),
         )  # fmt: skip
-        if added and self._options.auto_prune:
-            self._auto_prune(keep=frozenset(added))
+        if added and layout.options.auto_prune:
+            self._pruner.auto_prune(keep=frozenset(added))
         return UnpackReport(
             archive=archive,
             added=tuple(added),

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from qnnx_ctxcache import _fs
-from qnnx_ctxcache._layout import FOREIGN_MAX_AGE, HOST_ID, _StoreBase
+from qnnx_ctxcache._layout import FOREIGN_MAX_AGE, HOST_ID, Layout
 
 _log = logging.getLogger(__name__)
 
@@ -36,70 +36,50 @@ def external_hex(name: str) -> str:
     return "x" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
-class _PinsMixin(_StoreBase):
-    """Markers that keep an entry from eviction, or tell that a loader died; stale owners of staging and pins."""
+class Pins:
+    """Markers that keep an entry from eviction, or tell that a loader died."""
+
+    def __init__(self, layout: Layout) -> None:
+        self._layout = layout
 
     @contextlib.contextmanager
-    def _marker(self, key_hex: str, suffix: str) -> Iterator[None]:
+    def marker(self, key_hex: str, suffix: str) -> Iterator[None]:
         """A ``pins/<key>/<host>.<pid>.<uuid><suffix>`` file for the duration of the block (best effort)."""
         marker: Path | None = None
-        if self._mode == "readwrite":
-            pin_dir = self._dir("pins") / key_hex
+        if self._layout.mode == "readwrite":
+            pin_dir = self._layout.folder("pins") / key_hex
             try:
-                self._mkdir(pin_dir)
+                self._layout.mkdir(pin_dir)
                 marker = pin_dir / f"{HOST_ID}.{os.getpid()}.{_fs.unique_suffix()}{suffix}"
                 marker.write_text(json.dumps({"host": HOST_ID, "pid": os.getpid()}), encoding="utf-8")
             except OSError as exc:
                 _log.debug("could not create %s marker for %s: %s", suffix, key_hex[:16], exc)
                 marker = None
-        try:
-            yield
-        finally:
-            if marker is not None:
-                with contextlib.suppress(OSError):
-                    marker.unlink()
-                with contextlib.suppress(OSError):
-                    marker.parent.rmdir()
-
-    @contextlib.contextmanager
-    def guard_load(self, name: str) -> Iterator[None]:
-        """Mark that this process is loading ``name`` for the duration of the block.
-
-        ``name`` stands for a compiled context that is not an entry of this store (one shipped with an application,
-        or saved with a model); pick a name that changes with its content, such as its SHA-256. If the process dies
-        inside the block (a native crash in the execution provider), :meth:`load_crashed` answers True for ``name``
-        in every later process on this host, so the caller can stop feeding ONNX Runtime a context that kills it.
-        Best effort: nothing is marked in a read-only or disabled store.
-        """
-        with self._marker(external_hex(name), ".loading"):
+        with _fs.releasing(*((marker.unlink, marker.parent.rmdir) if marker is not None else ())):
             yield
 
     def load_crashed(self, name: str) -> bool:
-        """Whether a process on this host died inside :meth:`guard_load` for ``name``.
-
-        Remembered (under ``crashes/``) until :meth:`clear`: a context that crashed a process once is not tried
-        again by a later one.
-        """
+        """Whether a process on this host died loading the outside context ``name`` (remembered in ``crashes/``)."""
         hex_ = external_hex(name)
-        record = self._dir("crashes") / hex_
+        record = self._layout.folder("crashes") / hex_
         if record.is_file():
             return True
-        if not self._crashed_loader(hex_):
+        if not self.crashed_loader(hex_):
             return False
-        if self._mode == "readwrite":
+        if self._layout.mode == "readwrite":
             try:
-                self._mkdir(record.parent)
-                payload = {"name": name, "host": HOST_ID, "seen": self._clock()}
+                self._layout.mkdir(record.parent)
+                payload = {"name": name, "host": HOST_ID, "seen": self._layout.clock()}
                 _fs.write_json_atomic(record, payload, durable=False)
             except OSError as exc:
                 _log.debug("could not record the crashed load of %s: %s", name, exc)
         _log.warning("a process died while loading %s; it is marked as crashing", name)
         return True
 
-    def _crashed_loader(self, key_hex: str) -> bool:
+    def crashed_loader(self, key_hex: str) -> bool:
         """True when a process on this host died while loading this entry (its marker outlived it)."""
         try:
-            markers = [p for p in (self._dir("pins") / key_hex).iterdir() if p.name.endswith(".loading")]
+            markers = [p for p in (self._layout.folder("pins") / key_hex).iterdir() if p.name.endswith(".loading")]
         except OSError:
             return False
         for marker in markers:
@@ -111,30 +91,31 @@ class _PinsMixin(_StoreBase):
                 return True
         return False
 
-    def _is_pinned(self, key_hex: str) -> bool:
-        pin_dir = self._dir("pins") / key_hex
+    def is_pinned(self, key_hex: str) -> bool:
+        pin_dir = self._layout.folder("pins") / key_hex
         try:
             pins = list(pin_dir.iterdir())
         except OSError:
             return False
-        now = self._clock()
-        return any(not self._is_stale_owner(pin.name, pin, now, self._options.stale_after_seconds) for pin in pins)
+        now = self._layout.clock()
+        stale_after = self._layout.options.stale_after_seconds
+        return any(not is_stale_owner(pin.name, pin, now, stale_after) for pin in pins)
 
-    @staticmethod
-    def _is_stale_owner(name: str, path: Path, now: float, stale_after: float) -> bool:
-        """Staging dirs and pins carry ``<host>.<pid>`` in their names: dead owners are stale at once."""
-        parts = name.split(".")
-        is_pin = name.endswith((".pin", ".loading"))
-        host, pid = (parts[0], parts[1]) if is_pin else (parts[1], parts[2]) if len(parts) > 3 else ("", "")
-        try:
-            age = now - path.lstat().st_mtime
-        except OSError:
-            return False
-        if host == HOST_ID and pid.isdigit():
-            if not pid_alive(int(pid)):
-                # A dead owner will never publish or unpin. Pins go at once; staging waits stale_after
-                # in case the PID belongs to another PID namespace with the same host name.
-                return is_pin or age >= stale_after
-            # A live owner (or a reused PID) keeps its files for at least a day: long compiles exist.
-            return age >= max(stale_after, FOREIGN_MAX_AGE)
-        return age >= max(stale_after, FOREIGN_MAX_AGE if is_pin else stale_after)
+
+def is_stale_owner(name: str, path: Path, now: float, stale_after: float) -> bool:
+    """Staging dirs and pins carry ``<host>.<pid>`` in their names: dead owners are stale at once."""
+    parts = name.split(".")
+    is_pin = name.endswith((".pin", ".loading"))
+    host, pid = (parts[0], parts[1]) if is_pin else (parts[1], parts[2]) if len(parts) > 3 else ("", "")
+    try:
+        age = now - path.lstat().st_mtime
+    except OSError:
+        return False
+    if host == HOST_ID and pid.isdigit():
+        if not pid_alive(int(pid)):
+            # A dead owner will never publish or unpin. Pins go at once; staging waits stale_after
+            # in case the PID belongs to another PID namespace with the same host name.
+            return is_pin or age >= stale_after
+        # A live owner (or a reused PID) keeps its files for at least a day: long compiles exist.
+        return age >= max(stale_after, FOREIGN_MAX_AGE)
+    return age >= max(stale_after, FOREIGN_MAX_AGE if is_pin else stale_after)

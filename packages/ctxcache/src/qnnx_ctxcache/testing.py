@@ -15,8 +15,8 @@ from typing import Any
 
 import attrs
 
+from qnnx_ctxcache import _verify
 from qnnx_ctxcache._results import BuildResult
-from qnnx_ctxcache._verify import VERIFIED, VERIFIED_LOCK
 
 __all__ = ["FakeBuild", "forget_verified", "write_fake_context"]
 
@@ -111,5 +111,5 @@ class FakeBuild:
 
 def forget_verified() -> None:
     """Make this process treat every entry as never verified (as a fresh process would)."""
-    with VERIFIED_LOCK:
-        VERIFIED.clear()
+    with _verify.VERIFIED_LOCK:
+        _verify.VERIFIED.clear()
