@@ -18,6 +18,7 @@ __all__ = [
     "InvalidOptionsError",
     "NotACacheRootError",
     "QnnxCtxcacheError",
+    "SharedContextError",
     "StoreNotWritableError",
     "UnhashableKeyError",
 ]
@@ -77,6 +78,27 @@ class BuildOutputError(QnnxCtxcacheError, RuntimeError):
             "its EPContext nodes reference (embed_mode=0) into the staging directory it was given."
         )
         super().__init__(message)
+
+
+class SharedContextError(QnnxCtxcacheError, RuntimeError):
+    """A weight-shared EPContext group is not one binary holding every graph (``qnnx_ctxcache.ort``).
+
+    Attributes:
+        problems: one human-readable line per problem found.
+        directory: the group's folder.
+    """
+
+    def __init__(self, problems: Sequence[str], directory: str) -> None:
+        self.problems = tuple(problems)
+        self.directory = directory
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"the context group in {directory} is not weight-shared ({len(self.problems)} problem(s)):\n{lines}\n"
+            "accepted: exactly one context binary that every EPContext node of every _ctx.onnx of the group names, "
+            "about the size of one graph compiled apart. Fix: compile the whole group with "
+            "qnnx_ctxcache.ort.compile_shared_group in one process and one empty directory (it sets "
+            "ep.share_ep_contexts on every session and ep.stop_share_ep_contexts on the last)."
+        )
 
 
 class NotACacheRootError(QnnxCtxcacheError, ValueError):

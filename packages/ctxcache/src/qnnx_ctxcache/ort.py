@@ -28,13 +28,23 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from qnnx_clikit import CHIPS, chip_number
 from qnnx_ctxcache._key import CacheKey, digest_model, make_key
 from qnnx_ctxcache._results import BuildResult, Entry
+from qnnx_ctxcache._shared import SharedContextGroup, SharedGroupCheck, check_shared_group, compile_shared_group
 from qnnx_ctxcache._store import ContextStore
 from qnnx_ctxcache.errors import InvalidOptionsError
 
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["EP_NAME", "SessionArgs", "cached_session", "compile_model"]
+__all__ = [
+    "EP_NAME",
+    "SessionArgs",
+    "SharedContextGroup",
+    "SharedGroupCheck",
+    "cached_session",
+    "check_shared_group",
+    "compile_model",
+    "compile_shared_group",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -141,7 +151,7 @@ def _config(session_options: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in session_options.items()}
 
 
-class _Plan:
+class SessionPlan:
     """Everything one cached session needs: the key, and the session options for the compile and the load."""
 
     def __init__(
@@ -256,7 +266,7 @@ def cached_session(
         FileNotFoundError: ``model`` is not a file.
         ImportError: onnxruntime or onnxruntime-qnn is not installed.
     """
-    plan = _Plan(
+    plan = SessionPlan(
         model,
         device=device,
         soc_model=soc_model,
@@ -288,7 +298,7 @@ def compile_model(model: str | os.PathLike[str], **options: Unpack[SessionArgs])
     Returns:
         The entry (``entry.hit`` is True when it was already in the store).
     """
-    plan = _Plan(
+    plan = SessionPlan(
         model,
         device=options.get("device", "npu"),
         soc_model=options.get("soc_model"),
