@@ -27,6 +27,7 @@ from qnnx_detection._report import (
 )
 from qnnx_detection._soc import DEFAULT_SOC_MODEL, SocInfo, soc_info, soc_name
 from qnnx_detection._version import __version__
+from qnnx_detection._weight_sharing import WeightSharingReport, probe_weight_sharing
 
 __all__ = [
     "DEFAULT_SOC_MODEL",
@@ -39,6 +40,7 @@ __all__ = [
     "QnnDevice",
     "SocInfo",
     "Versions",
+    "WeightSharingReport",
     "__version__",
     "backend_library",
     "create_session",
@@ -48,6 +50,7 @@ __all__ = [
     "known_provider_options",
     "node_placement",
     "probe",
+    "probe_weight_sharing",
     "provider_options",
     "register_ep",
     "resolve_device",

@@ -55,3 +55,39 @@ def tiny_add_model() -> bytes:
     )
     opset = _str_field(1, "") + _int_field(2, _OPSET)
     return _int_field(1, _IR_VERSION) + _bytes_field(7, graph) + _bytes_field(8, opset)
+
+
+#: Rows and columns of the weight matrix of :func:`tiny_matmul_model`.
+MATMUL_SIZE = 16
+
+
+def matmul_weight(row: int, column: int) -> float:
+    """The weight of :func:`tiny_matmul_model` at ``[row, column]``: small values, exact in float16."""
+    return ((row * 7 + column * 3) % 11 - 5) / 8
+
+
+def tiny_matmul_model(batch: int) -> bytes:
+    """Return ONNX bytes for ``y = x @ w``, ``x`` float32 ``[batch, 16]``, ``w`` a constant ``[16, 16]`` initializer
+    (the same for every batch): graphs over one set of weights, as a decoder's buckets are."""
+    import struct
+
+    n = MATMUL_SIZE
+    values = [matmul_weight(r, c) for r in range(n) for c in range(n)]
+    # TensorProto: dims=1 (int64), data_type=2, name=8, raw_data=9 (little-endian); GraphProto.initializer=5.
+    weight = (
+        _int_field(1, n)
+        + _int_field(1, n)
+        + _int_field(2, 1)
+        + _str_field(8, "w")
+        + _bytes_field(9, struct.pack(f"<{n * n}f", *values))
+    )
+    node = _str_field(1, "x") + _str_field(1, "w") + _str_field(2, "y") + _str_field(3, "mm") + _str_field(4, "MatMul")
+    graph = (
+        _bytes_field(1, node)
+        + _str_field(2, f"qnnx_probe_matmul_{batch}")
+        + _bytes_field(5, weight)
+        + _bytes_field(11, _float_value_info("x", (batch, n)))
+        + _bytes_field(12, _float_value_info("y", (batch, n)))
+    )
+    opset = _str_field(1, "") + _int_field(2, _OPSET)
+    return _int_field(1, _IR_VERSION) + _bytes_field(7, graph) + _bytes_field(8, opset)
