@@ -11,21 +11,21 @@ from qnnx_ctxcache._key import (
     host_material,
     make_key,
 )
-from qnnx_ctxcache._store import (
+from qnnx_ctxcache._layout import default_root
+from qnnx_ctxcache._options import StoreOptions
+from qnnx_ctxcache._results import (
     BuildResult,
-    ContextStore,
     Entry,
     EntryDetails,
     EntryInfo,
     PackReport,
     Problem,
     PruneReport,
-    StoreOptions,
     StoreStats,
     UnpackReport,
     VerifyReport,
-    default_root,
 )
+from qnnx_ctxcache._store import ContextStore
 from qnnx_ctxcache._version import __version__
 
 __all__ = [

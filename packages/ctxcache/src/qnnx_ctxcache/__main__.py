@@ -23,15 +23,10 @@ import attrs
 
 from qnnx_clikit import Parser, error, message_and_fix, out, parse_args, soc_model
 from qnnx_ctxcache._key import diff_key_material
-from qnnx_ctxcache._store import (
-    ROOT_MARKER,
-    ContextStore,
-    PackReport,
-    StoreOptions,
-    UnpackReport,
-    default_root,
-    is_key_prefix,
-)
+from qnnx_ctxcache._layout import ROOT_MARKER, default_root, is_key_prefix
+from qnnx_ctxcache._options import StoreOptions
+from qnnx_ctxcache._results import PackReport, UnpackReport
+from qnnx_ctxcache._store import ContextStore
 from qnnx_ctxcache._version import __version__
 from qnnx_ctxcache.errors import InvalidOptionsError, NotACacheRootError, QnnxCtxcacheError
 

@@ -12,19 +12,6 @@ import attrs
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
 
-__all__ = [
-    "BuildResult",
-    "Entry",
-    "EntryDetails",
-    "EntryInfo",
-    "PackReport",
-    "Problem",
-    "PruneReport",
-    "StoreStats",
-    "UnpackReport",
-    "VerifyReport",
-]
-
 
 def _frozen_metadata(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))

@@ -23,16 +23,7 @@ import filelock
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
-from qnnx_ctxcache._layout import (
-    DIR_ENV_VAR,
-    MODE_ENV_VAR,
-    RECACHE_ENV_VAR,
-    ROOT_MARKER,
-    Layout,
-    Mode,
-    default_root,
-    is_key_prefix,
-)
+from qnnx_ctxcache._layout import RECACHE_ENV_VAR, Layout, Mode, default_root
 from qnnx_ctxcache._listing import Listing
 from qnnx_ctxcache._lookup import Lookup
 from qnnx_ctxcache._options import StoreOptions
@@ -46,7 +37,6 @@ from qnnx_ctxcache._results import (
     EntryDetails,
     EntryInfo,
     PackReport,
-    Problem,
     PruneReport,
     StoreStats,
     UnpackReport,
@@ -55,27 +45,6 @@ from qnnx_ctxcache._results import (
 from qnnx_ctxcache._stats import Counters
 from qnnx_ctxcache._verify import Verifier
 from qnnx_ctxcache.errors import InvalidOptionsError
-
-__all__ = [
-    "DIR_ENV_VAR",
-    "MODE_ENV_VAR",
-    "RECACHE_ENV_VAR",
-    "ROOT_MARKER",
-    "BuildResult",
-    "ContextStore",
-    "Entry",
-    "EntryDetails",
-    "EntryInfo",
-    "PackReport",
-    "Problem",
-    "PruneReport",
-    "StoreOptions",
-    "StoreStats",
-    "UnpackReport",
-    "VerifyReport",
-    "default_root",
-    "is_key_prefix",
-]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
