@@ -443,3 +443,21 @@ def test_inspect_reports_a_damaged_manifest_as_an_error(tmp_path: Path) -> None:
     assert details is not None
     assert (details.error, details.key_material, details.size_bytes) == ("manifest:invalid-json", None, None)
     assert details.to_dict() == {"key": key.hex, "error": "manifest:invalid-json"}
+
+
+def test_releasing_runs_every_step_and_passes_over_only_os_errors() -> None:
+    """The best-effort release of locks and markers: every step runs when the block ends, even after a step's
+    OSError or the block's own exception; any other error of a step propagates."""
+    ran: list[str] = []
+
+    def refuse() -> None:
+        ran.append("refuse")
+        raise PermissionError("read-only")
+
+    with pytest.raises(KeyError), _fs.releasing(refuse, lambda: ran.append("second")):
+        raise KeyError("block")
+    assert ran == ["refuse", "second"]
+    with pytest.raises(ValueError), _fs.releasing(lambda: int("x")):
+        pass
+    with _fs.releasing():
+        pass
