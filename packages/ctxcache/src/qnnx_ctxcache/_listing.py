@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
 
+import attrs
+
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
 from qnnx_ctxcache._layout import FUTURE_TOLERANCE, HEX2, HEX64, Layout, is_key_prefix
@@ -17,13 +19,13 @@ from qnnx_ctxcache._results import EntryDetails, EntryInfo, StoreStats
 from qnnx_ctxcache._stats import Counters
 
 
+@attrs.define(eq=False)
 class Listing:
     """What the cache holds: entries, their details and sizes, and the counters of this and other processes."""
 
-    def __init__(self, layout: Layout, pins: Pins, counters: Counters) -> None:
-        self._layout = layout
-        self._pins = pins
-        self._counters = counters
+    _layout: Layout
+    _pins: Pins
+    _counters: Counters
 
     def entry_dirs(self) -> Iterator[tuple[str, Path]]:
         """(key, directory) of every published entry, in key order; names that are not entries are passed over."""

@@ -7,6 +7,8 @@ import os
 import stat
 from pathlib import Path
 
+import attrs
+
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
 from qnnx_ctxcache._layout import Layout
@@ -19,16 +21,16 @@ from qnnx_ctxcache._verify import Verifier, memo_token, recall, remember, safe_c
 _log = logging.getLogger(__name__)
 
 
+@attrs.define(eq=False)
 class Lookup:
     """The valid entry for a key, or None; a bad entry is quarantined, counted and missed, never raised."""
 
-    def __init__(self, layout: Layout, pins: Pins, verifier: Verifier, counters: Counters) -> None:
-        self._layout = layout
-        self._pins = pins
-        self._verifier = verifier
-        self._counters = counters
-        # Keys a caller invalidated that could not be quarantined (read-only root): misses from now on.
-        self.bad_keys: set[str] = set()
+    _layout: Layout
+    _pins: Pins
+    _verifier: Verifier
+    _counters: Counters
+    #: Keys a caller invalidated that could not be quarantined (read-only root): misses from now on.
+    bad_keys: set[str] = attrs.field(factory=set, init=False)
 
     def find(self, key: CacheKey, *, full: bool = False, count: bool = True) -> Entry | None:
         """The entry for ``key`` if it passes the check (``full``: hash every file); ``count``: count the result."""

@@ -10,6 +10,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey, host_material
 from qnnx_ctxcache._layout import Layout
@@ -30,26 +32,17 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
+@attrs.define(eq=False)
 class Packer:
     """``pack`` and ``unpack``; an unpacked entry is published like a build."""
 
-    def __init__(
-        self,
-        layout: Layout,
-        listing: Listing,
-        pins: Pins,
-        lookup: Lookup,
-        publisher: Publisher,
-        pruner: Pruner,
-        counters: Counters,
-    ) -> None:
-        self._layout = layout
-        self._listing = listing
-        self._pins = pins
-        self._lookup = lookup
-        self._publisher = publisher
-        self._pruner = pruner
-        self._counters = counters
+    _layout: Layout
+    _listing: Listing
+    _pins: Pins
+    _lookup: Lookup
+    _publisher: Publisher
+    _pruner: Pruner
+    _counters: Counters
 
     def pack(
         self, archive_path: str | os.PathLike[str], keys: Iterable[CacheKey | str] | None, compression: str

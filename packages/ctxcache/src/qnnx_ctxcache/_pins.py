@@ -10,6 +10,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
+
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._layout import FOREIGN_MAX_AGE, HOST_ID, Layout
 
@@ -36,11 +38,11 @@ def external_hex(name: str) -> str:
     return "x" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
+@attrs.define(eq=False)
 class Pins:
     """Markers that keep an entry from eviction, or tell that a loader died."""
 
-    def __init__(self, layout: Layout) -> None:
-        self._layout = layout
+    _layout: Layout
 
     @contextlib.contextmanager
     def marker(self, key_hex: str, suffix: str) -> Iterator[None]:

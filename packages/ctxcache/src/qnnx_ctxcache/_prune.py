@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+import attrs
 import filelock
 
 from qnnx_ctxcache import _fs
@@ -21,14 +22,14 @@ from qnnx_ctxcache.errors import InvalidOptionsError, NotACacheRootError
 _log = logging.getLogger(__name__)
 
 
+@attrs.define(eq=False)
 class Pruner:
     """Keeping the cache under its size cap, deleting entries, and cleaning up what crashed processes left."""
 
-    def __init__(self, layout: Layout, listing: Listing, pins: Pins, counters: Counters) -> None:
-        self._layout = layout
-        self._listing = listing
-        self._pins = pins
-        self._counters = counters
+    _layout: Layout
+    _listing: Listing
+    _pins: Pins
+    _counters: Counters
 
     def auto_prune(self, keep: frozenset[str]) -> None:
         """Prune to ``StoreOptions.max_size_bytes`` when the cache is over it, sparing ``keep``; never raises."""

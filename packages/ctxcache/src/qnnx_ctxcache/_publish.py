@@ -42,14 +42,14 @@ _log = logging.getLogger(__name__)
 PRIVATE_TMP: list[Path] = []
 
 
+@attrs.define(eq=False)
 class Publisher:
     """A build's way into the store (an unpacked entry takes the same last steps): staging, checks, one rename."""
 
-    def __init__(self, layout: Layout, lookup: Lookup, pruner: Pruner, counters: Counters) -> None:
-        self._layout = layout
-        self._lookup = lookup
-        self._pruner = pruner
-        self._counters = counters
+    _layout: Layout
+    _lookup: Lookup
+    _pruner: Pruner
+    _counters: Counters
 
     def build_private(self, key: CacheKey, build: Callable[[Path], BuildResult], reason: str) -> Entry:
         """Build into a private temp dir outside the cache; the entry is not persisted."""

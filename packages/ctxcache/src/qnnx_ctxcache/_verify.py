@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec
 
+import attrs
+
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._layout import Layout
 from qnnx_ctxcache._listing import Listing
@@ -72,13 +74,13 @@ def recall(token: MemoToken | None) -> dict[str, Signature] | None:
         return VERIFIED.get(token) if token is not None else None
 
 
+@attrs.define(eq=False)
 class Verifier:
     """The full and cheap checks of published entries, and moving bad ones to quarantine."""
 
-    def __init__(self, layout: Layout, listing: Listing, counters: Counters) -> None:
-        self._layout = layout
-        self._listing = listing
-        self._counters = counters
+    _layout: Layout
+    _listing: Listing
+    _counters: Counters
 
     def reject(self, key_hex: str, result: CheckResult) -> None:
         """Log, count and quarantine an entry a lookup found bad (the lookup then misses)."""
