@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -20,7 +23,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
 
-from qnnx_export._passes import DEFAULT_PASSES, PASS_REGISTRY, pass_table, run_passes
+import qnnx_export._passes
+from qnnx_export._pass_names import declared_passes
+from qnnx_export._passes import DEFAULT_PASSES, PASS_REGISTRY, QnnPass, pass_table, register, run_passes
 from qnnx_testkit.strategies import seeds, shapes
 
 
@@ -52,6 +57,36 @@ def test_registry_and_table() -> None:
     assert set(DEFAULT_PASSES) == set(PASS_REGISTRY)
     for row in pass_table():
         assert row["name"] and row["defect"] and row["doc"]
+
+
+def test_the_declarations_are_the_registry_and_the_default_order() -> None:
+    """The names the options read from the source (no import) are the registered classes, in their ``order``."""
+    assert declared_passes() == tuple(PASS_REGISTRY) == DEFAULT_PASSES
+    orders = [cls.order for cls in PASS_REGISTRY.values()]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    for cls in PASS_REGISTRY.values():
+        assert getattr(qnnx_export._passes, cls.__name__) is cls and cls.__name__ in qnnx_export._passes.__all__
+
+
+def test_register_refuses_a_taken_order_or_name() -> None:
+    taken = PASS_REGISTRY["fuse_erf_gelu"]
+    for name, order in (("qnnx_test_new", taken.order), ("fuse_erf_gelu", 99_999)):
+        cls = type("Clash", (QnnPass,), {"name": name})
+        with pytest.raises(TypeError, match="cannot register pass Clash"):
+            register(order=order)(cls)
+    assert tuple(PASS_REGISTRY) == DEFAULT_PASSES
+
+
+def test_the_options_read_the_pass_names_without_onnx_ir() -> None:
+    """ExportOptions validates and resolves pass names from the declarations without importing the passes."""
+    code = (
+        "import sys, qnnx_export\n"
+        "o = qnnx_export.ExportOptions(passes=('int64_to_int32',))\n"
+        "assert qnnx_export.ExportOptions().resolved_passes()[-1] == 'int64_to_int32'\n"
+        "print(sorted(m for m in ('onnx_ir', 'torch', 'qnnx_export._passes') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @given(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from qnnx_export._pass_names import DEFAULT_PASSES
+from qnnx_export import _pass_names
 from qnnx_export.errors import InvalidOptionsError
 
 __all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
@@ -28,7 +28,7 @@ def _check_opset(_inst: object, _attr: attrs.Attribute, value: int) -> None:
 def _check_passes(_inst: object, _attr: attrs.Attribute, value: tuple[str, ...] | None) -> None:
     if value is None:
         return
-    bad = [p for p in value if not isinstance(p, str) or p not in DEFAULT_PASSES]
+    bad = [p for p in value if not isinstance(p, str) or p not in _pass_names.DEFAULT_PASSES]
     dupes = sorted({p for p in value if isinstance(p, str) and value.count(p) > 1})
     if bad or dupes:
         parts = []
@@ -38,7 +38,7 @@ def _check_passes(_inst: object, _attr: attrs.Attribute, value: tuple[str, ...] 
             parts.append(f"duplicated pass name(s) {dupes!r}")
         raise InvalidOptionsError(
             f"ExportOptions.passes has {' and '.join(parts)}; accepted names are "
-            f"{sorted(DEFAULT_PASSES)!r}. Use None for the default pipeline or () for no passes."
+            f"{sorted(_pass_names.DEFAULT_PASSES)!r}. Use None for the default pipeline or () for no passes."
         )
 
 
@@ -106,5 +106,5 @@ class ExportOptions:
     def resolved_passes(self) -> tuple[str, ...]:
         """Return the pass names that will run (the default pipeline when ``passes`` is None)."""
         if self.passes is None:
-            return DEFAULT_PASSES
+            return _pass_names.DEFAULT_PASSES
         return self.passes

@@ -1,71 +1,21 @@
-"""The base of the QNN-safety passes (:class:`QnnPass`) and the graph helpers they share."""
+"""The base of the QNN-safety passes (:class:`QnnPass`) and their declaration (:func:`register`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes import InPlacePass, PassResult, PostconditionError, PreconditionError
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from qnnx_export._naming import UniqueNames
+from qnnx_export._passes._graph import fresh_names, replace_value
 
-__all__ = ["QnnPass"]
+__all__ = ["QnnPass", "Replacement", "declared", "register"]
 
-
-# --------------------------------------------------------------------------------------------- helpers
-
-
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    """Return the constant array behind ``value`` (initializer or Constant node), else None."""
-    if value is None:
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    if tensor is None:
-        return None
-    try:
-        return tensor.numpy()
-    except Exception:
-        return None
-
-
-def _shape(value: ir.Value | None) -> tuple[int, ...] | None:
-    """Return the static shape of ``value`` or None when unknown or symbolic."""
-    if value is None or value.shape is None:
-        return None
-    dims = []
-    for d in value.shape:
-        if not isinstance(d, int):
-            return None
-        dims.append(d)
-    return tuple(dims)
-
-
-def _names(graph: ir.Graph, prefix: str) -> UniqueNames:
-    """Fresh value/node names ``<prefix>_<hint>...`` that collide with nothing in the graph."""
-    taken = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
-    for node in graph:
-        taken.update(o.name for o in node.outputs if o.name)
-        if node.name:
-            taken.add(node.name)
-    return UniqueNames(taken, prefix=f"{prefix}_")
-
-
-def _add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    tensor = ir.tensor(array, name=name)
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
-    graph.register_initializer(value)
-    return value
-
-
-def _new_value(name: str, dtype: ir.DataType | None, shape: Iterable[int] | None) -> ir.Value:
-    return ir.Value(
-        name=name,
-        type=ir.TensorType(dtype) if dtype is not None else None,
-        shape=ir.Shape(list(shape)) if shape is not None else None,
-    )
+#: What :meth:`QnnPass.replace_matched` calls per matched node: ``(names, node, match) -> (new nodes, new value)``.
+Replacement = Callable[[UniqueNames, ir.Node, Any], tuple[Sequence[ir.Node], ir.Value]]
 
 
 class QnnPass(InPlacePass):
@@ -74,10 +24,12 @@ class QnnPass(InPlacePass):
     Attributes:
         name: Registry name used in :attr:`ExportOptions.passes`.
         defect: One sentence: the QNN defect avoided and where it was observed.
+        order: Where the default pipeline runs the pass (ascending), set by :func:`register`.
     """
 
     name: ClassVar[str] = ""
     defect: ClassVar[str] = ""
+    order: ClassVar[int] = -1
 
     def requires(self, model: ir.Model) -> None:
         if model.graph.opset_imports.get("", 0) < 20:
@@ -102,6 +54,18 @@ class QnnPass(InPlacePass):
         """Every node of ``graph`` with its :meth:`match`, taken before any rewrite."""
         return [(n, m) for n in list(graph) if (m := self.match(n)) is not None]
 
+    def replace_matched(self, graph: ir.Graph, prefix: str, build: Replacement) -> bool:
+        """Replace every matched node's first output: ``build(names, node, match)`` gives the nodes that compute
+        the replacement (inserted after the node) and its value, which takes over the output's uses. ``names``
+        makes fresh names ``<prefix>_...``. Returns whether anything matched."""
+        names = fresh_names(graph, prefix)
+        matched = self.matched(graph)
+        for node, found in matched:
+            nodes, new = build(names, node, found)
+            graph.insert_after(node, nodes)
+            replace_value(graph, node.outputs[0], new)
+        return bool(matched)
+
     def find_defects(self, graph: ir.Graph) -> list[str]:
         """Return a description of every occurrence of the defect still in ``graph`` (by default: the nodes
         :meth:`match` still finds)."""
@@ -113,11 +77,29 @@ class QnnPass(InPlacePass):
             raise PostconditionError(f"{self.name} left {len(left)} occurrence(s): {left[:3]}")
 
 
-def _replace_value(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
-    """Redirect every use of ``old`` (graph outputs too, keeping the output's name) to ``new``."""
-    was_output = old.is_graph_output()
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    if was_output:
-        name = old.name
-        old.name = f"{name}__qnnx_replaced"
-        new.name = name
+_P = TypeVar("_P", bound=type[QnnPass])
+# name -> pass class, filled as the family modules are imported (under the import lock); _registry freezes it.
+_DECLARED: dict[str, type[QnnPass]] = {}
+
+
+def register(*, order: int) -> Callable[[_P], _P]:
+    """Declare a pass: the one place it is listed. The registry (``PASS_REGISTRY``) and the default pipeline
+    (``DEFAULT_PASSES``) hold every declared pass, run in ascending ``order`` (leave gaps: a new pass takes a free
+    number between its neighbours). ``_pass_names`` reads the declaration from the source, so ``order`` must be an
+    int literal and the class must set ``name`` to a string literal."""
+
+    def declare(cls: _P) -> _P:
+        clash = next((c for c in _DECLARED.values() if c.order == order), None)
+        if not cls.name or cls.name in _DECLARED or clash is not None:
+            what = f"order {order} is taken by {clash.name!r}" if clash else f"name {cls.name!r} is empty or taken"
+            raise TypeError(f"cannot register pass {cls.__name__}: {what}")
+        cls.order = order
+        _DECLARED[cls.name] = cls
+        return cls
+
+    return declare
+
+
+def declared() -> list[type[QnnPass]]:
+    """Every pass declared so far with :func:`register`, in run order."""
+    return sorted(_DECLARED.values(), key=lambda cls: cls.order)

@@ -8,7 +8,8 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
-from qnnx_export._passes._base import QnnPass, _const, _names, _new_value, _shape
+from qnnx_export._passes._base import QnnPass, register
+from qnnx_export._passes._graph import const_array, fresh_names, new_value, static_shape
 
 __all__ = ["Int64InputsToInt32"]
 
@@ -23,6 +24,7 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INDEX_INPUTS = {("Gather", 1), ("GatherElements", 1)}
 
 
+@register(order=170)
 class Int64InputsToInt32(QnnPass):
     """Feed int64 graph inputs as int32 where that is exact.
 
@@ -43,7 +45,7 @@ class Int64InputsToInt32(QnnPass):
         return [cast(str, v.name) for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_i32")
+        names = fresh_names(graph, "qnnx_i32")
         changed = False
         for value in list(graph.inputs):
             if value.dtype != ir.DataType.INT64 or value.is_graph_output():
@@ -52,7 +54,7 @@ class Int64InputsToInt32(QnnPass):
             index_only = bool(uses) and all((u.node.op_type, u.idx) in _INDEX_INPUTS for u in uses)
             value.type = ir.TensorType(ir.DataType.INT32)
             if not index_only:
-                cast_out = _new_value(names(cast(str, value.name)), ir.DataType.INT64, _shape(value))
+                cast_out = new_value(names(cast(str, value.name)), ir.DataType.INT64, static_shape(value))
                 cast_node = ir.Node(
                     "", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.INT64)], outputs=[cast_out]
                 )
@@ -61,7 +63,7 @@ class Int64InputsToInt32(QnnPass):
                 graph.append(cast_node)  # QnnPass.call re-sorts the graph topologically
             changed = True
         for name, init in graph.initializers.items():
-            arr = _const(init)
+            arr = const_array(init)
             if arr is not None and arr.dtype == np.int64 and arr.size and init.uses():
                 if any((u.node.op_type, u.idx) in _SHAPE_INPUTS for u in init.uses()):
                     continue

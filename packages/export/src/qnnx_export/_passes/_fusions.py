@@ -11,7 +11,8 @@ import onnx_ir as ir
 from onnx_ir.passes import PassResult
 
 from qnnx_export._naming import UniqueNames
-from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
+from qnnx_export._passes._base import QnnPass, register
+from qnnx_export._passes._graph import add_initializer, const_array, fresh_names, new_value, replace_value, static_shape
 
 __all__ = [
     "FuseErfGelu",
@@ -26,6 +27,7 @@ __all__ = [
 # ------------------------------------------------------------------------------------ RMSNorm weight
 
 
+@register(order=150)
 class RMSNormWeightLast(QnnPass):
     """Put the weight last in RMSNorm's final multiply: ``Mul(w, x*rsqrt(..))`` -> ``Mul(x*rsqrt(..), w)``.
 
@@ -54,7 +56,7 @@ class RMSNormWeightLast(QnnPass):
                 if op not in ("Reciprocal", "Sqrt", "Add", "Div", "Cast", "Pow", "Mul"):
                     break
                 # Follow the non-constant input (the statistic), not eps or the numerator 1.
-                nxt = [v for v in producer.inputs if v is not None and _const(v) is None]
+                nxt = [v for v in producer.inputs if v is not None and const_array(v) is None]
                 cur = nxt[0] if nxt else None
                 depth += 1
         return False
@@ -65,8 +67,8 @@ class RMSNormWeightLast(QnnPass):
             for n in graph
             if n.op_type == "Mul"
             and len(n.inputs) == 2
-            and _const(n.inputs[0]) is not None
-            and _const(n.inputs[1]) is None
+            and const_array(n.inputs[0]) is not None
+            and const_array(n.inputs[1]) is None
             and self._is_rms_normalized(n.inputs[1])
         ]
 
@@ -90,6 +92,7 @@ _CHANGED_BEFORE_23 = frozenset({"GroupNormalization"})
 _RMS_OPSET = 23
 
 
+@register(order=140)
 class FuseRMSNorm(QnnPass):
     """Fuse the decomposed RMSNorm, ``x * 1/sqrt(mean(x^2) + eps) [* w]``, into one ``RMSNormalization`` (opset 23).
 
@@ -135,19 +138,19 @@ class FuseRMSNorm(QnnPass):
             return None
         if mean.attributes.get_int("keepdims", 1) != 1 or len(mean.inputs) < 2:
             return None
-        axes_arr = _const(mean.inputs[1])
+        axes_arr = const_array(mean.inputs[1])
         sq = mean.inputs[0].producer() if mean.inputs[0] is not None else None
         if axes_arr is None or sq is None:
             return None
         if (
             sq.op_type == "Pow"
-            and _const(sq.inputs[1]) is not None
-            and float(cast(np.ndarray, _const(sq.inputs[1])).reshape(-1)[0]) == 2.0
+            and const_array(sq.inputs[1]) is not None
+            and float(cast(np.ndarray, const_array(sq.inputs[1])).reshape(-1)[0]) == 2.0
         ) or (sq.op_type == "Mul" and sq.inputs[0] is sq.inputs[1]):
             x = sq.inputs[0]
         else:
             return None
-        shape = _shape(x)
+        shape = static_shape(x)
         if shape is None or x is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
             return None
         rank = len(shape)
@@ -158,7 +161,7 @@ class FuseRMSNorm(QnnPass):
         if add is None or add.op_type != "Add":
             return None
         eps_value = add.inputs[1] if add.inputs[0] is mean.outputs[0] else add.inputs[0]
-        eps_arr = _const(eps_value)
+        eps_arr = const_array(eps_value)
         if eps_arr is None or eps_arr.size != 1:
             return None
         eps = float(eps_arr.reshape(-1)[0])
@@ -181,7 +184,7 @@ class FuseRMSNorm(QnnPass):
         user = self._single_use(norm.outputs[0])
         if user is not None and user.op_type == "Mul":
             other = user.inputs[1] if user.inputs[0] is norm.outputs[0] else user.inputs[0]
-            w = _const(other)
+            w = const_array(other)
             if (
                 w is not None
                 and w.dtype == np.dtype(x.dtype.numpy())
@@ -199,10 +202,10 @@ class FuseRMSNorm(QnnPass):
         return [m[3].name or "RMSNorm" for m in self._matches(graph)]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_rmsnorm")
+        names = fresh_names(graph, "qnnx_rmsnorm")
         changed = False
         for x, axes, eps, _norm, weight, last in self._matches(graph):
-            shape = _shape(x)
+            shape = static_shape(x)
             assert shape is not None
             lead, trail = shape[: len(shape) - len(axes)], shape[len(shape) - len(axes) :]
             width = math.prod(trail)
@@ -210,9 +213,9 @@ class FuseRMSNorm(QnnPass):
             scale = (
                 np.ones(width, dtype=cast(ir.DataType, x.dtype).numpy())
                 if weight is None
-                else cast(np.ndarray, _const(weight)).reshape(width)
+                else cast(np.ndarray, const_array(weight)).reshape(width)
             )
-            weight = _add_initializer(graph, names("scale"), scale)
+            weight = add_initializer(graph, names("scale"), scale)
             out = last.outputs[0]
             new_nodes: list[ir.Node] = []
             src = x
@@ -221,10 +224,10 @@ class FuseRMSNorm(QnnPass):
             flat_shape = (math.prod(lead), width)
             flat = tuple(shape) != flat_shape
             if flat:
-                src = _new_value(names("flat"), x.dtype, flat_shape)
-                target = _add_initializer(graph, names("flat_shape"), np.array(flat_shape, dtype=np.int64))
+                src = new_value(names("flat"), x.dtype, flat_shape)
+                target = add_initializer(graph, names("flat_shape"), np.array(flat_shape, dtype=np.int64))
                 new_nodes.append(ir.Node("", "Reshape", [x, target], outputs=[src]))
-            normed = _new_value(names("out"), out.dtype, flat_shape)
+            normed = new_value(names("out"), out.dtype, flat_shape)
             new_nodes.append(
                 ir.Node(
                     "",
@@ -235,12 +238,12 @@ class FuseRMSNorm(QnnPass):
                 )
             )
             if flat:
-                back = _add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
-                restored = _new_value(names("restored"), out.dtype, shape)
+                back = add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
+                restored = new_value(names("restored"), out.dtype, shape)
                 new_nodes.append(ir.Node("", "Reshape", [normed, back], outputs=[restored]))
                 normed = restored
             graph.insert_after(last, new_nodes)
-            _replace_value(graph, out, normed)
+            replace_value(graph, out, normed)
             changed = True
         return changed
 
@@ -248,6 +251,7 @@ class FuseRMSNorm(QnnPass):
 # --------------------------------------------------------------------------------------- Erf GELU
 
 
+@register(order=50)
 class FuseErfGelu(QnnPass):
     """Fuse the Erf form of GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``, into one ``Gelu`` node (opset 20).
 
@@ -261,7 +265,7 @@ class FuseErfGelu(QnnPass):
 
     @staticmethod
     def _scalar(value: ir.Value | None) -> float | None:
-        arr = _const(value)
+        arr = const_array(value)
         if arr is None or arr.size != 1 or arr.dtype.kind != "f":
             return None
         return float(arr.reshape(()))
@@ -322,17 +326,17 @@ class FuseErfGelu(QnnPass):
         return [n.name or "Erf" for n in graph if n.op_type == "Erf" and self._match(n) is not None]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_gelu")
+        names = fresh_names(graph, "qnnx_gelu")
         changed = False
         for erf in [n for n in graph if n.op_type == "Erf"]:
             match = self._match(erf)
             if match is None:
                 continue
             x, out = match
-            new = _new_value(names("out"), out.dtype, _shape(out))
+            new = new_value(names("out"), out.dtype, static_shape(out))
             gelu = ir.Node("", "Gelu", [x], attributes=[ir.AttrString("approximate", "none")], outputs=[new])
             graph.insert_after(cast(ir.Node, out.producer()), gelu)  # out is a Mul/Div output
-            _replace_value(graph, out, new)
+            replace_value(graph, out, new)
             changed = True
         return changed
 
@@ -348,14 +352,14 @@ def _elementwise(
     QNN HTP refuses Softplus, Neg and Log on rank-5 tensors (onnxruntime-qnn 2.7.0, soc 60; ranks 1-4 run, whatever
     the dims): a rank-5 input is computed on its 1-D view and reshaped back, which is exact for elementwise math.
     """
-    shape = _shape(x)
+    shape = static_shape(x)
     if shape is None or len(shape) <= 4:
         return build(x)
-    target = _add_initializer(graph, names("flat_shape"), np.array([math.prod(shape)], dtype=np.int64))
-    flat = _new_value(names("flat"), x.dtype, (math.prod(shape),))
+    target = add_initializer(graph, names("flat_shape"), np.array([math.prod(shape)], dtype=np.int64))
+    flat = new_value(names("flat"), x.dtype, (math.prod(shape),))
     nodes, out = build(flat)
-    back = _add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
-    restored = _new_value(names("out"), x.dtype, shape)
+    back = add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
+    restored = new_value(names("out"), x.dtype, shape)
     return [
         ir.Node("", "Reshape", [x, target], outputs=[flat]),
         *nodes,
@@ -369,12 +373,13 @@ def _stable_softplus(graph: ir.Graph, names: UniqueNames, x: ir.Value, negate: b
     precision. HTP's own Softplus is off by 1.4e-2 of its value near 0 (0.893 for softplus(0.346) = 0.881,
     onnxruntime-qnn 2.7.0, soc 60); this form stays within 4.7e-3 there and 3.9e-4 of the scale on [-20, 20]."""
     dtype = cast(ir.DataType, x.dtype).numpy()
-    minus_one = _add_initializer(graph, names("minus_one"), np.array(-1.0, dtype=dtype))
-    one = _add_initializer(graph, names("one"), np.array(1.0, dtype=dtype))
+    minus_one = add_initializer(graph, names("minus_one"), np.array(-1.0, dtype=dtype))
+    one = add_initializer(graph, names("one"), np.array(1.0, dtype=dtype))
 
     def build(v: ir.Value) -> tuple[list[ir.Node], ir.Value]:
         vals = {
-            k: _new_value(names(k), x.dtype, _shape(v)) for k in ("abs", "neg", "exp", "plus1", "log", "relu", "out")
+            k: new_value(names(k), x.dtype, static_shape(v))
+            for k in ("abs", "neg", "exp", "plus1", "log", "relu", "out")
         }
         nodes = [
             ir.Node("", "Abs", [v], outputs=[vals["abs"]]),
@@ -387,7 +392,7 @@ def _stable_softplus(graph: ir.Graph, names: UniqueNames, x: ir.Value, negate: b
         if not negate:
             nodes.append(ir.Node("", "Add", [vals["relu"], vals["log"]], outputs=[vals["out"]]))
         else:
-            low = _new_value(names("min0"), x.dtype, _shape(v))
+            low = new_value(names("min0"), x.dtype, static_shape(v))
             nodes.append(ir.Node("", "Sub", [v, vals["relu"]], outputs=[low]))
             nodes.append(ir.Node("", "Sub", [low, vals["log"]], outputs=[vals["out"]]))
         return nodes, vals["out"]
@@ -406,7 +411,7 @@ def _nonpositive(value: ir.Value | None) -> bool:
     if prod.op_type != "Mul" or len(prod.inputs) != 2:
         return False
     for a, c in ((prod.inputs[0], prod.inputs[1]), (prod.inputs[1], prod.inputs[0])):
-        k = _const(c)
+        k = const_array(c)
         inner = a.producer() if a is not None else None
         if (
             k is not None
@@ -419,6 +424,7 @@ def _nonpositive(value: ir.Value | None) -> bool:
     return False
 
 
+@register(order=110)
 class FuseSoftplus(QnnPass):
     """Rewrite ``Log(Add(Exp(z), 1))`` (torch.onnx's ``log1p(exp(z))``, as in ``soft_margin_loss``) as the
     overflow-free softplus ``relu(z) + log(1 + exp(-|z|))``.
@@ -442,7 +448,7 @@ class FuseSoftplus(QnnPass):
             return None
         for exp_in, one in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
             exp = exp_in.producer() if exp_in is not None else None
-            value = _const(one)
+            value = const_array(one)
             if (
                 exp is not None
                 and exp.op_type == "Exp"
@@ -450,27 +456,21 @@ class FuseSoftplus(QnnPass):
                 and value is not None
                 and value.size == 1
                 and float(value.reshape(-1)[0]) == 1.0
-                and _shape(exp.inputs[0]) == _shape(log_node.outputs[0])
+                and static_shape(exp.inputs[0]) == static_shape(log_node.outputs[0])
             ):
                 return exp.inputs[0]
         return None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_softplus")
-        changed = False
-        for log_node, z in self.matched(graph):
-            out = log_node.outputs[0]
-            assert z is not None
-            nodes, new = _stable_softplus(graph, names, z, negate=False)
-            graph.insert_after(log_node, nodes)
-            _replace_value(graph, out, new)
-            changed = True
-        return changed
+        return self.replace_matched(
+            graph, "qnnx_softplus", lambda names, _, z: _stable_softplus(graph, names, z, negate=False)
+        )
 
 
 # ------------------------------------------------------------------- Softplus -> the overflow-free form
 
 
+@register(order=120)
 class SoftplusStable(QnnPass):
     """Rewrite a ``Softplus`` node (torch.onnx's ``softplus``) as ``relu(x) + log(1 + exp(-|x|))``, the same
     function.
@@ -490,19 +490,15 @@ class SoftplusStable(QnnPass):
         return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_softplus")
-        changed = False
-        for node, x in self.matched(graph):
-            nodes, new = _stable_softplus(graph, names, x, negate=False)
-            graph.insert_after(node, nodes)
-            _replace_value(graph, node.outputs[0], new)
-            changed = True
-        return changed
+        return self.replace_matched(
+            graph, "qnnx_softplus", lambda names, _, x: _stable_softplus(graph, names, x, negate=False)
+        )
 
 
 # ------------------------------------------------------------------- Log(Sigmoid(x)) -> -Softplus(-x)
 
 
+@register(order=130)
 class LogSigmoidToSoftplus(QnnPass):
     """Rewrite ``Log(Sigmoid(x))`` (torch.onnx's ``logsigmoid``) as ``x - relu(x) - log(1 + exp(-|x|))``, the same
     function (``-softplus(-x)`` in its overflow-free form).
@@ -524,12 +520,9 @@ class LogSigmoidToSoftplus(QnnPass):
         return sig
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_logsigmoid")
-        changed = False
-        for log_node, sig in self.matched(graph):
-            x, out = cast(ir.Value, sig.inputs[0]), log_node.outputs[0]  # Sigmoid has its one input
-            nodes, new = _stable_softplus(graph, names, x, negate=True)
-            graph.insert_after(log_node, nodes)
-            _replace_value(graph, out, new)
-            changed = True
-        return changed
+        # A Sigmoid has its one input.
+        return self.replace_matched(
+            graph,
+            "qnnx_logsigmoid",
+            lambda names, _, sig: _stable_softplus(graph, names, cast(ir.Value, sig.inputs[0]), negate=True),
+        )

@@ -11,7 +11,8 @@ import numpy as np
 import onnx_ir as ir
 
 from qnnx_export._naming import UniqueNames
-from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
+from qnnx_export._passes._base import QnnPass, register
+from qnnx_export._passes._graph import add_initializer, const_array, fresh_names, new_value, replace_value, static_shape
 
 __all__ = [
     "DropEmptyConcatInputs",
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
 
 
+@register(order=160)
 class TileLayerNormBroadcast(QnnPass):
     """Tile operands broadcast along the batch axis in Add/Sub/Mul/Div chains that feed LayerNormalization.
 
@@ -71,12 +73,12 @@ class TileLayerNormBroadcast(QnnPass):
 
     @staticmethod
     def _bad_operands(node: ir.Node) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
-        out_shape = _shape(node.outputs[0])
+        out_shape = static_shape(node.outputs[0])
         if out_shape is None or len(out_shape) < 2 or out_shape[0] <= 1:
             return []
         bad = []
         for i, inp in enumerate(node.inputs):
-            shape = _shape(inp)
+            shape = static_shape(inp)
             if shape is None:
                 continue
             aligned = (1,) * (len(out_shape) - len(shape)) + shape
@@ -94,27 +96,27 @@ class TileLayerNormBroadcast(QnnPass):
         ]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_tile")
+        names = fresh_names(graph, "qnnx_tile")
         changed = False
         for node in self._feeding_nodes(graph):
             for i, shape, out_shape in self._bad_operands(node):
                 value = cast(ir.Value, node.inputs[i])  # an operand with a static shape: never a missing input
                 batch = out_shape[0]
                 aligned = (1,) * (len(out_shape) - len(shape)) + shape
-                array = _const(value)
+                array = const_array(value)
                 if array is not None:
                     tiled = np.ascontiguousarray(np.broadcast_to(array.reshape(aligned), (batch, *aligned[1:])))
-                    new = _add_initializer(graph, names(value.name or "const"), tiled)
+                    new = add_initializer(graph, names(value.name or "const"), tiled)
                 else:
                     if len(shape) != len(out_shape):
-                        reshaped = _new_value(names("reshaped"), value.dtype, aligned)
-                        target = _add_initializer(graph, names("shape"), np.array(aligned, dtype=np.int64))
+                        reshaped = new_value(names("reshaped"), value.dtype, aligned)
+                        target = add_initializer(graph, names("shape"), np.array(aligned, dtype=np.int64))
                         graph.insert_before(node, ir.Node("", "Reshape", [value, target], outputs=[reshaped]))
                         value = reshaped
-                    repeats = _add_initializer(
+                    repeats = add_initializer(
                         graph, names("repeats"), np.array([batch] + [1] * (len(out_shape) - 1), dtype=np.int64)
                     )
-                    new = _new_value(names("tiled"), value.dtype, (batch, *aligned[1:]))
+                    new = new_value(names("tiled"), value.dtype, (batch, *aligned[1:]))
                     graph.insert_before(node, ir.Node("", "Tile", [value, repeats], outputs=[new]))
                 node.replace_input_with(i, new)
                 changed = True
@@ -144,6 +146,7 @@ def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[
     return merged_shape, [position[g] for g in range(len(groups))]
 
 
+@register(order=60)
 class FoldHighRankTranspose(QnnPass):
     """Rewrite ``Reshape -> Transpose -> Reshape`` through a rank-6+ tensor with the same chain at rank <= 5.
 
@@ -160,7 +163,7 @@ class FoldHighRankTranspose(QnnPass):
             return None
         src = node.inputs[0]
         first = src.producer() if src is not None else None
-        shape = _shape(src)
+        shape = static_shape(src)
         if first is None or first.op_type != "Reshape" or shape is None or len(shape) <= _MAX_HTP_RANK:
             return None
         uses = list(node.outputs[0].uses())
@@ -178,14 +181,14 @@ class FoldHighRankTranspose(QnnPass):
         return first, merged_shape, merged_perm
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_rank")
+        names = fresh_names(graph, "qnnx_rank")
         changed = False
         for node, (first, merged_shape, merged_perm) in self.matched(graph):
             x = cast(ir.Value, first.inputs[0])  # match read its shape
-            target = _add_initializer(graph, names("shape"), np.array(merged_shape, dtype=np.int64))
-            flat = _new_value(names("merged"), x.dtype, merged_shape)
+            target = add_initializer(graph, names("shape"), np.array(merged_shape, dtype=np.int64))
+            flat = new_value(names("merged"), x.dtype, merged_shape)
             moved_shape = [merged_shape[a] for a in merged_perm]
-            moved = _new_value(names("moved"), x.dtype, moved_shape)
+            moved = new_value(names("moved"), x.dtype, moved_shape)
             new_nodes = [
                 ir.Node("", "Reshape", [x, target], outputs=[flat]),
                 ir.Node("", "Transpose", [flat], attributes=[ir.AttrInt64s("perm", merged_perm)], outputs=[moved]),
@@ -200,6 +203,7 @@ class FoldHighRankTranspose(QnnPass):
 # ---------------------------------------------------------------------- zero-width Concat inputs dropped
 
 
+@register(order=70)
 class DropEmptyConcatInputs(QnnPass):
     """Drop the Concat inputs that have no elements (a zero-width slice concatenated back).
 
@@ -214,7 +218,7 @@ class DropEmptyConcatInputs(QnnPass):
 
     @staticmethod
     def _empty(value: ir.Value | None) -> bool:
-        shape = _shape(value)
+        shape = static_shape(value)
         return shape is not None and 0 in shape
 
     def _matches(self, graph: ir.Graph) -> list[ir.Node]:
@@ -234,9 +238,9 @@ class DropEmptyConcatInputs(QnnPass):
         nodes = self._matches(graph)
         for node in nodes:
             kept = [v for v in node.inputs if not self._empty(v)]
-            names = _names(graph, "qnnx_concat")
+            names = fresh_names(graph, "qnnx_concat")
             out = node.outputs[0]
-            new = _new_value(names("out"), out.dtype, _shape(out))
+            new = new_value(names("out"), out.dtype, static_shape(out))
             axis = node.attributes.get_int("axis", 0)
             replacement = (
                 ir.Node("", "Identity", kept, outputs=[new])
@@ -244,13 +248,14 @@ class DropEmptyConcatInputs(QnnPass):
                 else ir.Node("", "Concat", kept, attributes=[ir.AttrInt64("axis", axis)], outputs=[new])
             )
             graph.insert_after(node, replacement)
-            _replace_value(graph, out, new)
+            replace_value(graph, out, new)
         return bool(nodes)
 
 
 # ----------------------------------------------------------------------------- GatherND -> Gather
 
 
+@register(order=10)
 class GatherNDToGather(QnnPass):
     """Rewrite ``GatherND`` with constant indices into ``Reshape`` + ``Gather`` (or a bare ``Reshape``).
 
@@ -270,8 +275,8 @@ class GatherNDToGather(QnnPass):
         batch_dims = node.attributes.get("batch_dims")
         if batch_dims is not None and batch_dims.as_int() != 0:
             return None
-        data_shape = _shape(node.inputs[0])
-        indices = _const(node.inputs[1])
+        data_shape = static_shape(node.inputs[0])
+        indices = const_array(node.inputs[1])
         if data_shape is None or indices is None or indices.ndim < 1:
             return None
         m = indices.shape[-1]
@@ -294,7 +299,7 @@ class GatherNDToGather(QnnPass):
         return [n.name or "GatherND" for n in graph if self._plan(n) is not None]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_gathernd")
+        names = fresh_names(graph, "qnnx_gathernd")
         changed = False
         for node in list(graph):
             plan = self._plan(node)
@@ -302,23 +307,23 @@ class GatherNDToGather(QnnPass):
                 continue
             flat, flat_shape, out_shape = plan
             data, out = cast(ir.Value, node.inputs[0]), node.outputs[0]  # _plan read its shape
-            rows = _add_initializer(graph, names("rows_shape"), np.array(flat_shape, dtype=np.int64))
-            flat_data = _new_value(names("rows"), data.dtype, flat_shape)
+            rows = add_initializer(graph, names("rows_shape"), np.array(flat_shape, dtype=np.int64))
+            flat_data = new_value(names("rows"), data.dtype, flat_shape)
             new_nodes = [ir.Node("", "Reshape", [data, rows], outputs=[flat_data])]
             if flat.size == flat_shape[0] and np.array_equal(flat.reshape(-1), np.arange(flat_shape[0])):
                 # The gather selects every row in order: only a reshape.
-                final_shape = _add_initializer(graph, names("out_shape"), np.array(out_shape, dtype=np.int64))
-                result = _new_value(names("out"), out.dtype, out_shape)
+                final_shape = add_initializer(graph, names("out_shape"), np.array(out_shape, dtype=np.int64))
+                result = new_value(names("out"), out.dtype, out_shape)
                 new_nodes.append(ir.Node("", "Reshape", [flat_data, final_shape], outputs=[result]))
             else:
-                index = _add_initializer(graph, names("index"), flat.astype(np.int32))
-                result = _new_value(names("out"), out.dtype, out_shape)
+                index = add_initializer(graph, names("index"), flat.astype(np.int32))
+                result = new_value(names("out"), out.dtype, out_shape)
                 new_nodes.append(
                     ir.Node("", "Gather", [flat_data, index], attributes=[ir.AttrInt64("axis", 0)], outputs=[result])
                 )
             for n in new_nodes:
                 graph.insert_before(node, n)
-            _replace_value(graph, out, result)
+            replace_value(graph, out, result)
             changed = True
         return changed
 
@@ -326,6 +331,7 @@ class GatherNDToGather(QnnPass):
 # ------------------------------------------------------------------------------ Gather by runtime indices
 
 
+@register(order=30)
 class GatherRuntimeIndicesAsRows(QnnPass):
     """Gather by runtime indices along an inner axis as a gather of rows: data ``[A, N, B]`` (``A`` and ``B`` the
     products of the dims before and after the axis) is transposed to ``[N, A*B]``, gathered along axis 0 by the
@@ -346,9 +352,9 @@ class GatherRuntimeIndicesAsRows(QnnPass):
         if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
             return None
         data, indices = node.inputs
-        if data is None or indices is None or _const(indices) is not None:
+        if data is None or indices is None or const_array(indices) is not None:
             return None
-        data_shape, index_shape = _shape(data), _shape(indices)
+        data_shape, index_shape = static_shape(data), static_shape(indices)
         if data_shape is None or index_shape is None or not data_shape:
             return None
         attr = node.attributes.get("axis")
@@ -361,7 +367,7 @@ class GatherRuntimeIndicesAsRows(QnnPass):
         return axis, data_shape, index_shape
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_gather_rows")
+        names = fresh_names(graph, "qnnx_gather_rows")
         matched = self.matched(graph)
         for node, (axis, data_shape, index_shape) in matched:
             _Rows(graph, node, names).gather(axis, data_shape, index_shape)
@@ -376,13 +382,13 @@ class _Rows:
         self.dtype = cast(ir.Value, node.inputs[0]).dtype
 
     def _emit(self, op: str, inputs: list[ir.Value], shape: tuple[int, ...], **attrs: Any) -> ir.Value:
-        result = _new_value(self.names(op.lower()), self.dtype, shape)
+        result = new_value(self.names(op.lower()), self.dtype, shape)
         attributes = [ir.AttrInt64s(k, v) if isinstance(v, list) else ir.AttrInt64(k, v) for k, v in attrs.items()]
         self.graph.insert_before(self.node, ir.Node("", op, inputs, attributes=attributes, outputs=[result]))
         return result
 
     def _reshape(self, source: ir.Value, shape: tuple[int, ...]) -> ir.Value:
-        target = _add_initializer(self.graph, self.names("shape"), np.array(shape, dtype=np.int64))
+        target = add_initializer(self.graph, self.names("shape"), np.array(shape, dtype=np.int64))
         return self._emit("Reshape", [source, target], shape)
 
     def gather(self, axis: int, data_shape: tuple[int, ...], index_shape: tuple[int, ...]) -> None:
@@ -393,19 +399,20 @@ class _Rows:
             "Transpose", [self._reshape(data, (before, size, after))], (size, before, after), perm=[1, 0, 2]
         )
         rows = self._reshape(blocks, (size, before * after))
-        flat_shape = _add_initializer(self.graph, self.names("flat_shape"), np.array([count], dtype=np.int64))
-        flat = _new_value(self.names("flat_indices"), indices.dtype, (count,))
+        flat_shape = add_initializer(self.graph, self.names("flat_shape"), np.array([count], dtype=np.int64))
+        flat = new_value(self.names("flat_indices"), indices.dtype, (count,))
         self.graph.insert_before(self.node, ir.Node("", "Reshape", [indices, flat_shape], outputs=[flat]))
         picked = self._emit("Gather", [rows, flat], (count, before * after), axis=0)
         picked = self._reshape(picked, (count, before, after))
         back = self._emit("Transpose", [picked], (before, count, after), perm=[1, 0, 2])
         result = self._reshape(back, (*data_shape[:axis], *index_shape, *data_shape[axis + 1 :]))
-        _replace_value(self.graph, out, result)
+        replace_value(self.graph, out, result)
 
 
 # ------------------------------------------------------------------------- Unsqueeze on int64 data
 
 
+@register(order=40)
 class UnsqueezeInt64ToReshape(QnnPass):
     """Replace ``Unsqueeze`` on int64 data by an equivalent ``Reshape`` to the static output shape.
 
@@ -432,18 +439,18 @@ class UnsqueezeInt64ToReshape(QnnPass):
         return [n.name or "Unsqueeze" for n in self._targets(graph)]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_unsqueeze")
+        names = fresh_names(graph, "qnnx_unsqueeze")
         changed = False
         unknown: list[str] = []
         for node in self._targets(graph):
-            out_shape = _shape(node.outputs[0])
+            out_shape = static_shape(node.outputs[0])
             if out_shape is None:
                 unknown.append(node.name or "Unsqueeze")
                 continue
-            target = _add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
-            result = _new_value(names("out"), node.outputs[0].dtype, out_shape)
+            target = add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
+            result = new_value(names("out"), node.outputs[0].dtype, out_shape)
             graph.insert_before(node, ir.Node("", "Reshape", [node.inputs[0], target], outputs=[result]))
-            _replace_value(graph, node.outputs[0], result)
+            replace_value(graph, node.outputs[0], result)
             changed = True
         if unknown:
             log.warning("unsqueeze_int64_to_reshape: output shape unknown for %s; left unchanged", unknown)

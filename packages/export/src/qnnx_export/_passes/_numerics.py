@@ -7,7 +7,16 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
-from qnnx_export._passes._base import QnnPass, _add_initializer, _const, _names, _new_value, _replace_value, _shape
+from qnnx_export._naming import UniqueNames
+from qnnx_export._passes._base import QnnPass, register
+from qnnx_export._passes._graph import (
+    add_initializer,
+    const_array,
+    fresh_names,
+    one_node_like,
+    replace_value,
+    static_shape,
+)
 
 __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
@@ -24,6 +33,7 @@ __all__ = [
 _MASKED_ROW_MAX = -32768.0
 
 
+@register(order=90)
 class SafeSoftmaxWithoutInf(QnnPass):
     """Test for fully-masked rows in a safe softmax with ``ReduceMax(x) <= -32768`` instead of ``== -inf``.
 
@@ -42,7 +52,7 @@ class SafeSoftmaxWithoutInf(QnnPass):
         if node.op_type != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
             return None
         for stat, limit in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            value = _const(limit)
+            value = const_array(limit)
             producer = stat.producer() if stat is not None else None
             if value is None or value.size != 1 or not np.isneginf(value.reshape(-1)[0]):
                 continue
@@ -54,25 +64,20 @@ class SafeSoftmaxWithoutInf(QnnPass):
         return None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_safe_softmax")
-        changed = False
-        for node, limit in self.matched(graph):
+        def masked(names: UniqueNames, node: ir.Node, limit: ir.Value) -> tuple[list[ir.Node], ir.Value]:
             stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
-            dtype = cast(
-                ir.DataType, cast(ir.Value, stat).dtype
-            )  # Equal's operands share a dtype; match found the other one -inf
-            threshold = _add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy()))
-            out = node.outputs[0]
-            new = _new_value(names("masked"), out.dtype, _shape(out))
-            graph.insert_after(node, ir.Node("", "LessOrEqual", [stat, threshold], outputs=[new]))
-            _replace_value(graph, out, new)
-            changed = True
-        return changed
+            # Equal's operands share a dtype; match found the other one -inf.
+            dtype = cast(ir.DataType, cast(ir.Value, stat).dtype)
+            threshold = add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy()))
+            return one_node_like(names, "masked", node, "LessOrEqual", [stat, threshold])
+
+        return self.replace_matched(graph, "qnnx_safe_softmax", masked)
 
 
 # ----------------------------------------------------------------- AveragePool count_include_pad without pads
 
 
+@register(order=80)
 class AvgPoolDropUnusedCountIncludePad(QnnPass):
     """Clear ``count_include_pad`` on an AveragePool that has no padding and no ceil_mode (it changes nothing there).
 
@@ -114,6 +119,7 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
 # ------------------------------------------------------------------- LogSoftmax over an axis of one element
 
 
+@register(order=100)
 class LogSoftmaxUnitAxis(QnnPass):
     """Rewrite ``LogSoftmax`` over an axis of size 1 as ``Sub(x, x)``, the same function.
 
@@ -132,7 +138,7 @@ class LogSoftmaxUnitAxis(QnnPass):
         if node.op_type != "LogSoftmax" or node.domain not in ("", "ai.onnx") or not node.inputs:
             return None
         x = node.inputs[0]
-        shape = _shape(x)
+        shape = static_shape(x)
         if x is None or shape is None or not shape:
             return None
         axis = node.attributes.get_int("axis", -1)
@@ -141,15 +147,9 @@ class LogSoftmaxUnitAxis(QnnPass):
         return x
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_logsoftmax")
-        changed = False
-        for node, x in self.matched(graph):
-            out = node.outputs[0]
-            new = _new_value(names("out"), out.dtype, _shape(out))
-            graph.insert_after(node, ir.Node("", "Sub", [x, x], outputs=[new]))
-            _replace_value(graph, out, new)
-            changed = True
-        return changed
+        return self.replace_matched(
+            graph, "qnnx_logsoftmax", lambda names, node, x: one_node_like(names, "out", node, "Sub", [x, x])
+        )
 
 
 # ------------------------------------------------------------------ a constant scale folded into a gathered table
@@ -158,6 +158,7 @@ class LogSoftmaxUnitAxis(QnnPass):
 _MOVES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 
+@register(order=20)
 class FoldScaleIntoGatherTable(QnnPass):
     """Fold a constant scalar factor applied to gathered rows into the table: ``Mul(Gather(E, ids), c)`` becomes
     ``Gather(E * c, ids)`` (also with reshapes or transposes between the Gather and the Mul).
@@ -178,24 +179,24 @@ class FoldScaleIntoGatherTable(QnnPass):
         if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
             return None
         for scaled, factor in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            c = _const(factor)
-            shape = _shape(scaled)
+            c = const_array(factor)
+            shape = static_shape(scaled)
             if scaled is None or c is None or c.size != 1 or shape is None or c.ndim > len(shape):
                 continue  # a factor of higher rank would broadcast the output to a new rank
             gather = _gathered_table(scaled)
-            table = _const(gather.inputs[0]) if gather is not None else None
+            table = const_array(gather.inputs[0]) if gather is not None else None
             if gather is not None and table is not None and table.dtype == c.dtype and c.dtype.kind == "f":
                 return gather, c, scaled
         return None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = _names(graph, "qnnx_scaled")
+        names = fresh_names(graph, "qnnx_scaled")
         matched = self.matched(graph)
         for mul, (gather, factor, scaled) in matched:
-            table = cast(np.ndarray, _const(gather.inputs[0]))
-            folded = _add_initializer(graph, names("table"), table * factor.reshape(()))
+            table = cast(np.ndarray, const_array(gather.inputs[0]))
+            folded = add_initializer(graph, names("table"), table * factor.reshape(()))
             gather.replace_input_with(0, folded)
-            _replace_value(graph, mul.outputs[0], scaled)
+            replace_value(graph, mul.outputs[0], scaled)
         return bool(matched)
 
 
@@ -213,7 +214,7 @@ def _gathered_table(value: ir.Value) -> ir.Node | None:
             return None
         if producer.op_type == "Gather":
             data, indices = [*producer.inputs, None, None][:2]
-            if data is None or indices is None or _const(indices) is not None or _const(data) is None:
+            if data is None or indices is None or const_array(indices) is not None or const_array(data) is None:
                 return None
             return producer
         if producer.op_type not in _MOVES or producer.inputs[0] is None:

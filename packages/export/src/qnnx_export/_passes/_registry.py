@@ -2,48 +2,36 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import onnx_ir as ir
 
+from qnnx_export import _passes
 from qnnx_export._pass_names import DEFAULT_PASSES
-from qnnx_export._passes import _dtypes, _fusions, _layout, _numerics
-from qnnx_export._passes._base import QnnPass
+from qnnx_export._passes._base import QnnPass, declared
 
 __all__ = ["PASS_REGISTRY", "pass_table", "run_passes"]
 
 log = logging.getLogger(__name__)
 
-# Built in one expression and read-only: nothing registers passes later, so there is no state to race on.
-PASS_REGISTRY: Mapping[str, type[QnnPass]] = MappingProxyType(
-    {
-        cls.name: cls
-        for cls in (
-            _layout.GatherNDToGather,
-            _numerics.FoldScaleIntoGatherTable,
-            _layout.GatherRuntimeIndicesAsRows,
-            _layout.UnsqueezeInt64ToReshape,
-            _fusions.FuseErfGelu,
-            _layout.FoldHighRankTranspose,
-            _layout.DropEmptyConcatInputs,
-            _numerics.AvgPoolDropUnusedCountIncludePad,
-            _numerics.SafeSoftmaxWithoutInf,
-            _numerics.LogSoftmaxUnitAxis,
-            _fusions.FuseSoftplus,
-            _fusions.SoftplusStable,
-            _fusions.LogSigmoidToSoftplus,
-            _fusions.FuseRMSNorm,
-            _fusions.RMSNormWeightLast,
-            _layout.TileLayerNormBroadcast,
-            _dtypes.Int64InputsToInt32,
-        )
-    }
-)
-if tuple(PASS_REGISTRY) != DEFAULT_PASSES:  # pragma: no cover - guards edits of either list
-    raise ImportError(f"_pass_names.DEFAULT_PASSES {DEFAULT_PASSES} != registered passes {tuple(PASS_REGISTRY)}")
+# Importing a family module declares its passes (@register). Every module of the package is read as a family, as
+# _pass_names reads them (_base, _graph and this one declare none), so a new family module needs no entry here.
+for _family in pkgutil.iter_modules(_passes.__path__):
+    if _family.name != __name__.rpartition(".")[2]:
+        importlib.import_module(f"{_passes.__name__}.{_family.name}")
+
+# Read-only, built once the families are imported: nothing registers passes later, so there is no state to race on.
+PASS_REGISTRY: Mapping[str, type[QnnPass]] = MappingProxyType({cls.name: cls for cls in declared()})
+if tuple(PASS_REGISTRY) != DEFAULT_PASSES:  # pragma: no cover - a declaration _pass_names cannot read
+    raise ImportError(
+        f"_pass_names.DEFAULT_PASSES {DEFAULT_PASSES} != registered passes {tuple(PASS_REGISTRY)}: declare each pass "
+        "as @register(order=<int literal>) on a class with name = '<string literal>'"
+    )
 
 
 def run_passes(model: ir.Model, names: Iterable[str]) -> list[tuple[str, bool]]:

@@ -1,0 +1,91 @@
+"""The graph helpers the QNN-safety passes share: constants and static shapes of values, fresh names, new values
+and initializers, and redirecting the uses of a value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_export._naming import UniqueNames
+
+__all__ = [
+    "add_initializer",
+    "const_array",
+    "fresh_names",
+    "new_value",
+    "one_node_like",
+    "replace_value",
+    "static_shape",
+]
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """Return the constant array behind ``value`` (initializer or Constant node), else None."""
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:
+        return None
+
+
+def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """Return the static shape of ``value`` or None when unknown or symbolic."""
+    if value is None or value.shape is None:
+        return None
+    dims = []
+    for d in value.shape:
+        if not isinstance(d, int):
+            return None
+        dims.append(d)
+    return tuple(dims)
+
+
+def fresh_names(graph: ir.Graph, prefix: str) -> UniqueNames:
+    """Fresh value/node names ``<prefix>_<hint>...`` that collide with nothing in the graph."""
+    taken = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
+    for node in graph:
+        taken.update(o.name for o in node.outputs if o.name)
+        if node.name:
+            taken.add(node.name)
+    return UniqueNames(taken, prefix=f"{prefix}_")
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    tensor = ir.tensor(array, name=name)
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+    graph.register_initializer(value)
+    return value
+
+
+def new_value(name: str, dtype: ir.DataType | None, shape: Iterable[int] | None) -> ir.Value:
+    return ir.Value(
+        name=name,
+        type=ir.TensorType(dtype) if dtype is not None else None,
+        shape=ir.Shape(list(shape)) if shape is not None else None,
+    )
+
+
+def one_node_like(
+    names: UniqueNames, hint: str, node: ir.Node, op_type: str, inputs: Sequence[ir.Value | None]
+) -> tuple[list[ir.Node], ir.Value]:
+    """One ``op_type`` node of ``inputs`` whose output (named ``hint``) has the dtype and static shape of ``node``'s
+    first output: a :data:`~qnnx_export._passes._base.Replacement` of one node."""
+    out = node.outputs[0]
+    new = new_value(names(hint), out.dtype, static_shape(out))
+    return [ir.Node("", op_type, inputs, outputs=[new])], new
+
+
+def replace_value(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Redirect every use of ``old`` (graph outputs too, keeping the output's name) to ``new``."""
+    was_output = old.is_graph_output()
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if was_output:
+        name = old.name
+        old.name = f"{name}__qnnx_replaced"
+        new.name = name
