@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import qnnx_export as qe
-from qnnx_export import _export
+from qnnx_export import _torch_onnx
 
 
 def _fp(model: nn.Module, x: torch.Tensor, options: qe.ExportOptions | None = None) -> str:
@@ -32,7 +32,7 @@ def test_runs_no_export(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("fingerprint must not export")
 
-    monkeypatch.setattr(_export, "_torch_onnx_export", boom)
+    monkeypatch.setattr(_torch_onnx, "_export_program", boom)
     model, x = CONTRACT_MODELS["mlp"]()
     assert _fp(model, x)
 

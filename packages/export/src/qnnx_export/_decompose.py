@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,19 +38,26 @@ def _additive_mask(
     return mask
 
 
+class _Projections(NamedTuple):
+    """One attention block's sizes and projections, as both fused kernels take them (q, k and v stacked)."""
+
+    embed_dim: int
+    num_heads: int
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor
+    proj_weight: torch.Tensor
+    proj_bias: torch.Tensor
+
+
 def _attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    embed_dim: int,
-    num_heads: int,
-    qkv_weight: torch.Tensor,
-    qkv_bias: torch.Tensor,
-    proj_weight: torch.Tensor,
-    proj_bias: torch.Tensor,
+    p: _Projections,
     mask: torch.Tensor | None,
     mask_type: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias = p
     batch, q_len, _ = query.shape
     k_len = key.shape[1]
     head_dim = embed_dim // num_heads
@@ -95,10 +102,10 @@ def transformer_encoder_layer_fwd(
 ) -> torch.Tensor:
     """Unfused ``torch._transformer_encoder_layer_fwd`` (same signature, batch-first)."""
 
+    projections = _Projections(embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias)
+
     def self_attention(x: torch.Tensor) -> torch.Tensor:
-        return _attention(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)[
-            0
-        ]
+        return _attention(x, x, x, projections, mask, mask_type)[0]
 
     def feed_forward(x: torch.Tensor) -> torch.Tensor:
         hidden = F.linear(x, ffn_weight_1, ffn_bias_1)
@@ -135,9 +142,8 @@ def native_multi_head_attention(
     mask_type: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unfused ``torch._native_multi_head_attention`` (same signature, batch-first)."""
-    out, weights = _attention(
-        query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type
-    )
+    projections = _Projections(embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias)
+    out, weights = _attention(query, key, value, projections, mask, mask_type)
     if not need_weights:
         return out, torch.empty(0, dtype=out.dtype)
     if average_attn_weights:
