@@ -59,14 +59,6 @@ KNOWN_PRIVATE_USES = frozenset(
     {
         "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._provider_options",
         "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._session_config",
-        "packages/opcheck/src/qnnx_opcheck/_check.py: qnnx_opcheck._rules._Checker",
-        "packages/opcheck/src/qnnx_opcheck/_conditions.py: qnnx_opcheck._view._GraphView",
-        "packages/opcheck/src/qnnx_opcheck/_patterns.py: qnnx_opcheck._values._ValueRules",
-        "packages/opcheck/src/qnnx_opcheck/_qdq.py: qnnx_opcheck._view._GraphView",
-        "packages/opcheck/src/qnnx_opcheck/_rules.py: qnnx_opcheck._conditions._Conditions",
-        "packages/opcheck/src/qnnx_opcheck/_rules.py: qnnx_opcheck._patterns._Patterns",
-        "packages/opcheck/src/qnnx_opcheck/_rules.py: qnnx_opcheck._qdq._QdqRules",
-        "packages/opcheck/src/qnnx_opcheck/_values.py: qnnx_opcheck._view._GraphView",
     }
 )
 

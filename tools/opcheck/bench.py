@@ -63,7 +63,7 @@ def main() -> int:
         facts = _model.read_facts(proto, notes, source)
         t2 = time.perf_counter()
         table, _ = _tables.load_table("htp")
-        _rules._Checker(table, facts).verdicts()
+        _rules.Checker(table, facts).verdicts()
         t3 = time.perf_counter()
     print(f"{args.nodes} nodes, {size / 1e6:.1f} MB on disk: {rep.summary()}")
     print(f"check_model: median {statistics.median(times):.3f} s, best {min(times):.3f} s over {args.runs} runs")

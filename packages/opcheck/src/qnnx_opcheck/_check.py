@@ -12,7 +12,7 @@ import onnx
 from qnnx_opcheck._control import fold_constant_ifs
 from qnnx_opcheck._model import ModelInput, load_model, read_facts
 from qnnx_opcheck._report import OpCheckReport
-from qnnx_opcheck._rules import _Checker
+from qnnx_opcheck._rules import Checker
 from qnnx_opcheck._shapes import apply_static_shapes, fix_flags
 from qnnx_opcheck._tables import load_table, normalize_backend
 
@@ -74,7 +74,7 @@ def check_model(
     proto, source, load_notes = load_model(model)
     proto, prepared = _prepare(proto, proto is model, free_dims, input_shapes)
     facts = read_facts(proto, load_notes, source)
-    verdicts = tuple(_Checker(table, facts).verdicts())
+    verdicts = tuple(Checker(table, facts).verdicts())
     notes = list(table_notes) + prepared + list(facts.notes) + list(table.notes)
     for name, dims in facts.symbolic_inputs.items():
         if "dynamic_shape" in table.patterns:
@@ -121,10 +121,10 @@ def condition_keys(model: ModelInput) -> dict[str, str]:
     nodes of ops whose behaviour on QNN HTP depends on attributes and shapes (used by the conformance tool)."""
     table, _ = load_table("htp", None, None)
     proto, source, load_notes = load_model(model)
-    checker = _Checker(table, read_facts(proto, load_notes, source))
+    checker = Checker(table, read_facts(proto, load_notes, source))
     keys = {}
     for i, node in enumerate(checker.f.nodes):
-        key = checker._condition_key(node)
+        key = checker.conditions.condition_key(node)
         if key is not None:
             keys[node.name or f"n{i}"] = key
     return keys

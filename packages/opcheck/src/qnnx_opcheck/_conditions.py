@@ -8,9 +8,9 @@ from typing import cast
 
 from qnnx_opcheck._model import NodeView
 from qnnx_opcheck._outcomes import KIND_TEXT
-from qnnx_opcheck._view import _GraphView
+from qnnx_opcheck._view import GraphView
 
-__all__ = ["_Conditions"]
+__all__ = ["Conditions"]
 
 
 # Ops whose outcome on QNN HTP depends on the input's rank (tools/opcheck/conformance.py, shape-class cases).
@@ -19,10 +19,13 @@ _RANK_CLASSED = frozenset({"RMSNormalization", "Softplus", "Neg", "Log", "Sqrt",
 _AXIS_CLASSED = frozenset({"Softmax", "LogSoftmax"})
 
 
-class _Conditions(_GraphView):
-    """Condition classes and their measured outcomes."""
+class Conditions:
+    """Condition classes and their measured outcomes, on one graph."""
 
-    def _condition_key(self, node: NodeView) -> str | None:
+    def __init__(self, view: GraphView) -> None:
+        self.view = view
+
+    def condition_key(self, node: NodeView) -> str | None:
         """The measured-condition class of a node (see :func:`qnnx_opcheck._check.condition_keys`), or None for ops without one."""
         if node.domain not in ("", "ai.onnx"):
             return None
@@ -41,7 +44,7 @@ class _Conditions(_GraphView):
         ``r5`` or ``r1-4`` for the one-input elementwise ops (Softplus, Neg, Log, Sqrt are refused at rank 5; an
         elementwise kernel does not otherwise depend on the layout, so ranks 1-4 are one class, measured on every
         rank). An unknown shape keeps the cell's verdict, except for RMSNormalization."""
-        shape = self._shape(node.input[0]) if node.input else None
+        shape = self.view.shape(node.input[0]) if node.input else None
         if node.op_type == "RMSNormalization":
             return "unknown_shape" if shape is None else f"r{len(shape)}"
         if shape is None:
@@ -51,10 +54,10 @@ class _Conditions(_GraphView):
     def _axis_key(self, node: NodeView) -> str | None:
         """``unit_axis`` or ``axis`` for a Softmax/LogSoftmax (QNN HTP's LogSoftmax over an axis of size 1 returns
         -4..-9 instead of 0), prefixed ``r5/`` at rank 5 (where HTP refuses LogSoftmax over any axis)."""
-        shape = self._shape(node.input[0]) if node.input else None
+        shape = self.view.shape(node.input[0]) if node.input else None
         if shape is None or not shape:
             return None
-        axis = self._attr(node, "axis")
+        axis = self.view.attr(node, "axis")
         axis = -1 if axis is None else int(axis)
         if not -len(shape) <= axis < len(shape):
             return None
@@ -65,9 +68,9 @@ class _Conditions(_GraphView):
         """``const_zero`` when the divisor is a float constant holding a zero (x / 0 is inf or NaN, which HTP
         cannot hold: it returns a finite number), else ``const`` or ``runtime``."""
         divisor = node.input[1] if len(node.input) > 1 else ""
-        if not divisor or not self._is_const(divisor):
+        if not divisor or not self.view.is_const(divisor):
             return "runtime"
-        value = self._const_value(divisor)
+        value = self.view.const_value(divisor)
         if value is None:
             return "const"
         try:
@@ -77,23 +80,23 @@ class _Conditions(_GraphView):
         return "const_zero" if zero else "const"
 
     def _resize_key(self, node: NodeView) -> str:
-        shape = self._shape(node.input[0]) if node.input else None
+        shape = self.view.shape(node.input[0]) if node.input else None
         if shape is None or not all(isinstance(d, int) for d in shape):
             return "unknown_shape"
-        mode = self._attr(node, "mode") or "nearest"
+        mode = self.view.attr(node, "mode") or "nearest"
         parts = [f"r{len(shape)}", str(mode)]
         if mode == "nearest":
-            parts.append(str(self._attr(node, "nearest_mode") or "round_prefer_floor"))
-        parts.append(str(self._attr(node, "coordinate_transformation_mode") or "half_pixel"))
+            parts.append(str(self.view.attr(node, "nearest_mode") or "round_prefer_floor"))
+        parts.append(str(self.view.attr(node, "coordinate_transformation_mode") or "half_pixel"))
         scales_name = node.input[2] if len(node.input) > 2 else ""
         sizes_name = node.input[3] if len(node.input) > 3 else ""
         kinds: set[str] = set()
-        if (sizes_name and not self._is_const(sizes_name)) or (
-            not sizes_name and scales_name and not self._is_const(scales_name)
+        if (sizes_name and not self.view.is_const(sizes_name)) or (
+            not sizes_name and scales_name and not self.view.is_const(scales_name)
         ):
             kinds.add("runtime")
         elif sizes_name or scales_name:
-            given = self._const_value(sizes_name or scales_name)
+            given = self.view.const_value(sizes_name or scales_name)
             values = [float(v) for v in given.reshape(-1)] if given is not None else []
             if len(values) != len(shape):
                 kinds.add("unknown")
@@ -112,23 +115,23 @@ class _Conditions(_GraphView):
                     kinds.add("frac")
         parts.append("+".join(sorted(kinds)) or "same")
         for attr, default in (("antialias", 0), ("exclude_outside", 0), ("keep_aspect_ratio_policy", "stretch")):
-            value = self._attr(node, attr)
+            value = self.view.attr(node, attr)
             if value is not None and value != default:
                 parts.append(f"{attr}={value}")
-        if self._attr(node, "axes"):
+        if self.view.attr(node, "axes"):
             parts.append("axes")
-        if mode == "cubic" and self._attr(node, "cubic_coeff_a") not in (None, -0.75):
+        if mode == "cubic" and self.view.attr(node, "cubic_coeff_a") not in (None, -0.75):
             parts.append("cubic_coeff_a")
         return "/".join(parts)
 
-    def _measured(self, node: NodeView) -> tuple[str, str, str | None] | None:
+    def measured(self, node: NodeView) -> tuple[str, str, str | None] | None:
         """The kind, reason and evidence of a node whose condition class was measured as not right, or whose
         class was never measured; None when it was measured right (or the op has no measured classes)."""
-        p = self._pattern("measured_conditions")
+        p = self.view.pattern("measured_conditions")
         classes = (p or {}).get("ops", {}).get(node.op_type)
         if not classes:
             return None
-        key = self._condition_key(node)
+        key = self.condition_key(node)
         if key is None:
             return None
         outcome = classes.get(key)

@@ -1,17 +1,22 @@
 """The multi-node and attribute patterns a table lists (``patterns``): fusions QNN makes (Erf inside GELU), ops it
 computes wrongly in some configurations, fp16 semantics, runtime values where QNN wants constants, static shapes
-and ranks."""
+and ranks.
+
+A rule is registered where its matcher is defined: ``@rule("<pattern id>")`` on a method of :class:`Patterns`
+puts it in :data:`PATTERN_RULES`, which the checker tries in definition order (the first that holds decides).
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from qnnx_opcheck._model import NodeView
-from qnnx_opcheck._values import _ValueRules
-from qnnx_opcheck._view import FLOATS
+from qnnx_opcheck._values import ValueAnalysis
+from qnnx_opcheck._view import FLOATS, GraphView
 
-__all__ = ["_Patterns"]
+__all__ = ["PATTERN_RULES", "Matcher", "PatternRule", "Patterns", "rule"]
 
 # onnx.TensorProto element types of floats (FLOAT, DOUBLE, FLOAT16, BFLOAT16): a Cast to another type truncates.
 _FLOAT_ELEM_TYPES = (1, 11, 10, 16)
@@ -29,125 +34,216 @@ _EMPTY_PLACEHOLDERS: dict[tuple[str, str], tuple[int, ...]] = {("", "Resize"): (
 _MOVES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 
-class _Patterns(_ValueRules):
-    """The matchers of the table's patterns: ``(index, node) -> bool`` unless said otherwise."""
+#: A rule's matcher: ``(patterns, index, node) -> bool``, whether the node shows the defect of the rule's pattern.
+Matcher = Callable[["Patterns", int, NodeView], bool]
 
-    def _dynamic_value(self, node: NodeView) -> tuple[str, tuple[Any, ...]] | None:
+
+class PatternRule(NamedTuple):
+    """A table pattern and its matcher. The checker tries it on a node whose op the pattern's ``ops`` list, when
+    the table has the pattern: if the matcher holds, the pattern's kind, reason (and fix) and evidence decide."""
+
+    pattern: str
+    matcher: Matcher
+
+
+_RULES: list[PatternRule] = []
+
+
+def rule(pattern: str) -> Callable[[Matcher], Matcher]:
+    """Register the decorated matcher for the table pattern ``pattern`` (the one place a rule is listed). The rules
+    are tried in the order they are defined, after the table-wide ones and the measured conditions."""
+
+    def register(matcher: Matcher) -> Matcher:
+        if any(r.pattern == pattern for r in _RULES):
+            raise TypeError(f"the opcheck pattern {pattern!r} already has a rule")
+        _RULES.append(PatternRule(pattern, matcher))
+        return matcher
+
+    return register
+
+
+class Patterns:
+    """The matchers of the table's patterns (``(index, node) -> bool``, the registered rules) and the other pattern
+    tests the checker makes, on one graph."""
+
+    def __init__(self, view: GraphView, values: ValueAnalysis) -> None:
+        self.view = view
+        self.values = values
+
+    def dynamic_value(self, node: NodeView) -> tuple[str, tuple[Any, ...]] | None:
         for name in list(node.input) + list(node.output):
-            if not name or self._is_const(name):
+            if not name or self.view.is_const(name):
                 continue
-            shape = self._shape(name)
+            shape = self.view.shape(name)
             if shape is not None and any(not isinstance(d, int) for d in shape):
                 return name, tuple(d if d is not None else "?" for d in shape)
         return None
 
-    def _over_rank(self, node: NodeView, max_rank: int) -> tuple[str, int] | None:
+    def over_rank(self, node: NodeView, max_rank: int) -> tuple[str, int] | None:
         for name in list(node.input) + list(node.output):
-            shape = self._shape(name) if name and not self._is_const(name) else None
+            shape = self.view.shape(name) if name and not self.view.is_const(name) else None
             if shape is not None and len(shape) > max_rank:
                 return name, len(shape)
         return None
 
-    def _is_erf_gelu(self, index: int, node: NodeView) -> bool:
+    def is_erf_gelu(self, index: int, node: NodeView) -> bool:
         """Erf inside x * 0.5 * (1 + erf(x / sqrt(2))): the QNN EP fuses it into one Gelu."""
-        pre = self._producer(node.input[0])
+        pre = self.view.producer(node.input[0])
         if pre is None or pre.op_type not in ("Div", "Mul") or len(pre.input) != 2:
             return False
-        k = self._scalar(pre.input[1])
+        k = self.view.scalar(pre.input[1])
         want = math.sqrt(2.0) if pre.op_type == "Div" else 1 / math.sqrt(2.0)
         if k is None or abs(k - want) > 1e-3:
             return False
         x = pre.input[0]
-        adds = self._consumer_nodes(node.output[0])
+        adds = self.view.consumer_nodes(node.output[0])
         if len(adds) != 1 or adds[0].op_type != "Add":
             return False
         add = adds[0]
         one = next((i for i in add.input if i != node.output[0]), "")
-        if self._scalar(one) is None or abs((self._scalar(one) or 0.0) - 1.0) > 1e-6:
+        if self.view.scalar(one) is None or abs((self.view.scalar(one) or 0.0) - 1.0) > 1e-6:
             return False
-        muls = self._consumer_nodes(add.output[0])
+        muls = self.view.consumer_nodes(add.output[0])
         if len(muls) != 1 or muls[0].op_type != "Mul":
             return False
         mul = muls[0]
         other = next((i for i in mul.input if i != add.output[0]), "")
         # Either (x * 0.5) * (1 + erf) or x * (1 + erf) followed by * 0.5.
         if other == x:
-            tail = self._consumer_nodes(mul.output[0])
+            tail = self.view.consumer_nodes(mul.output[0])
             return (
                 len(tail) == 1
                 and tail[0].op_type == "Mul"
-                and any(abs((self._scalar(i) or 0.0) - 0.5) < 1e-6 for i in tail[0].input)
+                and any(abs((self.view.scalar(i) or 0.0) - 0.5) < 1e-6 for i in tail[0].input)
             )
-        half = self._producer(other)
+        half = self.view.producer(other)
         return (
             half is not None
             and half.op_type == "Mul"
             and x in half.input
-            and any(abs((self._scalar(i) or 0.0) - 0.5) < 1e-6 for i in half.input)
+            and any(abs((self.view.scalar(i) or 0.0) - 0.5) < 1e-6 for i in half.input)
         )
 
+    def touches_empty(self, node: NodeView) -> bool:
+        """Whether an input or output of the node has no elements (a static dimension of 0). An empty constant in
+        an optional-input slot that means "not given" (Resize's roi and scales) is a placeholder, not data."""
+        placeholders = _EMPTY_PLACEHOLDERS.get((node.domain, node.op_type), ())
+        for position, name in enumerate((*node.input, *node.output)):
+            if position in placeholders and position < len(node.input) and self.view.is_const(name):
+                continue
+            shape = self.view.shape(name) if name else None
+            if shape is not None and any(d == 0 for d in shape):
+                return True
+        return False
+
+    def _static_dims(self, name: str) -> tuple[int, ...] | None:
+        shape = self.view.shape(name) if name else None
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return tuple(int(d) for d in shape)  # type: ignore[arg-type]
+
+    def node_condition(self, node: NodeView) -> tuple[str, str, str | None] | None:
+        """The first rule of the table's ``node_conditions`` that the node meets: (kind, reason, evidence). A rule
+        names its ops and holds when every condition it lists holds (see tools/opcheck/tables.py)."""
+        p = self.view.pattern("node_conditions")
+        for rule in (p or {}).get("rules", ()):
+            if node.op_type in rule["ops"] and self._meets(rule, node):
+                return rule["kind"], f"{node.op_type}: {rule['reason']}", rule.get("evidence")
+        return None
+
+    def _meets(self, rule: dict[str, Any], node: NodeView) -> bool:
+        present = [i for i, name in enumerate(node.input) if name]
+        checks: list[bool] = []
+        if "runtime_inputs" in rule:  # one of these inputs is given and is not a constant
+            checks.append(any(i in present and not self.view.is_static(node.input[i]) for i in rule["runtime_inputs"]))
+        if "given_inputs" in rule:  # one of these optional inputs is given
+            checks.append(any(i in present for i in rule["given_inputs"]))
+        if "attr_in" in rule:  # every listed attribute (its default when absent) has one of these values
+            checks.append(all(self.view.attr(node, a) in values for a, values in rule["attr_in"].items()))
+        if "attr_not_in" in rule:  # some listed attribute has none of these values
+            checks.append(any(self.view.attr(node, a) not in values for a, values in rule["attr_not_in"].items()))
+        if "min_outputs" in rule:
+            checks.append(sum(1 for o in node.output if o) >= rule["min_outputs"])
+        if "max_inputs" in rule:
+            checks.append(len(present) <= rule["max_inputs"])
+        if "input_dtype" in rule:
+            idx, allowed = rule["input_dtype"]
+            checks.append(idx in present and self.view.dtype(node.input[idx]) in allowed)
+        if "uneven_attr" in rule:  # an ints attribute whose values differ between axes
+            values = self.view.attr(node, rule["uneven_attr"]) or []
+            checks.append(len(set(values)) > 1)
+        if "input_rank" in rule:
+            shape = self.view.shape(node.input[0]) if node.input else None
+            checks.append(shape is None or len(shape) in rule["input_rank"])
+        return bool(checks) and all(checks)
+
+    @rule("add_const_broadcast_layernorm")
     def _is_add_const_ln(self, index: int, node: NodeView) -> bool:
         """Add/Mul(x[N>1,...], const[1,...]) feeding LayerNormalization (wrong rows >= 1 on HTP)."""
         if len(node.input) != 2:
             return False
         a, b = node.input
-        if self._is_const(a) == self._is_const(b):
+        if self.view.is_const(a) == self.view.is_const(b):
             return False
-        const, x = (a, b) if self._is_const(a) else (b, a)
-        cs, xs = self._shape(const), self._shape(x)
+        const, x = (a, b) if self.view.is_const(a) else (b, a)
+        cs, xs = self.view.shape(const), self.view.shape(x)
         if cs is None or xs is None or len(cs) < 2 or len(cs) != len(xs):
             return False
         if cs[0] != 1 or not isinstance(xs[0], int) or xs[0] <= 1:
             return False
         return any(
             c.op_type == "LayerNormalization" and c.input[0] == node.output[0]
-            for c in self._consumer_nodes(node.output[0])
+            for c in self.view.consumer_nodes(node.output[0])
         )
 
+    @rule("rmsnorm_mul_weight")
     def _is_rmsnorm_mul(self, index: int, node: NodeView) -> bool:
         """Mul(weight_const, x * 1/sqrt(mean(x^2) + eps)) as written by Llama/T5-style RMSNorm."""
-        p = self._pattern("rmsnorm_mul_weight") or {}
+        p = self.view.pattern("rmsnorm_mul_weight") or {}
         orders = p.get("orders", ["const_first"])
         if len(node.input) != 2:
             return False
         a, b = node.input
-        if self._is_const(a) and not self._is_const(b) and "const_first" in orders:
+        if self.view.is_const(a) and not self.view.is_const(b) and "const_first" in orders:
             inner = b
-        elif self._is_const(b) and not self._is_const(a) and "const_second" in orders:
+        elif self.view.is_const(b) and not self.view.is_const(a) and "const_second" in orders:
             inner = a
         else:
             return False
-        mul = self._producer(inner)
+        mul = self.view.producer(inner)
         if mul is None or mul.op_type != "Mul":
             return False
         for name in mul.input:
-            prod = self._producer(name)
+            prod = self.view.producer(name)
             if prod is None:
                 continue
             if prod.op_type == "Reciprocal":
-                root = self._producer(prod.input[0])
+                root = self.view.producer(prod.input[0])
                 if root is not None and root.op_type == "Sqrt":
                     return True
-            if prod.op_type == "Div" and self._scalar(prod.input[0]) == 1.0:
-                root = self._producer(prod.input[1])
+            if prod.op_type == "Div" and self.view.scalar(prod.input[0]) == 1.0:
+                root = self.view.producer(prod.input[1])
                 if root is not None and root.op_type == "Sqrt":
                     return True
         return False
 
-    def _is_float_op(self, index: int, node: NodeView) -> bool:
-        """A float input (HTP computes every float op in fp16)."""
-        return bool(node.input) and self._dtype(node.input[0]) in FLOATS
-
+    @rule("fp16_discontinuous")
     def _is_fp16_discontinuous(self, index: int, node: NodeView) -> bool:
         """Floor/Ceil/Round/Mod/TopK on float, and Cast float -> integer or bool: rounding the input to fp16 moves
         it across an integer or reorders near-equal values, so the result changes by a whole step."""
         if not self._is_float_op(index, node):
             return False
         if node.op_type == "Cast":
-            to = self._attr(node, "to")
+            to = self.view.attr(node, "to")
             return to is not None and to not in _FLOAT_ELEM_TYPES
         return True
 
+    @rule("fp16_imprecise")
+    def _is_float_op(self, index: int, node: NodeView) -> bool:
+        """A float input (HTP computes every float op in fp16)."""
+        return bool(node.input) and self.view.dtype(node.input[0]) in FLOATS
+
+    @rule("pow_fractional_exponent")
     def _is_pow_fractional(self, index: int, node: NodeView) -> bool:
         """Pow on float whose exponent is a runtime value or a constant with a non-integer element, unless the base
         cannot be negative (a positive constant, or computed by ops whose results are >= 0: x^2, |x|, exp, a sum of
@@ -156,7 +252,7 @@ class _Patterns(_ValueRules):
             return False
         import numpy as np
 
-        exponent = self._const_value(node.input[1])
+        exponent = self.view.const_value(node.input[1])
         if exponent is not None:
             try:
                 values = np.asarray(exponent, dtype=np.float64)
@@ -164,139 +260,27 @@ class _Patterns(_ValueRules):
                     return False
             except (TypeError, ValueError):
                 pass
-        return not self._non_negative(node.input[0])
+        return not self.values.non_negative(node.input[0])
 
-    def _touches_empty(self, node: NodeView) -> bool:
-        """Whether an input or output of the node has no elements (a static dimension of 0). An empty constant in
-        an optional-input slot that means "not given" (Resize's roi and scales) is a placeholder, not data."""
-        placeholders = _EMPTY_PLACEHOLDERS.get((node.domain, node.op_type), ())
-        for position, name in enumerate((*node.input, *node.output)):
-            if position in placeholders and position < len(node.input) and self._is_const(name):
-                continue
-            shape = self._shape(name) if name else None
-            if shape is not None and any(d == 0 for d in shape):
-                return True
-        return False
-
-    def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
-        """GatherElements/ScatterElements whose indices are computed at run time (they may be negative, which
-        QNN HTP gets wrong; constant indices are made non-negative at export or checked here)."""
-        if len(node.input) < 2 or not node.input[1]:
-            return False
-        if not self._is_const(node.input[1]):
-            return not self._non_negative(node.input[1])  # e.g. Max(index, 0), as qnnx writes index_copy
-        value = self._const_value(node.input[1])
-        return value is not None and bool((value < 0).any())
-
-    def _static_dims(self, name: str) -> tuple[int, ...] | None:
-        shape = self._shape(name) if name else None
-        if shape is None or not all(isinstance(d, int) for d in shape):
-            return None
-        return tuple(int(d) for d in shape)  # type: ignore[arg-type]
-
-    def _is_gather_inner_runtime(self, index: int, node: NodeView) -> bool:
-        """Gather by runtime indices along an inner axis after a dim > 1, or along the last axis by indices of rank
-        >= 2; with unknown shapes the class cannot be ruled out."""
-        if len(node.input) < 2 or not node.input[1] or self._is_const(node.input[1]):
-            return False
-        data, indices = self._static_dims(node.input[0]), self._static_dims(node.input[1])
-        if data is None or indices is None:
-            return True
-        axis = int(self._attr(node, "axis") or 0)
-        axis = axis + len(data) if axis < 0 else axis
-        if math.prod(data[:axis]) == 1:
-            return False
-        return not (axis == len(data) - 1 and len(indices) <= 1)
-
-    def _is_gather_scaled(self, index: int, node: NodeView) -> bool:
-        """Mul of a one-element constant and rows gathered from a constant table by runtime int32 indices (through
-        reshapes or transposes)."""
-        if len(node.input) != 2:
-            return False
-        for scaled, factor in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
-            if not factor or not self._is_const(factor):
-                continue
-            value = self._const_value(factor)
-            if value is None or getattr(value, "size", 0) != 1:
-                continue
-            source = self._producer(scaled)
-            while source is not None and source.op_type in _MOVES and source.input:
-                source = self._producer(source.input[0])
-            if source is None or source.op_type != "Gather" or len(source.input) < 2:
-                continue
-            table, ids = source.input[0], source.input[1]
-            if self._is_const(table) and not self._is_const(ids) and self._dtype(ids) in ("int32", None):
-                return True
-        return False
-
-    def _is_conv_defect(self, index: int, node: NodeView) -> bool:
-        """A Conv with one output channel and a stride >= 3, or with padding on an axis whose one output window
-        leaves part of the input out; with unknown shapes, any Conv that has padding or a stride >= 3."""
-        strides = list(self._attr(node, "strides") or [])
-        pads = list(self._attr(node, "pads") or [])
-        weights = self._static_dims(node.input[1]) if len(node.input) > 1 else None
-        data = self._static_dims(node.input[0]) if node.input else None
-        out = self._static_dims(node.output[0]) if node.output else None
-        wide = any(s >= 3 for s in strides)
-        if weights is None or out is None or data is None:
-            return wide or any(pads)
-        if wide and weights[0] == 1:
-            return True
-        spatial = len(out) - 2
-        if len(pads) != 2 * spatial or len(weights) != spatial + 2:
-            return False
-        dilations = list(self._attr(node, "dilations") or [1] * spatial)
-        return any(
-            (pads[d] or pads[spatial + d])
-            and out[2 + d] == 1
-            and data[2 + d] > dilations[d] * (weights[2 + d] - 1) + 1 - pads[d]
-            for d in range(spatial)
-        )
-
-    def _has_runtime_parameters(self, index: int, node: NodeView) -> bool:
-        """A shape-like parameter input (Slice starts/ends/axes/steps, Tile repeats, Expand shape) that is not a
-        constant: QNN HTP refuses the node at session creation."""
-        p = self._pattern("runtime_parameters") or {}
-        positions = p.get("inputs", {}).get(node.op_type, [])
-        return any(i < len(node.input) and node.input[i] and not self._is_const(node.input[i]) for i in positions)
-
-    def _is_dilated(self, index: int, node: NodeView) -> bool:
-        """ConvTranspose with a dilation above 1 (QNN HTP refuses it)."""
-        return any(d != 1 for d in (self._attr(node, "dilations") or []))
-
-    def _uses_nonfinite_constant(self, index: int, node: NodeView) -> bool:
-        """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
-        HTP has no infinities (-inf saturates near -65504), so the comparison is never true and the output is
-        finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
-        nonfinite = [name for name in node.input if name and self._from_nonfinite_constant(name)]
-        if not nonfinite:
-            return False
-        if node.op_type in _COMPARISONS:
-            # Wrong only when an infinity can arrive on the other side at run time: a float graph input, or a
-            # value computed from another inf/NaN constant. A mask built from integers with finfo.min (Hugging
-            # Face's) never holds one, and the comparison is then false in PyTorch too.
-            others = [name for name in node.input if name and name not in nonfinite]
-            return any(self._may_hold_nonfinite(name) for name in others)
-        return any(self._reaches_output_unabsorbed(o) for o in node.output if o)
-
+    @rule("averagepool_defects")
     def _is_avgpool_defect(self, index: int, node: NodeView) -> bool:
         """AveragePool conditions QNN HTP computes wrongly (measured by tools/opcheck/conformance.py): a partial
         last window under ceil_mode, count_include_pad with padding (or at rank 5), a pad of half the kernel or
         more; an unknown input shape counts as a defect, since the conditions cannot be ruled out."""
-        shape = self._shape(node.input[0]) if node.input else None
+        shape = self.view.shape(node.input[0]) if node.input else None
         if shape is None or not all(isinstance(d, int) for d in shape):
             return True
         spatial = len(shape) - 2
-        kernel = list(self._attr(node, "kernel_shape") or [])
-        if len(kernel) != spatial or (self._attr(node, "auto_pad") or "NOTSET") != "NOTSET":
+        kernel = list(self.view.attr(node, "kernel_shape") or [])
+        if len(kernel) != spatial or (self.view.attr(node, "auto_pad") or "NOTSET") != "NOTSET":
             return True
-        strides = list(self._attr(node, "strides") or [1] * spatial)
-        pads = list(self._attr(node, "pads") or [0] * (2 * spatial))
-        dilations = list(self._attr(node, "dilations") or [1] * spatial)
+        strides = list(self.view.attr(node, "strides") or [1] * spatial)
+        pads = list(self.view.attr(node, "pads") or [0] * (2 * spatial))
+        dilations = list(self.view.attr(node, "dilations") or [1] * spatial)
         if any(d != 1 for d in dilations):
             return True
-        ceil = bool(self._attr(node, "ceil_mode"))
-        count_pad = bool(self._attr(node, "count_include_pad"))
+        ceil = bool(self.view.attr(node, "ceil_mode"))
+        count_pad = bool(self.view.attr(node, "count_include_pad"))
         if count_pad and (any(pads) or spatial >= 3):
             return True
         for axis in range(spatial):
@@ -308,37 +292,108 @@ class _Patterns(_ValueRules):
                 return True  # ceil_mode adds a last window that hangs over the end
         return False
 
-    def _node_condition(self, node: NodeView) -> tuple[str, str, str | None] | None:
-        """The first rule of the table's ``node_conditions`` that the node meets: (kind, reason, evidence). A rule
-        names its ops and holds when every condition it lists holds (see tools/opcheck/tables.py)."""
-        p = self._pattern("node_conditions")
-        for rule in (p or {}).get("rules", ()):
-            if node.op_type in rule["ops"] and self._meets(rule, node):
-                return rule["kind"], f"{node.op_type}: {rule['reason']}", rule.get("evidence")
-        return None
+    @rule("nonfinite_constant")
+    def _uses_nonfinite_constant(self, index: int, node: NodeView) -> bool:
+        """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
+        HTP has no infinities (-inf saturates near -65504), so the comparison is never true and the output is
+        finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
+        nonfinite = [name for name in node.input if name and self.values.from_nonfinite_constant(name)]
+        if not nonfinite:
+            return False
+        if node.op_type in _COMPARISONS:
+            # Wrong only when an infinity can arrive on the other side at run time: a float graph input, or a
+            # value computed from another inf/NaN constant. A mask built from integers with finfo.min (Hugging
+            # Face's) never holds one, and the comparison is then false in PyTorch too.
+            others = [name for name in node.input if name and name not in nonfinite]
+            return any(self.values.may_hold_nonfinite(name) for name in others)
+        return any(self.values.reaches_output_unabsorbed(o) for o in node.output if o)
 
-    def _meets(self, rule: dict[str, Any], node: NodeView) -> bool:
-        present = [i for i, name in enumerate(node.input) if name]
-        checks: list[bool] = []
-        if "runtime_inputs" in rule:  # one of these inputs is given and is not a constant
-            checks.append(any(i in present and not self._is_static(node.input[i]) for i in rule["runtime_inputs"]))
-        if "given_inputs" in rule:  # one of these optional inputs is given
-            checks.append(any(i in present for i in rule["given_inputs"]))
-        if "attr_in" in rule:  # every listed attribute (its default when absent) has one of these values
-            checks.append(all(self._attr(node, a) in values for a, values in rule["attr_in"].items()))
-        if "attr_not_in" in rule:  # some listed attribute has none of these values
-            checks.append(any(self._attr(node, a) not in values for a, values in rule["attr_not_in"].items()))
-        if "min_outputs" in rule:
-            checks.append(sum(1 for o in node.output if o) >= rule["min_outputs"])
-        if "max_inputs" in rule:
-            checks.append(len(present) <= rule["max_inputs"])
-        if "input_dtype" in rule:
-            idx, allowed = rule["input_dtype"]
-            checks.append(idx in present and self._dtype(node.input[idx]) in allowed)
-        if "uneven_attr" in rule:  # an ints attribute whose values differ between axes
-            values = self._attr(node, rule["uneven_attr"]) or []
-            checks.append(len(set(values)) > 1)
-        if "input_rank" in rule:
-            shape = self._shape(node.input[0]) if node.input else None
-            checks.append(shape is None or len(shape) in rule["input_rank"])
-        return bool(checks) and all(checks)
+    @rule("runtime_indices")
+    def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
+        """GatherElements/ScatterElements whose indices are computed at run time (they may be negative, which
+        QNN HTP gets wrong; constant indices are made non-negative at export or checked here)."""
+        if len(node.input) < 2 or not node.input[1]:
+            return False
+        if not self.view.is_const(node.input[1]):
+            return not self.values.non_negative(node.input[1])  # e.g. Max(index, 0), as qnnx writes index_copy
+        value = self.view.const_value(node.input[1])
+        return value is not None and bool((value < 0).any())
+
+    @rule("gather_runtime_inner_axis")
+    def _is_gather_inner_runtime(self, index: int, node: NodeView) -> bool:
+        """Gather by runtime indices along an inner axis after a dim > 1, or along the last axis by indices of rank
+        >= 2; with unknown shapes the class cannot be ruled out."""
+        if len(node.input) < 2 or not node.input[1] or self.view.is_const(node.input[1]):
+            return False
+        data, indices = self._static_dims(node.input[0]), self._static_dims(node.input[1])
+        if data is None or indices is None:
+            return True
+        axis = int(self.view.attr(node, "axis") or 0)
+        axis = axis + len(data) if axis < 0 else axis
+        if math.prod(data[:axis]) == 1:
+            return False
+        return not (axis == len(data) - 1 and len(indices) <= 1)
+
+    @rule("gather_scaled_by_constant")
+    def _is_gather_scaled(self, index: int, node: NodeView) -> bool:
+        """Mul of a one-element constant and rows gathered from a constant table by runtime int32 indices (through
+        reshapes or transposes)."""
+        if len(node.input) != 2:
+            return False
+        for scaled, factor in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            if not factor or not self.view.is_const(factor):
+                continue
+            value = self.view.const_value(factor)
+            if value is None or getattr(value, "size", 0) != 1:
+                continue
+            source = self.view.producer(scaled)
+            while source is not None and source.op_type in _MOVES and source.input:
+                source = self.view.producer(source.input[0])
+            if source is None or source.op_type != "Gather" or len(source.input) < 2:
+                continue
+            table, ids = source.input[0], source.input[1]
+            if self.view.is_const(table) and not self.view.is_const(ids) and self.view.dtype(ids) in ("int32", None):
+                return True
+        return False
+
+    @rule("conv_defects")
+    def _is_conv_defect(self, index: int, node: NodeView) -> bool:
+        """A Conv with one output channel and a stride >= 3, or with padding on an axis whose one output window
+        leaves part of the input out; with unknown shapes, any Conv that has padding or a stride >= 3."""
+        strides = list(self.view.attr(node, "strides") or [])
+        pads = list(self.view.attr(node, "pads") or [])
+        weights = self._static_dims(node.input[1]) if len(node.input) > 1 else None
+        data = self._static_dims(node.input[0]) if node.input else None
+        out = self._static_dims(node.output[0]) if node.output else None
+        wide = any(s >= 3 for s in strides)
+        if weights is None or out is None or data is None:
+            return wide or any(pads)
+        if wide and weights[0] == 1:
+            return True
+        spatial = len(out) - 2
+        if len(pads) != 2 * spatial or len(weights) != spatial + 2:
+            return False
+        dilations = list(self.view.attr(node, "dilations") or [1] * spatial)
+        return any(
+            (pads[d] or pads[spatial + d])
+            and out[2 + d] == 1
+            and data[2 + d] > dilations[d] * (weights[2 + d] - 1) + 1 - pads[d]
+            for d in range(spatial)
+        )
+
+    @rule("runtime_parameters")
+    def _has_runtime_parameters(self, index: int, node: NodeView) -> bool:
+        """A shape-like parameter input (Slice starts/ends/axes/steps, Tile repeats, Expand shape) that is not a
+        constant: QNN HTP refuses the node at session creation."""
+        p = self.view.pattern("runtime_parameters") or {}
+        positions = p.get("inputs", {}).get(node.op_type, [])
+        return any(i < len(node.input) and node.input[i] and not self.view.is_const(node.input[i]) for i in positions)
+
+    @rule("convtranspose_dilation")
+    def _is_dilated(self, index: int, node: NodeView) -> bool:
+        """ConvTranspose with a dilation above 1 (QNN HTP refuses it)."""
+        return any(d != 1 for d in (self.view.attr(node, "dilations") or []))
+
+
+#: Every registered rule, in definition order.
+PATTERN_RULES: tuple[PatternRule, ...] = tuple(_RULES)

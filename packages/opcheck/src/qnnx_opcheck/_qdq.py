@@ -11,13 +11,18 @@ import attrs
 from qnnx_opcheck._model import NodeView
 from qnnx_opcheck._outcomes import Decision, cell_decision
 from qnnx_opcheck._report import NodeVerdict
-from qnnx_opcheck._view import QDQ_DOMAINS, QDQ_OPS, _GraphView
+from qnnx_opcheck._view import QDQ_DOMAINS, QDQ_OPS, GraphView
 
-__all__ = ["_QdqRules"]
+__all__ = ["QdqRules"]
 
 
-class _QdqRules(_GraphView):
-    """The QDQ rules of the checker."""
+class QdqRules:
+    """The QDQ rules of the checker, on one graph."""
+
+    def __init__(self, view: GraphView) -> None:
+        self.view = view
+        self.t = view.t
+        self.f = view.f
 
     def _weight_class(self, node: NodeView) -> str | None:
         """The quantized weights a QDQ node reads, as the probe names them: the element type of each constant
@@ -25,18 +30,18 @@ class _QdqRules(_GraphView):
         (sorted, comma-joined); None when the node reads no quantized constant."""
         classes = set()
         for name in node.input:
-            dq = self._quantized_constant(name)
+            dq = self.view.quantized_constant(name)
             if dq is None:
                 continue
-            elem = self._dtype(dq.input[0])
+            elem = self.view.dtype(dq.input[0])
             if elem is None or elem == "int32":
                 continue
-            scale = self._shape(dq.input[1]) if len(dq.input) > 1 else ()
+            scale = self.view.shape(dq.input[1]) if len(dq.input) > 1 else ()
             channels = math.prod(d for d in scale if isinstance(d, int)) if scale else 1
             classes.add(elem + ("/per_channel" if channels > 1 else ""))
         return ",".join(sorted(classes)) or None
 
-    def _qdq_decision(
+    def decision(
         self, node: NodeView, variants: list[dict[str, Any]], qdq: str, entry: dict[str, Any]
     ) -> Decision | None:
         """The verdict of a node in QDQ form (``qdq`` = ``qdq_<activation type>``) from the cells measured for
@@ -76,7 +81,7 @@ class _QdqRules(_GraphView):
             qdq,
         )
 
-    def _with_node_units(self, verdicts: list[NodeVerdict]) -> list[NodeVerdict]:
+    def with_node_units(self, verdicts: list[NodeVerdict]) -> list[NodeVerdict]:
         """Q/DQ nodes share the fate of the QDQ op they wrap: the QNN EP takes a DequantizeLinear -> op ->
         QuantizeLinear group as one unit, so when it refuses the op, the DequantizeLinear nodes that feed only
         refused ops and the QuantizeLinear nodes after it go to the CPU EP too (onnxruntime-qnn 2.7.0, measured)."""

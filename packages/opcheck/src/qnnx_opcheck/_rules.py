@@ -1,9 +1,10 @@
 """The checker: one verdict per node from the table entry, the node's dtypes/ranks/attributes and the
 multi-node patterns the table lists.
 
-The order of the rules is here (:meth:`_Checker._decide`); the rules themselves are grouped by theme in the base
-classes: QDQ (``_qdq``), the table's patterns (``_patterns``, on the value analysis of ``_values``), measured
-conditions (``_conditions``), all reading the graph through ``_view``.
+The order of the table-wide rules is here (:meth:`Checker._decide`); the checker delegates to collaborators
+grouped by theme: QDQ (``_qdq``), the table's patterns (``_patterns``, whose matchers register themselves in
+``PATTERN_RULES``, on the value analysis of ``_values``), measured conditions (``_conditions``), all reading the
+graph through one ``GraphView`` (``_view``).
 """
 
 from __future__ import annotations
@@ -12,25 +13,35 @@ import logging
 import re
 from typing import Any
 
-from qnnx_opcheck._conditions import _Conditions
+from qnnx_opcheck._conditions import Conditions
 from qnnx_opcheck._control import CONTROL_FLOW_MEASURED, branch_model, outer_reads
-from qnnx_opcheck._model import NodeView, read_facts
+from qnnx_opcheck._model import GraphFacts, NodeView, read_facts
 from qnnx_opcheck._outcomes import KIND_STATUS, Decision, cell_decision
-from qnnx_opcheck._patterns import _Patterns
-from qnnx_opcheck._qdq import _QdqRules
+from qnnx_opcheck._patterns import PATTERN_RULES, Patterns
+from qnnx_opcheck._qdq import QdqRules
 from qnnx_opcheck._report import NodeVerdict
 from qnnx_opcheck._shapes import fix_flags
-from qnnx_opcheck._view import FLOATS, QDQ_DOMAINS
+from qnnx_opcheck._tables import OpTable
+from qnnx_opcheck._values import ValueAnalysis
+from qnnx_opcheck._view import FLOATS, QDQ_DOMAINS, GraphView
 
-__all__ = ["_Checker"]
+__all__ = ["Checker"]
 
 _log = logging.getLogger("qnnx_opcheck._check")  # the checker's warnings keep the name they always had
 
 
-class _Checker(_QdqRules, _Patterns, _Conditions):
-    """The verdicts of one graph's nodes against one table (the rules are split by theme across the base classes)."""
+class Checker:
+    """The verdicts of one graph's nodes against one table, with the rules of each theme in a collaborator."""
 
-    _table_dtypes: frozenset[str] | None = None  # every dtype some cell of the table holds, on first use
+    def __init__(self, table: OpTable, facts: GraphFacts) -> None:
+        self.view = GraphView(table, facts)
+        self.t = table
+        self.f = facts
+        self.patterns = Patterns(self.view, ValueAnalysis(self.view))
+        self.conditions = Conditions(self.view)
+        self.qdq = QdqRules(self.view)
+        self._table_dtypes: frozenset[str] | None = None  # every dtype some cell of the table holds, on first use
+        self._sources: dict[str, frozenset[str]] | None = None  # graph inputs reaching each value, on first use
 
     def verdicts(self) -> list[NodeVerdict]:
         out = []
@@ -49,7 +60,7 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
                         reason=f"opcheck could not evaluate this node ({type(exc).__name__}: {exc})",
                     )
                 )
-        return self._with_node_units(out)
+        return self.qdq.with_node_units(out)
 
     def _verdict(self, index: int, node: NodeView) -> NodeVerdict:
         name = node.name or f"n{index}"
@@ -67,7 +78,7 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         )
 
     def _decide(self, index: int, node: NodeView, domain: str) -> Decision:
-        p = self._pattern("constant_folded")
+        p = self.view.pattern("constant_folded")
         # Constant nodes become initializers when onnxruntime loads the graph, wherever their output goes.
         if (
             p is not None
@@ -75,36 +86,36 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
             and (node.op_type == "Constant" or (node.output and all(o in self.f.constants for o in node.output if o)))
         ):
             return "constant_folded", p["reason"], p.get("evidence"), None
-        p = self._pattern("dropout_removed")
+        p = self.view.pattern("dropout_removed")
         if p is not None and node.op_type == "Dropout" and domain == "":
             mask = node.output[1] if len(node.output) > 1 else ""
             if not mask or (mask not in self.f.consumers and mask not in self.f.graph_outputs):
                 return "removed", p["reason"], p.get("evidence"), None
 
-        p = self._pattern("qdq_constant_dequantize")
+        p = self.view.pattern("qdq_constant_dequantize")
         if (
             p is not None
             and node.op_type == "DequantizeLinear"
             and domain in QDQ_DOMAINS
-            and self._is_const(node.input[0])
+            and self.view.is_const(node.input[0])
         ):
-            return "fused", p["reason"], p.get("evidence"), self._dtype(node.input[0])
+            return "fused", p["reason"], p.get("evidence"), self.view.dtype(node.input[0])
 
         if domain == "" and node.op_type in ("If", "Loop", "Scan") and self._control_flow_measured():
             return self._control_flow(node)
         kind, reason, evidence, dtype = self._op_decision(node, domain)
 
         if node.op_type == "Erf" and kind != "supported":
-            p = self._pattern("erf_gelu_fusion")
-            if p is not None and self._is_erf_gelu(index, node):
+            p = self.view.pattern("erf_gelu_fusion")
+            if p is not None and self.patterns.is_erf_gelu(index, node):
                 return "fused", p["reason"], p.get("evidence"), dtype
         if KIND_STATUS.get(kind) == "unsupported":
             return kind, reason, evidence, dtype
-        p = self._pattern("dynamic_shape")
-        if p is not None and not self.f.symbolic_inputs and self._dynamic_value(node) is not None:
+        p = self.view.pattern("dynamic_shape")
+        if p is not None and not self.f.symbolic_inputs and self.patterns.dynamic_value(node) is not None:
             # Every graph input is static, yet shape inference (with constant folding) left a dim unknown here:
             # onnxruntime's own inference may resolve it, so this is not a refusal, but opcheck cannot vouch for it.
-            name, shape = self._dynamic_value(node) or ("", ())
+            name, shape = self.patterns.dynamic_value(node) or ("", ())
             return (
                 "unknown_shape",
                 f"opcheck could not infer a static shape for '{name}' ({list(shape)}) although every graph input is "
@@ -113,45 +124,31 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
                 dtype,
             )
         if p is not None and self.f.symbolic_inputs:
-            dyn = self._dynamic_value(node)
+            dyn = self.patterns.dynamic_value(node)
             if dyn is not None:
                 fix = self._shape_fix(dyn[1], node)
                 text = f"{p['reason']} (value '{dyn[0]}' has shape {list(dyn[1])})"
                 return p["kind"], text + (f"; fix: {fix}" if fix else ""), p.get("evidence"), dtype
-        p = self._pattern("rank_limit")
+        p = self.view.pattern("rank_limit")
         if p is not None:
-            big = self._over_rank(node, int(p["max_rank"]))
+            big = self.patterns.over_rank(node, int(p["max_rank"]))
             if big is not None:
                 return p["kind"], f"{p['reason']} ('{big[0]}' has rank {big[1]})", p.get("evidence"), dtype
-        p = self._pattern("empty_tensor")
-        if p is not None and self._touches_empty(node):
+        p = self.view.pattern("empty_tensor")
+        if p is not None and self.patterns.touches_empty(node):
             return p["kind"], p["reason"], p.get("evidence"), dtype
-        measured = self._measured(node)
+        measured = self.conditions.measured(node)
         if measured is not None:
             return measured[0], measured[1], measured[2], dtype
-        for pid, matcher in (
-            ("add_const_broadcast_layernorm", self._is_add_const_ln),
-            ("rmsnorm_mul_weight", self._is_rmsnorm_mul),
-            ("fp16_discontinuous", self._is_fp16_discontinuous),
-            ("fp16_imprecise", self._is_float_op),
-            ("pow_fractional_exponent", self._is_pow_fractional),
-            ("averagepool_defects", self._is_avgpool_defect),
-            ("nonfinite_constant", self._uses_nonfinite_constant),
-            ("runtime_indices", self._has_runtime_indices),
-            ("gather_runtime_inner_axis", self._is_gather_inner_runtime),
-            ("gather_scaled_by_constant", self._is_gather_scaled),
-            ("conv_defects", self._is_conv_defect),
-            ("runtime_parameters", self._has_runtime_parameters),
-            ("convtranspose_dilation", self._is_dilated),
-        ):
-            p = self._pattern(pid)
-            if p is not None and node.op_type in p.get("ops", ()) and matcher(index, node):
+        for rule in PATTERN_RULES:
+            p = self.view.pattern(rule.pattern)
+            if p is not None and node.op_type in p.get("ops", ()) and rule.matcher(self.patterns, index, node):
                 return p["kind"], p["reason"] + (f" Fix: {p['fix']}" if p.get("fix") else ""), p.get("evidence"), dtype
-        condition = self._node_condition(node)
+        condition = self.patterns.node_condition(node)
         if condition is not None:
             return condition[0], condition[1], condition[2], dtype
         if kind == "supported":
-            p = self._pattern("int64_saturation")
+            p = self.view.pattern("int64_saturation")
             ops = p.get("ops", ()) if p is not None else ()
             if p is not None and dtype == "int64" and ("*" in ops or node.op_type in ops):
                 return "caveat", p["reason"], p.get("evidence"), dtype
@@ -174,7 +171,7 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
 
     def _symbolic_sources(self, node: NodeView) -> frozenset[str]:
         """The graph inputs with symbolic dims that reach the node (one forward pass over the graph, cached)."""
-        cache: dict[str, frozenset[str]] | None = getattr(self, "_sources", None)
+        cache = self._sources
         if cache is None:
             cache = {name: frozenset([name]) for name in self.f.symbolic_inputs}
             for n in self.f.nodes:
@@ -222,7 +219,7 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
                     None,
                 )
             sub = branch_model(self.f.model, attr.g, outer, inits)
-            report = _Checker(self.t, read_facts(sub, (), f"the {attr.name}")).verdicts()
+            report = Checker(self.t, read_facts(sub, (), f"the {attr.name}")).verdicts()
             bad += [f"{attr.name} {v.op_type} '{v.node_name}': {v.reason}" for v in report if v.status == "unsupported"]
             caveats += [f"{attr.name} {v.op_type} '{v.node_name}'" for v in report if v.status == "hazard"]
         if bad:
@@ -279,7 +276,7 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         if dtype is None:
             return self._unknown_dtype(node, variants[0], entry)
         if qdq is not None:
-            decided = self._qdq_decision(node, variants, qdq, entry)
+            decided = self.qdq.decision(node, variants, qdq, entry)
             if decided is not None:
                 return decided
         for v in variants:
@@ -304,7 +301,7 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
                         keys.update(part.removeprefix("qdq_").removeprefix("w=") for part in k.split("/"))
             self._table_dtypes = frozenset(keys)
         for name in (*node.input, *node.output):
-            dtype = self._dtype(name) if name else None
+            dtype = self.view.dtype(name) if name else None
             if dtype is not None and dtype not in self._table_dtypes:
                 return name, dtype
         return None
@@ -334,26 +331,28 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
     def _matches(self, when: dict[str, Any], node: NodeView) -> bool:
         for key, arg in when.items():
             if key == "rank" or key == "output_rank":
-                shape = self._shape(node.input[0] if key == "rank" else node.output[0])
+                shape = self.view.shape(node.input[0] if key == "rank" else node.output[0])
                 if shape is None or not (arg[0] <= len(shape) <= arg[1]):
                     return False
             elif key == "attr":
                 for name, allowed in arg.items():
-                    if self._attr(node, name) not in allowed:
+                    if self.view.attr(node, name) not in allowed:
                         return False
             elif key == "const_inputs":
-                if not all(i < len(node.input) and self._is_static(node.input[i]) for i in arg):
+                if not all(i < len(node.input) and self.view.is_static(node.input[i]) for i in arg):
                     return False
             elif key == "dynamic_inputs":
-                if not all(i < len(node.input) and node.input[i] and not self._is_static(node.input[i]) for i in arg):
+                if not all(
+                    i < len(node.input) and node.input[i] and not self.view.is_static(node.input[i]) for i in arg
+                ):
                     return False
             elif key == "input_dtype":
                 idx, allowed = arg
-                if idx >= len(node.input) or self._dtype(node.input[idx]) not in allowed:
+                if idx >= len(node.input) or self.view.dtype(node.input[idx]) not in allowed:
                     return False
             elif key == "const_input_not_all":
                 idx, value = arg
-                val = self._const_value(node.input[idx]) if idx < len(node.input) else None
+                val = self.view.const_value(node.input[idx]) if idx < len(node.input) else None
                 if val is None or bool((val == value).all()):
                     return False
             elif key == "opset":
@@ -369,12 +368,12 @@ class _Checker(_QdqRules, _Patterns, _Conditions):
         idx = int(idx_s or 0)
         names = node.input if where == "input" else node.output
         name = names[idx] if idx < len(names) else ""
-        dtype = self._dtype(name)
+        dtype = self.view.dtype(name)
         qdq = None
         if dtype in FLOATS and where == "input":
             producer = self.f.producers.get(name)
             if producer is not None and self.f.nodes[producer].op_type == "DequantizeLinear":
-                qtype = self._dtype(self.f.nodes[producer].input[0])
+                qtype = self.view.dtype(self.f.nodes[producer].input[0])
                 if qtype is not None:
                     qdq = f"qdq_{qtype}"
         return dtype, qdq

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qnnx_opcheck._view import FLOATS, _GraphView
+from qnnx_opcheck._view import FLOATS, GraphView
 
-__all__ = ["_ValueRules"]
+__all__ = ["ValueAnalysis"]
 
 # Ops whose output is finite (or bool) for an infinite input: an infinity stops there, as a -inf mask does in
 # attention's Softmax.
@@ -81,18 +81,23 @@ _KEEPS_NON_NEGATIVE = {
 }
 
 
-class _ValueRules(_GraphView):
-    """The value analysis the patterns use."""
+class ValueAnalysis:
+    """The value analysis the patterns use, on one graph (memoized per graph)."""
 
-    def _non_negative(self, name: str, depth: int = 0) -> bool:
+    def __init__(self, view: GraphView) -> None:
+        self.view = view
+        self.f = view.f
+        self._memos: dict[str, dict[str, bool]] = {}
+
+    def non_negative(self, name: str, depth: int = 0) -> bool:
         """Whether ``name`` is >= 0 by construction (NaN aside): a constant >= 0, or the output of an op that only
         gives non-negative values from what it is given."""
         import numpy as np
 
         if depth > 12 or not name:
             return False
-        if self._is_const(name):
-            value = self._const_value(name)
+        if self.view.is_const(name):
+            value = self.view.const_value(name)
             return value is not None and getattr(value, "size", 0) > 0 and bool((np.asarray(value) >= 0).all())
         idx = self.f.producers.get(name)
         if idx is None:
@@ -104,7 +109,7 @@ class _ValueRules(_GraphView):
         if op == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
             return True  # x * x
         if op == "Pow" and len(node.input) == 2:
-            exponent = self._const_value(node.input[1])
+            exponent = self.view.const_value(node.input[1])
             if (
                 exponent is not None
                 and np.asarray(exponent).size == 1
@@ -113,14 +118,14 @@ class _ValueRules(_GraphView):
                 return True  # an even power
         if op in _KEEPS_NON_NEGATIVE:
             data = [i for i in node.input[: _KEEPS_NON_NEGATIVE[op]] if i]
-            return bool(data) and all(self._non_negative(i, depth + 1) for i in data)
+            return bool(data) and all(self.non_negative(i, depth + 1) for i in data)
         if op == "Clip" and len(node.input) > 1 and node.input[1]:
-            return self._non_negative(node.input[1], depth + 1)  # a lower bound >= 0
+            return self.non_negative(node.input[1], depth + 1)  # a lower bound >= 0
         if op == "Max":
-            return any(self._non_negative(i, depth + 1) for i in node.input if i)
+            return any(self.non_negative(i, depth + 1) for i in node.input if i)
         return False
 
-    def _reaches_output_unabsorbed(self, name: str) -> bool:
+    def reaches_output_unabsorbed(self, name: str) -> bool:
         """Whether an infinity in ``name`` can reach a graph output, i.e. a path to an output that does not pass
         through an op turning -inf into a finite number (Softmax, Exp, Sigmoid, Relu...) or into a bool."""
         seen: set[str] = set()
@@ -142,14 +147,14 @@ class _ValueRules(_GraphView):
     def _const_nonfinite(self, name: str) -> bool:
         import numpy as np
 
-        value = self._const_value(name)
+        value = self.view.const_value(name)
         kind = getattr(getattr(value, "dtype", None), "kind", None)
         return kind == "f" and not bool(np.isfinite(value).all())
 
     def _any_upstream(self, name: str, memo_key: str, leaf: Callable[[str, int | None], bool | None]) -> bool:
         """Whether ``name`` holds a property that ``leaf(value, producer index)`` decides for a value (True or False)
         or leaves to the producer's inputs (None: true when any input has it); memoized per ``memo_key``."""
-        memo = self.__dict__.setdefault(memo_key, {})
+        memo = self._memos.setdefault(memo_key, {})
         stack = [name]
         while stack:
             cur = stack[-1]
@@ -170,13 +175,13 @@ class _ValueRules(_GraphView):
             stack.pop()
         return bool(memo[name])
 
-    def _from_nonfinite_constant(self, name: str) -> bool:
+    def from_nonfinite_constant(self, name: str) -> bool:
         """Whether ``name`` is a non-finite constant, or is computed from one without a graph input in between and
         without an op that absorbs infinities: a -inf mask that onnxruntime folds (Where of constants), or a -inf
         passed through CastLike, holds -inf at run time although opcheck does not know the folded value."""
 
         def leaf(cur: str, idx: int | None) -> bool | None:
-            if self._is_const(cur) and (idx is None or self._const_value(cur) is not None):
+            if self.view.is_const(cur) and (idx is None or self.view.const_value(cur) is not None):
                 return self._const_nonfinite(cur)
             if idx is None or self.f.nodes[idx].op_type in _ABSORB_INFINITY:
                 return False
@@ -184,13 +189,13 @@ class _ValueRules(_GraphView):
 
         return self._any_upstream(name, "_from_nonfinite_memo", leaf)
 
-    def _may_hold_nonfinite(self, name: str) -> bool:
+    def may_hold_nonfinite(self, name: str) -> bool:
         """Whether ``name`` can hold inf or NaN at run time: it is (or is computed from) a float graph input or a
         non-finite constant. Overflow inside the graph (exp of a large number) is not tracked."""
 
         def leaf(cur: str, idx: int | None) -> bool | None:
-            if self._is_const(cur):
+            if self.view.is_const(cur):
                 return self._const_nonfinite(cur)
-            return self._dtype(cur) in FLOATS if idx is None else None  # a graph input: a float may hold inf
+            return self.view.dtype(cur) in FLOATS if idx is None else None  # a graph input: a float may hold inf
 
         return self._any_upstream(name, "_nonfinite_memo", leaf)

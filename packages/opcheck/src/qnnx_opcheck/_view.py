@@ -11,7 +11,7 @@ import onnx
 from qnnx_opcheck._model import GraphFacts, NodeView
 from qnnx_opcheck._tables import OpTable
 
-__all__ = ["FLOATS", "QDQ_DOMAINS", "QDQ_OPS", "_GraphView"]
+__all__ = ["FLOATS", "QDQ_DOMAINS", "QDQ_OPS", "GraphView"]
 
 FLOATS = ("float32", "float16", "bfloat16")
 # QuantizeLinear/DequantizeLinear in either domain onnxruntime's quantizer writes: the QNN EP takes both alike.
@@ -27,40 +27,40 @@ def _schema(op_type: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
         return None
 
 
-class _GraphView:
-    """One graph, checked against one table: the base of the rule classes that make up the checker."""
+class GraphView:
+    """One graph, checked against one table: what every collaborator of the checker reads the graph through."""
 
     def __init__(self, table: OpTable, facts: GraphFacts) -> None:
         self.t = table
         self.f = facts
         self.patterns = table.patterns
 
-    def _dtype(self, name: str) -> str | None:
+    def dtype(self, name: str) -> str | None:
         v = self.f.values.get(name) if name else None
         return v.dtype if v is not None else None
 
-    def _shape(self, name: str) -> tuple[int | str | None, ...] | None:
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
         v = self.f.values.get(name) if name else None
         return v.shape if v is not None else None
 
-    def _is_const(self, name: str) -> bool:
+    def is_const(self, name: str) -> bool:
         return bool(name) and name in self.f.constants
 
-    def _is_static(self, name: str) -> bool:
+    def is_static(self, name: str) -> bool:
         """A constant, or the DequantizeLinear of one (a quantized weight: QNN takes it as a static tensor)."""
-        return self._is_const(name) or self._quantized_constant(name) is not None
+        return self.is_const(name) or self.quantized_constant(name) is not None
 
-    def _quantized_constant(self, name: str) -> NodeView | None:
+    def quantized_constant(self, name: str) -> NodeView | None:
         """The DequantizeLinear (ONNX or com.microsoft) that produces ``name`` from a constant, else None."""
-        producer = self._producer(name) if name else None
+        producer = self.producer(name) if name else None
         if producer is None or producer.op_type != "DequantizeLinear" or producer.domain not in QDQ_DOMAINS:
             return None
-        return producer if producer.input and self._is_const(producer.input[0]) else None
+        return producer if producer.input and self.is_const(producer.input[0]) else None
 
-    def _const_value(self, name: str) -> Any:
+    def const_value(self, name: str) -> Any:
         return self.f.const_values.get(name) if name else None
 
-    def _attr(self, node: NodeView, name: str) -> Any:
+    def attr(self, node: NodeView, name: str) -> Any:
         for a in node.attribute:
             if a.name == name:
                 value = onnx.helper.get_attribute_value(a)
@@ -73,18 +73,18 @@ class _GraphView:
                 return value.decode() if isinstance(value, bytes) else value
         return None
 
-    def _pattern(self, pid: str) -> dict[str, Any] | None:
+    def pattern(self, pid: str) -> dict[str, Any] | None:
         return self.patterns.get(pid)
 
-    def _producer(self, name: str) -> NodeView | None:
+    def producer(self, name: str) -> NodeView | None:
         idx = self.f.producers.get(name)
         return self.f.nodes[idx] if idx is not None else None
 
-    def _consumer_nodes(self, name: str) -> list[NodeView]:
+    def consumer_nodes(self, name: str) -> list[NodeView]:
         return [self.f.nodes[i] for i in self.f.consumers.get(name, ())]
 
-    def _scalar(self, name: str) -> float | None:
-        val = self._const_value(name)
+    def scalar(self, name: str) -> float | None:
+        val = self.const_value(name)
         if val is None or getattr(val, "size", 0) != 1:
             return None
         try:
