@@ -116,3 +116,24 @@ def test_importing_does_no_work_and_needs_only_the_standard_library() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["[]", "0"]
+
+
+def test_run_main_runs_the_command_or_returns_the_parse_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    assert clikit.run_main(_parser(), ["--count", "4"], lambda args: args.count + 10) == 14
+    assert clikit.run_main(_parser(), ["--version"], lambda args: 99) == 0
+    assert clikit.run_main(_parser(), ["--count", "x"], lambda args: 99) == clikit.EXIT_USAGE
+    assert "tool: error:" in capsys.readouterr().err
+
+
+def test_error_of_reports_the_type_the_message_and_the_named_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert clikit.error_of("tool", True, ValueError("bad value. Fix: pass a good one."), 3) == 3
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["tool: error: bad value.", "tool: fix: pass a good one"]
+    assert json.loads(captured.out)["error"] == {
+        "type": "ValueError",
+        "message": "bad value.",
+        "fix": "pass a good one",
+        "exit_code": 3,
+    }
+    clikit.error_of("tool", False, KeyError("k"), 1, fix="the fallback fix")
+    assert capsys.readouterr().err.splitlines() == ["tool: error: 'k'", "tool: fix: the fallback fix"]

@@ -1,6 +1,8 @@
-"""The command-line conventions the qnnx tools share: ``--soc-model`` chip names, exit codes, one error shape."""
+"""The conventions the qnnx packages share: ``--soc-model`` chip names, exit codes, one error shape on the command
+line, and former public names that warn for one minor release."""
 
-from qnnx_clikit._cli import EXIT_USAGE, Parser, UsageError, error, message_and_fix, out, parse_args
+from qnnx_clikit._cli import EXIT_USAGE, Parser, UsageError, error, error_of, message_and_fix, out, parse_args, run_main
+from qnnx_clikit._renamed import renamed_attributes
 from qnnx_clikit._soc import CHIPS, Chip, chip_number, normalize_chip_name, soc_model
 from qnnx_clikit._version import __version__
 
@@ -13,9 +15,12 @@ __all__ = [
     "__version__",
     "chip_number",
     "error",
+    "error_of",
     "message_and_fix",
     "normalize_chip_name",
     "out",
     "parse_args",
+    "renamed_attributes",
+    "run_main",
     "soc_model",
 ]

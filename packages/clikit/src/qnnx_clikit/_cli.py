@@ -12,10 +12,20 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-__all__ = ["EXIT_USAGE", "Parser", "UsageError", "error", "message_and_fix", "out", "parse_args"]
+__all__ = [
+    "EXIT_USAGE",
+    "Parser",
+    "UsageError",
+    "error",
+    "error_of",
+    "message_and_fix",
+    "out",
+    "parse_args",
+    "run_main",
+]
 
 #: The exit code of a bad command line (an unknown option, a bad value).
 EXIT_USAGE = 2
@@ -52,6 +62,15 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def run_main(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, run: Callable[[argparse.Namespace], int]
+) -> int:
+    """A command's ``main``: parse ``argv`` with ``parser`` (see :func:`parse_args`) and return ``run(args)``, or the
+    exit code of ``--help``, ``--version`` or a usage error (reported) at once."""
+    args = parse_args(parser, argv)
+    return args if isinstance(args, int) else run(args)
+
+
 def out(text: str) -> None:
     """Print ``text`` to stdout; a reader that left (``| head``) is not an error."""
     try:
@@ -83,3 +102,14 @@ def message_and_fix(exc: Exception) -> tuple[str, str | None]:
     text = str(exc).strip()
     head, sep, fix = text.partition(" Fix: ")
     return (head, fix.rstrip(".") or None) if sep else (text, None)
+
+
+def error_of(prog: str, as_json: bool, exc: Exception, code: int, fix: str | None = None) -> int:
+    """Report the exception ``exc`` with :func:`error`: its type name, its message, and the fix the message names
+    (see :func:`message_and_fix`), else ``fix``.
+
+    Returns:
+        ``code``, for ``return error_of(...)``.
+    """
+    message, named = message_and_fix(exc)
+    return error(prog, as_json, type(exc).__name__, message, named or fix, code)

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from qnnx_clikit import Parser, error, message_and_fix, out, parse_args, soc_model
+from qnnx_clikit import Parser, error, error_of, message_and_fix, out, run_main, soc_model
 from qnnx_ctxcache._key import diff_key_material
 from qnnx_ctxcache._layout import ROOT_MARKER, default_root, is_key_prefix
 from qnnx_ctxcache._options import StoreOptions
@@ -251,7 +251,7 @@ def _compile(args: argparse.Namespace, root: Path) -> int:
                 cache_dir=root,
             )
     except InvalidOptionsError as exc:
-        return error(PROG, args.json, type(exc).__name__, *message_and_fix(exc), EXIT_USAGE)
+        return error_of(PROG, args.json, exc, EXIT_USAGE)
     except ImportError as exc:
         return error(PROG, args.json, "ImportError", *message_and_fix(exc), EXIT_ERROR)
     except (QnnxCtxcacheError, OSError):
@@ -346,16 +346,17 @@ def _unpack_text(report: UnpackReport) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``--help``)."""
-    args = parse_args(_parser(), argv)
-    if isinstance(args, int):  # --help, --version, or a usage error (reported)
-        return args
+    return run_main(_parser(), argv, _reported)
+
+
+def _reported(args: argparse.Namespace) -> int:
+    """Run the command; a refusal or a failure is reported in the common error form."""
     try:
         return _run(args)
     except _Failure as exc:
         return error(PROG, args.json, exc.kind, str(exc), exc.fix, EXIT_ERROR)
     except (QnnxCtxcacheError, OSError) as exc:
-        message, fix = message_and_fix(exc)
-        return error(PROG, args.json, type(exc).__name__, message, fix, EXIT_ERROR)
+        return error_of(PROG, args.json, exc, EXIT_ERROR)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from qnnx_clikit import renamed_attributes
+
 __all__ = [
     "ArchiveError",
     "BuildOutputError",
@@ -188,18 +190,6 @@ class StoreNotWritableError(QnnxCtxcacheError, PermissionError):
 
 
 # Former names, kept for one minor release: importing them warns.
-_RENAMED = {"CtxCacheError": "QnnxCtxcacheError", "InvalidStoreOptionsError": "InvalidOptionsError"}
-
-
-def __getattr__(name: str) -> type[Exception]:
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(
-            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_attributes(
+    __name__, {"CtxCacheError": "QnnxCtxcacheError", "InvalidStoreOptionsError": "InvalidOptionsError"}, globals()
+)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from qnnx_clikit import Parser, error, out, parse_args
+from qnnx_clikit import Parser, error, out, run_main
 from qnnx_detection._overrides import ENV_SOC_MODEL
 from qnnx_detection._probe import probe
 from qnnx_detection._report import BackendStatus, ProbeReport
@@ -138,9 +138,10 @@ def render_table(report: ProbeReport) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit status (0 usable, 1 none usable, 2 usage error, 3 error)."""
-    args = parse_args(_parser(), argv)
-    if isinstance(args, int):  # --help, --version, or a usage error (reported)
-        return args
+    return run_main(_parser(), argv, _run)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(name)s: %(message)s")
     try:

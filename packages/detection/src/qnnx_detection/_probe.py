@@ -29,15 +29,7 @@ from qnnx_detection._ep import (
 from qnnx_detection._host import detect_host_soc
 from qnnx_detection._native import is_x86
 from qnnx_detection._overrides import ENV_DEVICE, ENV_DISABLE, ENV_SOC_MODEL, parse_overrides, probe_cache_root
-from qnnx_detection._report import (
-    QNN_DEVICES,
-    BackendStatus,
-    Overrides,
-    PlatformInfo,
-    ProbeReport,
-    QnnDevice,
-    Versions,
-)
+from qnnx_detection._report import QNN_DEVICES, BackendStatus, Overrides, PlatformInfo, ProbeReport, QnnDevice, Versions
 from qnnx_detection._selection import select_device
 from qnnx_detection._soc import DEFAULT_SOC_MODEL, htp_arch, parse_soc_model, soc_name
 from qnnx_detection._tiny_model import tiny_add_model

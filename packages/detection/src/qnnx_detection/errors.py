@@ -6,6 +6,8 @@ misuse (a bad device name or SoC), a missing installation, and a session that QN
 
 from __future__ import annotations
 
+from qnnx_clikit import renamed_attributes
+
 __all__ = [
     "InvalidDeviceError",
     "InvalidOptionsError",
@@ -65,18 +67,4 @@ class SessionCreationError(QnnxDetectionError, RuntimeError):
 
 
 # Former names, kept for one minor release: importing them warns.
-_RENAMED = {"InvalidOptionError": "InvalidOptionsError"}
-
-
-def __getattr__(name: str) -> type[Exception]:
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(
-            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]  # type: ignore[no-any-return,unused-ignore]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_attributes(__name__, {"InvalidOptionError": "InvalidOptionsError"}, globals())

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from qnnx_clikit import Parser, error, message_and_fix, out, parse_args, soc_model
+from qnnx_clikit import Parser, error, error_of, message_and_fix, out, run_main, soc_model
 from qnnx_opcheck._check import check_model
 from qnnx_opcheck._live import LiveReport, live_check
 from qnnx_opcheck._report import OpCheckReport
@@ -166,14 +166,15 @@ def _markdown(report: OpCheckReport, problems_only: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see ``--help``)."""
-    args = parse_args(_parser(), argv)
-    if isinstance(args, int):  # --help, --version, or a usage error (reported)
-        return args
+    return run_main(_parser(), argv, _run)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         free_dims = dict(parse_dim(text) for text in args.dim)
         input_shapes = dict(parse_shape(text) for text in args.shape)
     except InvalidShapeError as exc:
-        return error(PROG, args.json, type(exc).__name__, *message_and_fix(exc), EXIT_USAGE)
+        return error_of(PROG, args.json, exc, EXIT_USAGE)
     try:
         report = check_model(
             args.model,
@@ -184,13 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             input_shapes=input_shapes,
         )
     except (UnknownBackendError, InvalidVersionError, InvalidShapeError) as exc:
-        return error(PROG, args.json, type(exc).__name__, *message_and_fix(exc), EXIT_USAGE)
+        return error_of(PROG, args.json, exc, EXIT_USAGE)
     except ModelLoadError as exc:
         fix = "pass the path of a readable .onnx file (its external data is not needed)"
         return error(PROG, args.json, type(exc).__name__, message_and_fix(exc)[0], fix, EXIT_UNREADABLE)
     except QnnxOpcheckError as exc:  # a broken installation (missing table)
-        message, named = message_and_fix(exc)
-        return error(PROG, args.json, type(exc).__name__, message, named or "reinstall qnnx-opcheck", EXIT_UNREADABLE)
+        return error_of(PROG, args.json, exc, EXIT_UNREADABLE, fix="reinstall qnnx-opcheck")
     live = None
     if args.live:
         if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxruntime_qnn") is None:

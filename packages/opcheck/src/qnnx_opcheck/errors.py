@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from qnnx_clikit import renamed_attributes
+
 if TYPE_CHECKING:
     from qnnx_opcheck._report import NodeVerdict
 
@@ -97,18 +99,4 @@ class UnsupportedOperatorsError(QnnxOpcheckError, ValueError):
 
 
 # Former names, kept for one minor release: importing them warns.
-_RENAMED = {"OpcheckError": "QnnxOpcheckError"}
-
-
-def __getattr__(name: str) -> type[Exception]:
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(
-            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_attributes(__name__, {"OpcheckError": "QnnxOpcheckError"}, globals())
