@@ -13,38 +13,43 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
-import onnx
 
 from qnnx_export.errors import ExportError
 
+if TYPE_CHECKING:
+    import onnx
+
 __all__ = ["Part", "PartsPlan", "extract_parts", "plan_parts", "weight_bytes"]
 
-# Bits per element of each ONNX tensor type (sub-byte types are packed).
+# Bits per element of each ONNX tensor type (onnx.TensorProto's numbers; sub-byte types are packed).
+_FLOAT = 1
+_GRAPH_ATTRIBUTE = 5  # onnx.AttributeProto.GRAPH
 _BITS: dict[int, int] = {
-    onnx.TensorProto.FLOAT: 32,
-    onnx.TensorProto.FLOAT16: 16,
-    onnx.TensorProto.BFLOAT16: 16,
-    onnx.TensorProto.DOUBLE: 64,
-    onnx.TensorProto.INT64: 64,
-    onnx.TensorProto.UINT64: 64,
-    onnx.TensorProto.INT32: 32,
-    onnx.TensorProto.UINT32: 32,
-    onnx.TensorProto.INT16: 16,
-    onnx.TensorProto.UINT16: 16,
-    onnx.TensorProto.INT8: 8,
-    onnx.TensorProto.UINT8: 8,
-    onnx.TensorProto.BOOL: 8,
-    onnx.TensorProto.INT4: 4,
-    onnx.TensorProto.UINT4: 4,
+    1: 32,  # FLOAT
+    10: 16,  # FLOAT16
+    16: 16,  # BFLOAT16
+    11: 64,  # DOUBLE
+    7: 64,  # INT64
+    13: 64,  # UINT64
+    6: 32,  # INT32
+    12: 32,  # UINT32
+    5: 16,  # INT16
+    4: 16,  # UINT16
+    3: 8,  # INT8
+    2: 8,  # UINT8
+    9: 8,  # BOOL
+    22: 4,  # INT4
+    21: 4,  # UINT4
 }
 
 
 def _tensor_bytes(elem_type: int, dims: Sequence[int], float32_bytes: float) -> int:
     count = int(np.prod([int(d) for d in dims], dtype=np.int64)) if dims else 1
-    if elem_type == onnx.TensorProto.FLOAT:
+    if elem_type == _FLOAT:
         return int(count * float32_bytes)
     return (count * _BITS.get(elem_type, 32) + 7) // 8
 
@@ -116,7 +121,7 @@ def _mib(n: int) -> str:
 def _subgraph_uses(node: onnx.NodeProto) -> Iterator[str]:
     """Names a node's subgraphs read (over-approximated: names they define themselves are filtered later)."""
     for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        graphs = [attr.g] if attr.type == _GRAPH_ATTRIBUTE else list(attr.graphs)
         for g in graphs:
             for inner in g.node:
                 yield from (name for name in inner.input if name)
@@ -295,6 +300,8 @@ def extract_parts(model: onnx.ModelProto, plan: PartsPlan) -> list[onnx.ModelPro
     Raises:
         ExportError: A value crossing a cut has no static type (plans from :func:`plan_parts` never cut there).
     """
+    import onnx
+
     types = _value_types(model)
     g = model.graph
     inits = {t.name: t for t in g.initializer}
