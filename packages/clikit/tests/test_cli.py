@@ -137,3 +137,11 @@ def test_error_of_reports_the_type_the_message_and_the_named_fix(capsys: pytest.
     }
     clikit.error_of("tool", False, KeyError("k"), 1, fix="the fallback fix")
     assert capsys.readouterr().err.splitlines() == ["tool: error: 'k'", "tool: fix: the fallback fix"]
+
+
+def test_command_parser_prints_its_epilog_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = clikit.command_parser("tool", "Do one thing.", "examples:\n  tool --x\n  tool --y")
+    assert isinstance(parser, clikit.Parser) and parser.prog == "tool"
+    assert clikit.parse_args(parser, ["--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "Do one thing." in help_text and "examples:\n  tool --x\n  tool --y" in help_text

@@ -1,7 +1,18 @@
 """The conventions the qnnx packages share: ``--soc-model`` chip names, exit codes, one error shape on the command
 line, and former public names that warn for one minor release."""
 
-from qnnx_clikit._cli import EXIT_USAGE, Parser, UsageError, error, error_of, message_and_fix, out, parse_args, run_main
+from qnnx_clikit._cli import (
+    EXIT_USAGE,
+    Parser,
+    UsageError,
+    command_parser,
+    error,
+    error_of,
+    message_and_fix,
+    out,
+    parse_args,
+    run_main,
+)
 from qnnx_clikit._renamed import renamed_attributes
 from qnnx_clikit._soc import CHIPS, Chip, chip_number, normalize_chip_name, soc_model
 from qnnx_clikit._version import __version__
@@ -14,6 +25,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "chip_number",
+    "command_parser",
     "error",
     "error_of",
     "message_and_fix",

@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_USAGE",
     "Parser",
     "UsageError",
+    "command_parser",
     "error",
     "error_of",
     "message_and_fix",
@@ -42,6 +43,14 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         raise UsageError(message)
+
+
+def command_parser(prog: str, description: str, epilog: str) -> Parser:
+    """The top-level :class:`Parser` of a qnnx command: its name, its description, and an epilog (examples, exit
+    codes) printed as written."""
+    return Parser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace | int:

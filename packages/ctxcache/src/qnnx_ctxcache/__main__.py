@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from qnnx_clikit import Parser, error, error_of, message_and_fix, out, run_main, soc_model
+from qnnx_clikit import Parser, command_parser, error, error_of, message_and_fix, out, run_main, soc_model
 from qnnx_ctxcache._key import diff_key_material
 from qnnx_ctxcache._layout import ROOT_MARKER, default_root, is_key_prefix
 from qnnx_ctxcache._options import StoreOptions
@@ -138,11 +138,8 @@ class _Failure(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog=PROG,
-        description="Inspect and maintain a qnnx-ctxcache store of compiled ONNX Runtime EP contexts.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = command_parser(
+        PROG, "Inspect and maintain a qnnx-ctxcache store of compiled ONNX Runtime EP contexts.", _EPILOG
     )
     parser.add_argument("--root", type=Path, default=None, help="cache root (default: $QNNX_CTXCACHE_DIR or per-user)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

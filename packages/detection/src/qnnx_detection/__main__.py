@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from qnnx_clikit import Parser, error, out, run_main
+from qnnx_clikit import command_parser, error, out, run_main
 from qnnx_detection._overrides import ENV_SOC_MODEL
 from qnnx_detection._probe import probe
 from qnnx_detection._report import BackendStatus, ProbeReport
@@ -53,12 +53,11 @@ def _soc_model(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog=PROG,
-        description="Report what Qualcomm QNN (through ONNX Runtime) can do on this machine: which backends "
+    parser = command_parser(
+        PROG,
+        "Report what Qualcomm QNN (through ONNX Runtime) can do on this machine: which backends "
         "initialize, on real silicon or the host simulator, which SoC, and the versions involved.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        _EPILOG,
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument(

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from qnnx_clikit import Parser, error, error_of, message_and_fix, out, run_main, soc_model
+from qnnx_clikit import command_parser, error, error_of, message_and_fix, out, run_main, soc_model
 from qnnx_opcheck._check import check_model
 from qnnx_opcheck._live import LiveReport, live_check
 from qnnx_opcheck._report import OpCheckReport
@@ -76,11 +76,8 @@ def _version(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog=PROG,
-        description="Check, node by node, whether a QNN device (NPU/HTP or GPU) can run an ONNX model.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command_parser(
+        PROG, "Check, node by node, whether a QNN device (NPU/HTP or GPU) can run an ONNX model.", _EPILOG
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("model", help="path of the .onnx file (external data is not needed)")
