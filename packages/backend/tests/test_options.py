@@ -234,6 +234,7 @@ _KEYED_VALUES = {
     "verify": st.booleans(),
     "verify_rtol": st.floats(min_value=1e-4, max_value=1.0),
     "max_graphs": st.integers(min_value=1, max_value=64),
+    "max_graph_bytes": st.sampled_from([1 << 20, 1 << 30]),
     "buckets": st.sampled_from([None, "auto", (16, 64)]),
 }
 
@@ -248,7 +249,7 @@ def test_cache_material_follows_exactly_the_keyed_options(a, b):
 
     oa, ob = BackendOptions.from_mapping(a), BackendOptions.from_mapping(b)
     keyed = [f.name for f in attrs.fields(BackendOptions) if callable(f.metadata[CACHE_KEY])]
-    assert set(keyed) == {"fp16", "provider_options", "partition", "disable_passes", "exporter"}
+    assert set(keyed) == {"fp16", "provider_options", "partition", "disable_passes", "exporter", "max_graph_bytes"}
     same = all(getattr(oa, n) == getattr(ob, n) for n in keyed if n != "partition")
     same = same and oa.resolved_partition == ob.resolved_partition
     assert (oa.cache_material() == ob.cache_material()) == same

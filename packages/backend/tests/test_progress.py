@@ -15,6 +15,8 @@ def test_stage_follows_the_recorded_timings() -> None:
     assert _progress.stage({}) == "analyzing the graph"
     assert _progress.stage({"analyze": 0.1}) == "exporting to ONNX"
     assert _progress.stage({"analyze": 0.1, "export": 1.0, "opcheck_npu": 0.1}) == "building the QNN session"
+    parts = {"analyze": 0.1, "export": 1.0, "opcheck_npu": 0.1, "building_part": 2, "parts": 5}
+    assert _progress.stage(parts) == "building the QNN session, part 2 of 5"
 
 
 def test_long_compile_reports_stage_and_time(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -32,6 +32,7 @@ import torch
 from qnnx_backend import _buckets, _session
 from qnnx_backend._export import CompileContext, analyze, export_once
 from qnnx_backend._options import BackendOptions
+from qnnx_backend._parts import PartedModel, stage_parts
 from qnnx_backend._payload import SAFE_NAME, pack_payload
 from qnnx_backend._program import QnnProgram
 from qnnx_backend._session import CTX_FILE, DeviceRejected, StagedModel
@@ -174,24 +175,58 @@ def _variant_record(graph: SavableGraph, variant: QnnVariant, blobs: list[bytes]
         "allow_cpu_fallback": bool(session_kwargs.get("allow_cpu_fallback")),
     }
     model = _onnx_model(graph, variant, program)
+    parts = _parts_of(model, source, graph.options.max_graph_bytes, program)
     record["model"] = {"model_file": model.path.name, "files": _add_folder(model.path.parent, blobs)}
+    ctx_files = [CTX_FILE] if parts is None else [f"part{k}_{CTX_FILE}" for k in range(len(parts.paths))]
+    if parts is not None:  # the parts, each its own model file beside the one weight file
+        record["model"]["parts"] = parts.metadata([Path(p).name for p in parts.paths])
     context: dict[str, bytes] | None = None
-    if isinstance(source, str):  # a context the cache holds: its files, if still there
+    cached = (
+        [source]
+        if isinstance(source, str)
+        else list(source.paths)
+        if isinstance(source, PartedModel) and _is_context(source)
+        else []
+    )
+    if cached:  # contexts the cache holds: their files, if still there
         try:
-            context = _context_files(Path(source))
+            context = {name: data for path in cached for name, data in _context_files(Path(path)).items()}
         except OSError as exc:
-            logger.info("qnn backend: cached context %s is gone (%s); compiling it again to save it", source, exc)
+            logger.info("qnn backend: cached context %s is gone (%s); compiling it again to save it", cached[0], exc)
     if context is None:
-        context = _compile_context(model, program.target.device, session_kwargs)
-    record["context"] = {"model_file": CTX_FILE, "files": _add(context, blobs)}
+        context = _compile_context(model if parts is None else parts, program.target.device, session_kwargs, ctx_files)
+    record["context"] = {"model_file": ctx_files[0], "files": _add(context, blobs)}
+    if parts is not None:
+        record["context"]["parts"] = parts.metadata(ctx_files)
     return record
+
+
+def _is_context(source: object) -> bool:
+    """True for parts loaded from compiled contexts (the cache's), False for staged ONNX parts."""
+    return isinstance(source, PartedModel) and all(Path(p).name.endswith(CTX_FILE) for p in source.paths)
+
+
+def _parts_of(model: StagedModel, source: object, max_bytes: int, program: QnnProgram) -> PartedModel | None:
+    """The staged parts of a graph that runs as parts (planned again on ``model`` when it was exported anew to
+    save it); None for a graph of one context."""
+    if not isinstance(source, PartedModel):
+        return None
+    if not _is_context(source) and source.keep is model:
+        return source
+    parts, _line = stage_parts(
+        model.path, max_bytes, device=program.target.device, cpu_nodes=tuple(program.cpu_nodes), keep=model
+    )
+    return parts
 
 
 def _onnx_model(graph: SavableGraph, variant: QnnVariant, program: QnnProgram) -> Any:
     """The ONNX model ``program`` was compiled from; exported again when it came from the context cache."""
     staged = program.source_model
-    if staged is None and isinstance(program.source.model, StagedModel):
-        staged = program.source.model
+    source = program.source.model
+    if isinstance(source, PartedModel) and isinstance(source.keep, StagedModel):
+        source = source.keep  # the staged model its parts were cut from
+    if staged is None and isinstance(source, StagedModel):
+        staged = source
     if staged is not None:
         return staged
     opts = graph.options
@@ -255,8 +290,10 @@ def _context_files(ctx_model: Path) -> dict[str, bytes]:
     return {name: (ctx_model.parent / name).read_bytes() for name in sorted(names)}
 
 
-def _compile_context(model: Any, device: str, session_kwargs: Mapping[str, Any]) -> dict[str, bytes]:
-    """Compile ``model`` for ``device`` once more, writing its context, and read the context's files."""
+def _compile_context(
+    model: Any, device: str, session_kwargs: Mapping[str, Any], ctx_files: Sequence[str] = (CTX_FILE,)
+) -> dict[str, bytes]:
+    """Compile ``model`` for ``device`` once more, writing its context (one per part), and read the files."""
     import qnnx_detection
 
     folder = Path(tempfile.mkdtemp(prefix="qnnx-aot-ctx-"))
@@ -267,7 +304,7 @@ def _compile_context(model: Any, device: str, session_kwargs: Mapping[str, Any])
         except qnnx_detection.errors.SessionCreationError as exc:
             raise SavedGraphError(f"compiling the graph's context for saving failed on {device}: {exc.cause}") from exc
         del session
-        return _context_files(folder / CTX_FILE)
+        return {name: data for ctx in ctx_files for name, data in _context_files(folder / ctx).items()}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -27,6 +27,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 
 from qnnx_backend import _buckets, _report, _session
 from qnnx_backend._options import BackendOptions
+from qnnx_backend._parts import PartedModel
 from qnnx_backend._payload import FIX_SAVE, SAFE_NAME, fingerprint_differences, unpack_payload
 from qnnx_backend._program import (
     CpuEpProgram,
@@ -209,6 +210,7 @@ class LoadedGraph(SerializableCallable):
             onnx_nodes=record.get("onnx_nodes"),
             passes_applied=tuple(record.get("passes_applied") or ()),
             placement=dict(program.placement),
+            parts=tuple(_report.PartReport(**p.to_dict()) for p in program.parts),
             input_shapes=tuple(tuple(s) for s in record.get("input_shapes") or ()),
             bucket=None if bucket is None else tuple(bucket),
             timings={"total": time.perf_counter() - start},
@@ -251,10 +253,10 @@ class LoadedGraph(SerializableCallable):
                 try:
                     # Marked while ORT reads it: if the process dies here, the next one rebuilds instead.
                     with store.guard_load(name) if store is not None else contextlib.nullcontext():
-                        session = _session.create_for_device(str(ctx), device, kwargs)
+                        session = _session.create_for_device(_model_of(ctx, record["context"]), device, kwargs)
                 except qnnx_detection.errors.SessionCreationError as exc:
                     differences.append(f"its compiled context did not load ({exc.cause})")
-            source = str(ctx)
+            source = _model_of(ctx, record["context"])
         if session is None:
             cause = "; ".join(differences)
             if self._strict:
@@ -271,12 +273,12 @@ class LoadedGraph(SerializableCallable):
             model = self._write(f"graph{n}-model", record["model"], blobs)
             self._check_ops(model, device, bool(kwargs["allow_cpu_fallback"]))
             try:
-                session = _session.create_for_device(str(model), device, kwargs)
+                session = _session.create_for_device(_model_of(model, record["model"]), device, kwargs)
             except qnnx_detection.errors.SessionCreationError as exc:
                 raise QnnDeviceError(
                     device, f"rebuilding the saved graph from its ONNX model failed: {exc.cause}"
                 ) from exc
-            source, cache = str(model), "aot-rebuilt"
+            source, cache = _model_of(model, record["model"]), "aot-rebuilt"
         program = QnnProgram(session=session, target=target, source=SessionSource(source, kwargs), cache=cache, **plan)
         return program, cache
 
@@ -332,6 +334,12 @@ class LoadedGraph(SerializableCallable):
         if model_file not in files["files"]:
             raise SavedGraphError(f"the saved graph's model file {model_file!r} is not among its files; {FIX_SAVE}")
         return folder / model_file
+
+
+def _model_of(path: Path, files: Mapping[str, Any]) -> str | PartedModel:
+    """What a session is created from: the saved model file, or the parts it lists beside it."""
+    parts = files.get("parts")
+    return str(path) if parts is None else PartedModel.from_metadata(path.parent, parts)
 
 
 def _call_plan(record: Mapping[str, Any], signature: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qnnx_backend import _payload
+from qnnx_backend._parts import PartedModel, open_parts
 from qnnx_backend.errors import QnnDeviceError, SavedGraphError, SavedInputError
 
 logger = logging.getLogger(__name__)
@@ -119,14 +120,18 @@ class ArrayModel:
             )
             files = record["model"]
         model_path = self._write(files, blobs)
-        try:
-            self._session = qnnx_detection.create_session(
-                str(model_path),
-                device,
-                soc_model=soc,
-                provider_options=provider_options,
-                allow_cpu_fallback=allow_cpu_fallback,
+
+        def create(path: str) -> Any:
+            return qnnx_detection.create_session(
+                path, device, soc_model=soc, provider_options=provider_options, allow_cpu_fallback=allow_cpu_fallback
             )
+
+        try:
+            if files.get("parts") is None:
+                self._session = create(str(model_path))
+            else:  # a graph too large for one context: one session per part, chained
+                parts = PartedModel.from_metadata(self._folder, files["parts"])
+                self._session = open_parts(parts, lambda _k, path: create(path))
         except qnnx_detection.errors.SessionCreationError as exc:
             raise QnnDeviceError(device, f"the saved graph did not load ({exc.cause})") from exc
         self._output_order = [o.name for o in self._session.get_outputs()]

@@ -22,6 +22,7 @@ from qnnx_backend import _session
 from qnnx_backend._calibrate import HOW_TO
 from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, with_plan
 from qnnx_backend._export import CompileContext, export_once
+from qnnx_backend._parts import PartedModel, stage_parts
 from qnnx_backend._program import NoSessionProgram, Program, QnnProgram, SessionSource, Target, output_dtypes
 from qnnx_backend._quantize import QuantizeFailed, measure
 from qnnx_backend._report import QuantizationReport
@@ -32,15 +33,22 @@ if TYPE_CHECKING:
     from qnnx_export import GraphSignature
 
 
-def _timed_session(model: StagedModel | str, device: str, kwargs: Mapping[str, Any], ctx: CompileContext) -> Any:
+def _timed_session(
+    model: StagedModel | PartedModel | str, device: str, kwargs: Mapping[str, Any], ctx: CompileContext
+) -> Any:
     import qnnx_detection
+
+    def on_part(k: int, parts: int) -> None:  # the progress line reads these two while the session builds
+        ctx.timings["building_part"], ctx.timings["parts"] = k + 1, parts
 
     t = time.perf_counter()
     try:
-        return _session.create_for_device(model, device, kwargs)
+        return _session.create_for_device(model, device, kwargs, on_part)
     except qnnx_detection.errors.SessionCreationError as exc:
         raise DeviceRejected(exc.cause) from exc
     finally:
+        ctx.timings.pop("building_part", None)
+        ctx.timings.pop("parts", None)
         ctx.timings[f"session_{device}"] = time.perf_counter() - t
 
 
@@ -95,14 +103,15 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         return NoSessionProgram(model.signature, setup.target)
     plan = check_ops(model, device, setup.target.soc_model, ctx)
     staged = StagedModel(model)  # recreate() reads it again: it lives as long as the program
+    source = _in_parts(staged, ctx, device, plan.nodes)
     kwargs = with_plan(setup.session_kwargs, plan)
-    session = _timed_session(staged, device, kwargs, ctx)
+    session = _timed_session(source, device, kwargs, ctx)
     check_share(session, plan, ctx.options)
     return QnnProgram(
         session=session,
         signature=model.signature,
         target=setup.target,
-        source=SessionSource(staged, kwargs),
+        source=SessionSource(source, kwargs),
         cache="off",
         onnx_nodes=len(model.structure.graph.node),
         passes_applied=model.passes_applied,
@@ -110,6 +119,18 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         fp16=ctx.options.fp16,
         cpu_nodes=dict(plan.nodes),
     )
+
+
+def _in_parts(
+    staged: StagedModel, ctx: CompileContext, device: str, cpu_nodes: Mapping[str, str]
+) -> StagedModel | PartedModel:
+    """The staged model, or its parts when its weights exceed ``max_graph_bytes`` (written beside it)."""
+    t = time.perf_counter()
+    parts, _line = stage_parts(
+        staged.path, ctx.options.max_graph_bytes, device=device, cpu_nodes=tuple(cpu_nodes), keep=staged
+    )
+    ctx.timings["plan_parts"] = time.perf_counter() - t
+    return staged if parts is None else parts
 
 
 class _NothingToCompile(Exception):
@@ -157,21 +178,24 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             raise _NothingToCompile(model.signature)
         plan = check_ops(model, device, target.soc_model, ctx)
         staged = StagedModel(model)
+        source = _in_parts(staged, ctx, device, plan.nodes)
         kwargs = with_plan(setup.session_kwargs, plan)
-        session = _timed_session(staged, device, {**kwargs, "session_config": _session.context_config(staging)}, ctx)
+        session = _timed_session(source, device, {**kwargs, "session_config": _session.context_config(staging)}, ctx)
         staged.keep_for(session)
         check_share(session, plan, opts)
         built["session"], built["staged"] = session, staged
-        return qnnx_ctxcache.BuildResult(
-            model_file=_session.CTX_FILE,
-            metadata={
-                "signature": model.signature.to_dict(),
-                "onnx_nodes": len(model.structure.graph.node),
-                "passes_applied": list(model.passes_applied),
-                # The nodes compiled onto the CPU EP, with opcheck's reason (the report of a later hit shows them).
-                "cpu_nodes": dict(plan.nodes),
-            },
-        )
+        metadata = {
+            "signature": model.signature.to_dict(),
+            "onnx_nodes": len(model.structure.graph.node),
+            "passes_applied": list(model.passes_applied),
+            # The nodes compiled onto the CPU EP, with opcheck's reason (the report of a later hit shows them).
+            "cpu_nodes": dict(plan.nodes),
+        }
+        if isinstance(source, PartedModel):  # one context per part, in the order they run
+            files = [f"part{k}_{_session.CTX_FILE}" for k in range(len(source.paths))]
+            metadata["parts"] = source.metadata(files)
+            return qnnx_ctxcache.BuildResult(model_file=files[0], metadata=metadata)
+        return qnnx_ctxcache.BuildResult(model_file=_session.CTX_FILE, metadata=metadata)
 
     def load(entry: qnnx_ctxcache.Entry) -> QnnProgram:
         # A fresh build hands back the session it created while compiling (no second load of the same context);
@@ -184,15 +208,19 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
         # A split context holds plain nodes for the CPU EP beside its EPContext nodes: load it with the fallback
         # on (create_for_device keeps those nodes off QNN).
         kwargs = {**setup.session_kwargs, "allow_cpu_fallback": True} if cpu_nodes else setup.session_kwargs
+        parts = entry.metadata.get("parts")
+        model: str | PartedModel = (
+            str(entry.model_path) if parts is None else PartedModel.from_metadata(entry.model_path.parent, parts)
+        )
         if session is None:
             started = time.perf_counter()
-            session = _session.create_for_device(str(entry.model_path), device, kwargs)
+            session = _session.create_for_device(model, device, kwargs)
             timings[f"session_{device}"] = time.perf_counter() - started
         return QnnProgram(
             session=session,
             signature=qnnx_export.GraphSignature.from_dict(entry.metadata["signature"]),
             target=target,
-            source=SessionSource(str(entry.model_path), kwargs),
+            source=SessionSource(model, kwargs),
             cache="hit" if entry.hit else "miss",
             onnx_nodes=entry.metadata.get("onnx_nodes"),
             passes_applied=tuple(entry.metadata.get("passes_applied", ())),

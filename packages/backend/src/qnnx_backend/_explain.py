@@ -12,7 +12,8 @@ from typing import Any
 import attrs
 
 from qnnx_backend._options import CHAIN, OPCHECK_BACKEND, BackendOptions, effective_device
-from qnnx_backend._report import DEVICE_LABELS, QuantizationReport
+from qnnx_backend._parts import plan_for
+from qnnx_backend._report import DEVICE_LABELS, PartReport, QuantizationReport
 from qnnx_backend._split import CpuPlan, plan_cpu_nodes
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,10 @@ class GraphExplanation:
     those of the QDQ model), with SQNR and cosine against eager PyTorch computed on ONNX Runtime's CPU EP."""
     cpu_op_types: tuple[str, ...] = ()
     """Op types pinned to ONNX Runtime's CPU EP when the graph is split between it and QNN (see ``partition``)."""
+    parts: tuple[PartReport, ...] = ()
+    """Where a graph whose weights exceed ``max_graph_bytes`` is cut: the parts it would run as, one QNN context
+    each (empty: one context)."""
+    max_graph_bytes: int | None = None
 
     def nodes_on_qnn(self) -> int:
         """Nodes placed (or predicted) on QNN."""
@@ -127,6 +132,9 @@ class ExplainReport:
                 lines.append(f"  rewrite passes: {', '.join(g.passes_applied)}")
             if g.quantization is not None:
                 lines.append(f"  quantized: {g.quantization.summary()} (example inputs, ORT CPU EP)")
+            if g.parts:
+                cuts = ", ".join(f"{p.first_node} ({p.weight_bytes / 2**20:.1f} MiB)" for p in g.parts)
+                lines.append(f"  {len(g.parts)} parts (max_graph_bytes={g.max_graph_bytes}), beginning at: {cuts}")
             for d in g.devices:
                 state = "takes the graph" if d.accepted else f"rejected: {d.reason}"
                 lines.append(f"  {d.device}: {state}")
@@ -242,6 +250,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
 
         devices: list[DeviceExplanation] = []
         final, final_report, placement, final_plan = "eager", None, None, CpuPlan()
+        parts: tuple[PartReport, ...] = ()
         for dev in chain:
             status = probe.backend(dev)
             report = qnnx_opcheck.check_model(exported.structure, OPCHECK_BACKEND[dev], soc_model=soc)
@@ -280,6 +289,12 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                     continue
             devices.append(DeviceExplanation(device=dev, accepted=True, unsupported=bad))
             final, final_report, final_plan = dev, report, plan
+            planned = plan_for(exported.structure, opts.max_graph_bytes, dev)
+            if planned is not None and len(planned[1].parts) > 1:
+                parts = tuple(
+                    PartReport(first_node=p.first_node, weight_bytes=p.weight_bytes, onnx_nodes=p.stop - p.start)
+                    for p in planned[1].parts
+                )
             break
         verdicts = {v.node_name: v for v in final_report.verdicts} if final_report is not None else {}
         nodes = tuple(
@@ -306,6 +321,8 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 compiled=placement is not None,
                 quantization=quantization,
                 cpu_op_types=final_plan.op_types,
+                parts=parts,
+                max_graph_bytes=opts.max_graph_bytes if parts else None,
                 **base,
             )
         )
@@ -336,13 +353,22 @@ def _placement(
     import qnnx_detection
     from qnnx_backend import _session
     from qnnx_backend._check import check_share, with_plan
+    from qnnx_backend._session import StagedModel
 
     kwargs = {
         "soc_model": soc,
         "provider_options": dict(opts.provider_options),
         "allow_cpu_fallback": opts.resolved_partition == "mixed",
     }
-    session = _session.create_for_device(model, device, with_plan(kwargs, plan))
+    staged: Any = model
+    if isinstance(model, StagedModel):  # the parts the compile would build, when the weights exceed the budget
+        from qnnx_backend._parts import stage_parts
+
+        parts, _line = stage_parts(
+            model.path, opts.max_graph_bytes, device=device, cpu_nodes=tuple(plan.nodes), keep=model
+        )
+        staged = model if parts is None else parts
+    session = _session.create_for_device(staged, device, with_plan(kwargs, plan))
     check_share(session, plan, opts)
     placed = qnnx_detection.node_placement(session) or {}
     return {name: _EP_LABEL.get(ep, ep) for ep, names in placed.items() for name in names}

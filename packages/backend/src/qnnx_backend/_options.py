@@ -260,6 +260,22 @@ def _max_graphs(value: object) -> int:
     return value
 
 
+# The weights one QNN HTP context may hold before a graph is split into parts. HTP addresses about 2 GiB per context
+# (builds that need more fail with QNN_MEMORY_ALLOCATION_ERROR), and activations, the KV cache and spill-fill
+# buffers share it with the weights; published Snapdragon LLM deployments keep each part near 1 GiB of weights.
+DEFAULT_MAX_GRAPH_BYTES = 1 << 30
+
+
+def _max_graph_bytes(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOptionsError(
+            f"max_graph_bytes={value!r} is not valid; accepted: a positive int, the most weight bytes one QNN "
+            f"context holds before the graph is split into parts (default {DEFAULT_MAX_GRAPH_BYTES}, 1 GiB; e.g. "
+            "512 * 2**20)."
+        )
+    return value
+
+
 def _partition(value: object) -> str:
     if value not in PARTITIONS:
         raise InvalidOptionsError(
@@ -396,6 +412,16 @@ class BackendOptions:
     )
     """Recompile budget: the static QNN graphs one Dynamo graph with dynamic sizes may compile, one per concrete
     shape. Past it, new shapes run in PyTorch with one warning naming the shapes seen (an error under ``strict``)."""
+
+    max_graph_bytes: int = attrs.field(
+        default=DEFAULT_MAX_GRAPH_BYTES,
+        converter=_max_graph_bytes,
+        metadata=keyed(lambda o: {"max_graph_bytes": str(o.max_graph_bytes)}),
+    )
+    """The most weight bytes one QNN context holds (float32 weights count as float16 on the NPU, which computes in
+    float16). A graph whose weights exceed it runs as several contexts in sequence, cut between layers or blocks
+    where the fewest activation bytes cross; default 1 GiB, under the HTP's about 2 GiB per context. See the
+    README's "Large models"."""
 
     exporter: str = attrs.field(default="auto", converter=_exporter, metadata=keyed(lambda o: {"exporter": o.exporter}))
     """How the graph becomes ONNX: ``"auto"`` uses qnnx-export's direct ATen->ONNX translator when it covers every

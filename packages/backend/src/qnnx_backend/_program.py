@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from qnnx_backend import _session
+from qnnx_backend._parts import PartedModel, PartInfo, part_infos
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
@@ -51,7 +52,7 @@ class SessionSource:
     """What a session was created from: the model (a staged ONNX model, or the path of a compiled context) and the
     arguments of ``_session.create_for_device``. A recreated session starts from the same two."""
 
-    model: _session.StagedModel | str
+    model: _session.StagedModel | PartedModel | str
     kwargs: Mapping[str, Any]
 
 
@@ -72,6 +73,8 @@ class Program(Protocol):
     def placement(self) -> Mapping[str, int]: ...
     @property
     def cpu_nodes(self) -> Mapping[str, str]: ...
+    @property
+    def parts(self) -> tuple[PartInfo, ...]: ...
 
     def run(self, args: Sequence[object]) -> Any: ...
 
@@ -84,6 +87,7 @@ class NoSessionProgram:
     cache = "bypass"
     onnx_nodes = 0
     passes_applied: tuple[str, ...] = ()
+    parts: tuple[PartInfo, ...] = ()
 
     def __init__(self, signature: GraphSignature, target: Target) -> None:
         self.signature = signature
@@ -210,6 +214,8 @@ class QnnProgram:
         self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
         self._output_names = [o.name for o in session.get_outputs()]
         self.placement: Mapping[str, int] = _session.placement_counts(session)
+        self.parts = part_infos(session)
+        """The parts a graph too large for one context runs as (empty: one context)."""
         # fp16=True: the graph was exported with float16 inputs; cast the caller's float inputs at the boundary.
         self._to_half = tuple(spec.arg_index for spec in signature.inputs if spec.dtype == "float16") if fp16 else ()
         self._direct_in = _direct_inputs(signature, self._input_names, self._input_types)

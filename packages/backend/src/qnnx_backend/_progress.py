@@ -36,6 +36,8 @@ def stage(timings: Mapping[str, float]) -> str:
     for done, following in _STAGES:
         if any(key == done or key.startswith(done + "_") for key in timings):
             current = following
+    if "building_part" in timings and "parts" in timings:  # a graph too large for one context
+        current = f"building the QNN session, part {int(timings['building_part'])} of {int(timings['parts'])}"
     return current
 
 

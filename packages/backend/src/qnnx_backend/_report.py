@@ -70,6 +70,17 @@ class QuantizationReport:
 
 
 @attrs.frozen(kw_only=True)
+class PartReport:
+    """One part of a graph split under ``max_graph_bytes``: one QNN context of its own."""
+
+    first_node: str
+    """The ONNX node it begins with."""
+    weight_bytes: int
+    """The bytes of the weights it holds (float32 counted as float16 on the NPU)."""
+    onnx_nodes: int
+
+
+@attrs.frozen(kw_only=True)
 class CompileReport:
     """What happened to one Dynamo graph (one static shape): where it runs and why.
 
@@ -108,6 +119,9 @@ class CompileReport:
     """Seconds per stage: analyze, fingerprint, export, opcheck, session, cache_lookup, total."""
     quantization: QuantizationReport | None = None
     """For a graph compiled with the ``quantize`` option: scheme, SQNR and cosine against float eager PyTorch."""
+    parts: tuple[PartReport, ...] = ()
+    """For a graph whose weights exceed ``max_graph_bytes``: the parts it runs as, one QNN context each, in order
+    (empty: one context)."""
 
     @property
     def on_qnn(self) -> bool:
@@ -129,6 +143,9 @@ class CompileReport:
             detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes{split}, cache {self.cache}"
         else:
             detail = f"{where}: {self.reason}"
+        if self.parts:
+            sizes = ", ".join(f"{p.weight_bytes / 2**20:.1f}" for p in self.parts)
+            detail += f", in {len(self.parts)} parts ({sizes} MiB of weights)"
         if self.bucket is not None:
             detail += f", bucket {list(self.bucket)}"
         if self.quantization is not None:

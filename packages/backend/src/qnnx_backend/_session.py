@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from qnnx_backend._parts import PartedModel, PartedSession, open_parts
 from qnnx_backend._split import NO_OPS, context_cpu_types, misplaced, opcheck, plan_cpu_nodes, write_affinity
 from qnnx_backend._version import __version__
 
@@ -138,13 +139,17 @@ def create_on_cpu_ep(model: StagedModel | str) -> Any:
 _MIXED_RETRIES = 4
 
 
-def create_for_device(model: Any, device: str, kwargs: Mapping[str, Any]) -> Any:
+def create_for_device(
+    model: Any, device: str, kwargs: Mapping[str, Any], on_part: Callable[[int, int], None] | None = None
+) -> Any:
     """A QNN session that records ORT's node placement; with CPU fallback, split as described in _create_mixed.
 
     Raises qnnx_detection.errors.SessionCreationError with the cause.
     """
     import qnnx_detection
 
+    if isinstance(model, PartedModel):
+        return _create_parts(model, device, kwargs, on_part)
     kwargs = dict(kwargs)
     cpu_types = kwargs.pop("cpu_op_types", None)
     cpu_nodes = tuple(kwargs.pop("cpu_nodes", ()))
@@ -152,6 +157,29 @@ def create_for_device(model: Any, device: str, kwargs: Mapping[str, Any]) -> Any
     if kwargs.get("allow_cpu_fallback"):
         return _create_mixed(model, device, kwargs, cpu_types, cpu_nodes)
     return qnnx_detection.create_session(model, device, **kwargs)
+
+
+def _create_parts(
+    model: PartedModel, device: str, kwargs: Mapping[str, Any], on_part: Callable[[int, int], None] | None
+) -> PartedSession:
+    """One session per part (a compiled context of its own, written as ``part<k>_<name>`` when contexts are
+    written), chained; each part keeps the CPU-EP nodes planned for it. ``on_part(k, parts)`` is told before part
+    ``k`` is built (the progress line shows it)."""
+
+    def create(k: int, path: str) -> Any:
+        if on_part is not None:
+            on_part(k, len(model.paths))
+        part_kwargs = dict(kwargs)
+        config = dict(part_kwargs.get("session_config") or {})
+        if "ep.context_file_path" in config:
+            ctx = Path(config["ep.context_file_path"])
+            config["ep.context_file_path"] = str(ctx.with_name(f"part{k}_{ctx.name}"))
+            part_kwargs["session_config"] = config
+        if "cpu_nodes" in part_kwargs:
+            part_kwargs["cpu_nodes"] = model.cpu_nodes[k] if k < len(model.cpu_nodes) else ()
+        return create_for_device(path, device, part_kwargs)
+
+    return open_parts(model, create)
 
 
 def _create_mixed(

@@ -14,6 +14,7 @@ import torch
 
 from qnnx_backend._buckets import AUTO_MIN, NEUTRAL_RTOL, ladder_bucket
 from qnnx_backend._compare import compare_outputs
+from qnnx_backend._options import BackendOptions
 from qnnx_backend.errors import InvalidOptionsError
 
 __all__ = ["compile_for_generation"]
@@ -98,9 +99,31 @@ def compile_for_generation(
         eager_forward, backend="qnn", fullgraph=True, dynamic=False, options=dict(options or {})
     )
     model._qnnx_eager_forward = eager_forward  # what the model ran before, for comparisons and to undo
+    model._qnnx_weight_sharing = _weight_sharing(BackendOptions.from_mapping(options))
     if ladder is not None and max_cache_len is not None and not getattr(model.config, "is_encoder_decoder", False):
         model.generate = _BucketedGenerate(model, model.generate, eager_forward, ladder, max_cache_len)
     return model
+
+
+def _weight_sharing(opts: BackendOptions) -> Any:
+    """Whether the prefill and decode graphs could share one weight copy in one context here, from qnnx-detection's
+    probe (run in child processes once per machine and version: loading a shared context can kill a process).
+    Each graph compiles a context with its own weights either way today; the INFO line says which and why."""
+    import qnnx_detection
+
+    if opts.device not in ("auto", "npu") or not qnnx_detection.probe(initialize=False).backend("npu").available:
+        return None
+    report = qnnx_detection.probe_weight_sharing(soc_model=opts.soc_model)
+    if report.supported:
+        logger.info(
+            "compile_for_generation: this NPU can load weight-shared contexts; qnnx still compiles each graph "
+            "(prefill buckets, decode) with its own weights"
+        )
+    else:
+        logger.info(
+            "compile_for_generation: each graph (prefill buckets, decode) holds its own weights: %s", report.reason
+        )
+    return report
 
 
 def _prompt_buckets(value: object) -> str | tuple[int, ...] | None:

@@ -1,0 +1,167 @@
+"""Graphs whose weights exceed one QNN context (``max_graph_bytes``) run as parts, one context each, on the HTP
+simulator: the same outputs as the graph compiled whole, cut between blocks, cached and explained like a graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import qnnx_backend
+
+_NPU = {"device": "npu", "strict": True, "soc_model": 60}
+
+
+class _Block(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(channels, channels, 3, padding=1)
+        self.b = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.b(torch.relu(self.a(x))))
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        *[_Block(16) for _ in range(3)],
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    ).eval()
+
+
+def _compile(model: nn.Module, x: torch.Tensor, **options: object) -> torch.Tensor:
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out: torch.Tensor = torch.compile(model, backend="qnn", options={**_NPU, **options})(x)
+    return out
+
+
+def test_a_cnn_split_in_parts_equals_the_unsplit_compile() -> None:
+    """A budget below the model's weights: the graph runs as parts, every node on QNN, and its outputs are those
+    of the graph compiled as one context, bit for bit (the same fp16 numerics on the same nodes)."""
+    model, x = _cnn(), torch.randn(2, 3, 12, 12)
+    whole = _compile(model, x)
+    assert not qnnx_backend.compile_reports()[-1].parts
+    budget = 2 * 16 * 16 * 9 * 2 + 256  # about one residual block (two 3x3 convs) in float16
+    split = _compile(model, x, max_graph_bytes=budget)
+    report = qnnx_backend.compile_reports()[-1]
+    assert len(report.parts) >= 2, report.summary()
+    assert all(p.weight_bytes <= budget for p in report.parts), report.parts
+    assert sum(p.onnx_nodes for p in report.parts) == report.onnx_nodes
+    assert set(report.placement) == {"QNNExecutionProvider"}, report.placement
+    assert f"in {len(report.parts)} parts" in report.summary()
+    assert torch.equal(split, whole)
+
+
+def test_explain_shows_the_cut_points_before_any_compile() -> None:
+    model, x = _cnn(), torch.randn(1, 3, 12, 12)
+    budget = 2 * 16 * 16 * 9 * 2 + 256
+    with torch.no_grad():
+        report = qnnx_backend.explain(model, x, device="npu", soc_model=60, max_graph_bytes=budget)
+    (graph,) = report.graphs
+    assert len(graph.parts) >= 2
+    assert f"{len(graph.parts)} parts (max_graph_bytes={budget})" in str(report)
+    with torch.no_grad():
+        compiled = qnnx_backend.explain(model, x, device="npu", soc_model=60, max_graph_bytes=budget, compile=True)
+    assert compiled.graphs[0].parts == graph.parts
+    assert compiled.graphs[0].nodes_on_qnn() == compiled.graphs[0].onnx_nodes
+
+
+def test_parts_are_cached_and_a_hit_runs_them(tmp_path: Path) -> None:
+    model, x = _cnn(), torch.randn(1, 3, 12, 12)
+    options = {"max_graph_bytes": 2 * 16 * 16 * 9 * 2 + 256, "cache": True, "cache_dir": str(tmp_path)}
+    first = _compile(model, x, **options)
+    miss = qnnx_backend.compile_reports()[-1]
+    assert miss.cache == "miss" and len(miss.parts) >= 2
+    assert len(list(tmp_path.rglob("part*_model_ctx.onnx"))) == len(miss.parts)
+    second = _compile(model, x, **options)
+    hit = qnnx_backend.compile_reports()[-1]
+    assert hit.cache == "hit" and hit.parts == miss.parts
+    assert torch.equal(first, second)
+
+
+def test_a_decoder_split_in_four_parts_generates_eager_tokens() -> None:
+    """A tiny Llama whose prefill and decode graphs each run as at least 4 parts: the cut keeps every layer's
+    cache writes with its own part, and generation gives eager's tokens with logits within fp16 noise."""
+    transformers = pytest.importorskip("transformers")
+    from qnnx_backend.hf import compile_for_generation
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    generate = {"max_new_tokens": 4, "do_sample": False, "output_logits": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        eager = model.generate(prompt, **generate)
+    layer_bytes = sum(p.numel() for p in model.model.layers[0].parameters()) * 2  # float16 on the NPU
+    qnnx_backend.clear_compile_reports()
+    compile_for_generation(model, max_cache_len=32, options={"soc_model": 60, "max_graph_bytes": layer_bytes + 1024})
+    with torch.no_grad():
+        got = model.generate(prompt, **generate)
+    reports = qnnx_backend.compile_reports()
+    assert len(reports) == 2 and all(r.on_qnn for r in reports), [r.summary() for r in reports]
+    assert all(len(r.parts) >= 4 for r in reports), [r.summary() for r in reports]
+    assert all(set(r.placement) == {"QNNExecutionProvider"} for r in reports), [r.placement for r in reports]
+    assert torch.equal(got.sequences, eager.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, eager.logits)):
+        a, b = a[0].double(), b[0].double()
+        scale = float(b.abs().max())
+        assert float((a - b).abs().max()) <= 5e-2 * scale, f"step {step}: logits off"
+        assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) >= 0.999, f"step {step}: cosine"
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "1GiB", True])
+def test_a_bad_budget_names_the_value_and_the_accepted_form(bad: object) -> None:
+    with pytest.raises(qnnx_backend.errors.InvalidOptionsError, match=rf"max_graph_bytes={bad!r}.*positive int"):
+        qnnx_backend.BackendOptions.from_mapping({"max_graph_bytes": bad})
+
+
+_LOAD_CHILD = """
+import json, sys
+import numpy as np
+import torch
+import qnnx_backend
+x = torch.load(sys.argv[2])
+model = qnnx_backend.load(sys.argv[1])
+out = model(x)
+arrays = qnnx_backend.load_arrays(sys.argv[1])(x.numpy())
+report = model.reports[0]
+print(json.dumps({
+    "cache": report.cache, "parts": len(report.parts), "placement": dict(report.placement),
+    "same": bool(torch.equal(out, torch.load(sys.argv[3]))),
+    "arrays_same": bool(np.array_equal(next(iter(arrays.values())), out.numpy())),
+}))
+"""
+
+
+def test_a_split_graph_saves_and_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    """qnnx_backend.save of a graph that runs as parts keeps one context per part; a fresh process loads them
+    (with torch, and through the torch-free loader) and returns the saving process's outputs bit for bit."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    model, x = _cnn(), torch.randn(1, 3, 12, 12)
+    options = {**_NPU, "max_graph_bytes": 2 * 16 * 16 * 9 * 2 + 256}
+    report = qnnx_backend.save(model, x, tmp_path / "cnn.qnnx", options=options)
+    torch.save(x, tmp_path / "x.pt")
+    torch.save(report.outputs, tmp_path / "out.pt")
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_CHILD, str(tmp_path / "cnn.qnnx"), str(tmp_path / "x.pt"), str(tmp_path / "out.pt")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "QNNX_CACHE": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["cache"] == "aot" and result["parts"] >= 2, result
+    assert set(result["placement"]) == {"QNNExecutionProvider"}, result
+    assert result["same"] and result["arrays_same"], result
