@@ -203,8 +203,8 @@ class FuseRMSNorm(QnnPass):
 
     def rewrite(self, graph: ir.Graph) -> bool:
         names = fresh_names(graph, "qnnx_rmsnorm")
-        changed = False
-        for x, axes, eps, _norm, weight, last in self._matches(graph):
+        matches = self._matches(graph)
+        for x, axes, eps, _norm, weight, last in matches:
             shape = static_shape(x)
             assert shape is not None
             lead, trail = shape[: len(shape) - len(axes)], shape[len(shape) - len(axes) :]
@@ -244,8 +244,7 @@ class FuseRMSNorm(QnnPass):
                 normed = restored
             graph.insert_after(last, new_nodes)
             replace_value(graph, out, normed)
-            changed = True
-        return changed
+        return bool(matches)
 
 
 # --------------------------------------------------------------------------------------- Erf GELU
