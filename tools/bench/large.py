@@ -130,6 +130,8 @@ def child(layers: int, max_graph_bytes: int | None, new_tokens: int, prompt_len:
         graphs.append({
             "graph": name,
             "on_qnn": report.on_qnn,
+            "reason": report.reason,
+            "attempts": [f"{a.device}: {'ok' if a.ok else a.reason}" for a in report.attempts],
             "placement": dict(report.placement),
             "onnx_nodes": report.onnx_nodes,
             "parts": [p.weight_bytes for p in report.parts],

@@ -164,3 +164,55 @@ def test_property_parts_partition_respect_the_budget_and_compose(
     x = np.random.default_rng(blocks).standard_normal((1, 3, hidden)).astype(np.float32)
     got = _run_parts(extract_parts(model, plan), {"x": x})["y"]
     np.testing.assert_allclose(got, _run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def _tied(vocab: int = 64, hidden: int = 8, tail: bool = False) -> onnx.ModelProto:
+    """Tied embeddings: the table is gathered at the start and, transposed, multiplied at the end; ``tail`` adds a
+    bias after the output projection (a small weight behind a node above a small budget)."""
+    rng = np.random.default_rng(3)
+    table = numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "table")
+    w = numpy_helper.from_array(rng.standard_normal((hidden, hidden)).astype(np.float32), "w")
+    bias = numpy_helper.from_array(np.full(1, 0.5, np.float32), "bias")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+        helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0], name="tied"),
+        helper.make_node("MatMul", ["emb", "w"], ["h"], name="layer"),
+        helper.make_node("Relu", ["h"], ["r"], name="act"),
+        helper.make_node("MatMul", ["r", "table_t"], ["mm" if tail else "logits"], name="lm_head"),
+    ]
+    if tail:
+        nodes.append(helper.make_node("Add", ["mm", "bias"], ["logits"], name="tail"))
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3, vocab])],
+        initializer=[table, w, *([bias] if tail else [])],
+    )
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_values_computed_from_weights_alone_never_cross_a_cut() -> None:
+    """The Transpose of the tied table is a constant: the part that reads it gets its own copy (ONNX Runtime folds
+    it there), so the transposed table is never handed between parts as an activation."""
+    model, vocab, hidden = _tied(), 64, 8
+    plan = plan_parts(model, vocab * hidden * 4 + 16)
+    assert len(plan.parts) >= 2
+    names = [[model.graph.node[i].name for i in p.nodes] for p in plan.parts]
+    assert "tied" in names[-1] and all("tied" not in n for n in names[:-1]), names
+    assert all("table_t" not in p.inputs and "table_t" not in p.outputs for p in plan.parts)
+    assert max(plan.crossing_bytes) <= 3 * hidden * 4  # one hidden state, never the table
+    ids = np.array([[1, 5, 9]], dtype=np.int64)
+    got = _run_parts(extract_parts(model, plan), {"ids": ids})["logits"]
+    np.testing.assert_allclose(got, _run(model, {"ids": ids})["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_node_above_the_budget_keeps_the_small_nodes_after_it() -> None:
+    """The table (2 KiB) exceeds a 1 KiB budget: the embedding and the output projection each need a part above
+    it, and the small bias after the projection stays in the projection's part instead of a part of its own."""
+    model = _tied(tail=True)
+    plan = plan_parts(model, 1024)
+    assert len(plan.over_budget) == 2, plan.parts
+    last = [model.graph.node[i].name for i in plan.parts[-1].nodes]
+    assert "lm_head" in last and "tail" in last, [p.nodes for p in plan.parts]
+    assert plan.parts[-1].weight_bytes <= 64 * 8 * 4 + 1024 // 8  # the table and the bias

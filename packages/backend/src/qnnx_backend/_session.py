@@ -177,7 +177,15 @@ def _create_parts(
             part_kwargs["session_config"] = config
         if "cpu_nodes" in part_kwargs:
             part_kwargs["cpu_nodes"] = model.cpu_nodes[k] if k < len(model.cpu_nodes) else ()
-        return create_for_device(path, device, part_kwargs)
+        session = create_for_device(path, device, part_kwargs)
+        written = config.get("ep.context_file_path")
+        if written is not None and not Path(written).is_file():  # a context with a part missing cannot be loaded
+            import qnnx_detection
+
+            raise qnnx_detection.errors.SessionCreationError(
+                device, f"part {k} of {len(model.paths)} wrote no compiled context (QNN took none of its nodes)"
+            )
+        return session
 
     return open_parts(model, create)
 

@@ -68,6 +68,8 @@ class Part:
     Attributes:
         start: Index of the part's first node in ``model.graph.node``.
         stop: One past its last node.
+        nodes: The indices of the nodes it holds: its own (``start:stop``, constants left out) and a copy of the
+            constant nodes (computed from initializers alone) it reads, which ONNX Runtime folds.
         weight_bytes: The bytes of the initializers its nodes use (a tensor used by two parts counts in both).
         inputs: What the part reads from outside itself: the model's inputs and the earlier parts' outputs.
         outputs: What it hands on: the model's outputs it computes and the values later parts read.
@@ -76,6 +78,7 @@ class Part:
 
     start: int
     stop: int
+    nodes: tuple[int, ...]
     weight_bytes: int
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -142,8 +145,24 @@ def _value_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...]
     return out
 
 
+# Ops whose output is not a function of their inputs: never folded into a constant.
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
+
+
 class _Graph:
-    """The facts the planner needs about a model, computed once (linear in its size)."""
+    """The facts the planner needs about a model, computed once (linear in its size).
+
+    Nodes computed from initializers alone (a Transpose of a weight, a Constant) are constants: their values never
+    cross a cut. Each part that reads one gets its own copy of the nodes that compute it, and its weights count for
+    that part (ONNX Runtime folds them when it builds the part's session).
+    """
 
     def __init__(self, model: onnx.ModelProto, float32_bytes: float) -> None:
         g = model.graph
@@ -158,16 +177,48 @@ class _Graph:
                 if name:
                     producer[name] = i
         self.producer = producer
+        # constant values: each with the initializers it is computed from and the nodes that compute it
+        self.const_inits: dict[str, tuple[str, ...]] = {}
+        self.const_nodes: dict[str, tuple[int, ...]] = {}
+        self.is_const = [False] * n
+        for i, node in enumerate(self.nodes):
+            inputs = [x for x in node.input if x]
+            has_graph = any(a.type in (_GRAPH_ATTRIBUTE, 10) for a in node.attribute)  # GRAPH, GRAPHS
+            if has_graph or node.op_type in _NONDETERMINISTIC or node.domain not in ("", "ai.onnx"):
+                continue
+            if not all(x in self.inits or x in self.const_inits for x in inputs):
+                continue
+            self.is_const[i] = True
+            inits = dict.fromkeys(y for x in inputs for y in ((x,) if x in self.inits else self.const_inits[x]))
+            nodes = sorted({i, *(k for x in inputs if x in self.const_nodes for k in self.const_nodes[x])})
+            for name in node.output:
+                if name:
+                    self.const_inits[name] = tuple(inits)
+                    self.const_nodes[name] = tuple(nodes)
         self.uses: list[tuple[str, ...]] = []  # per node: values of the main graph it reads (subgraphs included)
-        self.node_inits: list[tuple[str, ...]] = []
+        self.node_inits: list[tuple[str, ...]] = []  # per node: the initializers it needs, through constants too
+        self.node_consts: list[tuple[str, ...]] = []  # per node: the constant values it reads
         last_use: dict[str, int] = {}
         first_use: dict[str, int] = {}  # of the model's inputs: live from where they are first read
         for i, node in enumerate(self.nodes):
+            if self.is_const[i]:
+                self.uses.append(())
+                self.node_inits.append(())
+                self.node_consts.append(())
+                continue
             names = dict.fromkeys([*(x for x in node.input if x), *_subgraph_uses(node)])
             known = tuple(x for x in names if x in producer or x in self.inits or x in self.graph_inputs)
-            self.uses.append(known)
-            self.node_inits.append(tuple(x for x in known if x in self.inits))
-            for x in known:
+            consts = tuple(x for x in known if x in self.const_inits)
+            self.uses.append(tuple(x for x in known if x not in self.const_inits))
+            self.node_consts.append(consts)
+            self.node_inits.append(
+                tuple(
+                    dict.fromkeys(
+                        [*(x for x in known if x in self.inits), *(y for c in consts for y in self.const_inits[c])]
+                    )
+                )
+            )
+            for x in self.uses[-1]:
                 if x in producer or x not in self.inits:
                     last_use[x] = i
                     if x not in producer:
@@ -179,6 +230,7 @@ class _Graph:
                     f"split (compile it whole, or output a node's value instead)"
                 )
         self.last_use = last_use
+        self.node_bytes = [sum(self.inits[x] for x in inits) for inits in self.node_inits]
         types = _value_types(model)
         # cut k falls before node k: a value crosses it when produced (a model input: first read) before k and
         # read at or after k.
@@ -186,7 +238,7 @@ class _Graph:
         unknown = np.zeros(n + 2, dtype=np.int64)
         for name, p in [*producer.items(), *first_use.items()]:
             u = last_use.get(name)
-            if u is None or u <= p:
+            if u is None or u <= p or name in self.const_inits:
                 continue
             elem, shape = types.get(name, (0, None))
             if shape is None:
@@ -201,12 +253,24 @@ class _Graph:
         self.cuttable = np.cumsum(unknown)[: n + 1] == 0
         self.types = types
 
+    def part_nodes(self, start: int, stop: int) -> tuple[int, ...]:
+        """The nodes of the part ``start:stop``: its own, and a copy of the constant nodes its nodes read (or that
+        compute a model output within it)."""
+        own = {i for i in range(start, stop) if not self.is_const[i]}
+        consts = {k for i in own for c in self.node_consts[i] for k in self.const_nodes[c]}
+        for name in self.graph_outputs:
+            p = self.producer.get(name)
+            if p is not None and start <= p < stop and name in self.const_nodes:
+                consts.update(self.const_nodes[name])
+        return tuple(sorted(own | consts))
+
     def part(self, start: int, stop: int, later_reads: set[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        nodes = self.part_nodes(start, stop)
         inside: set[str] = set()
-        for node in self.nodes[start:stop]:
-            inside.update(x for x in node.output if x)
+        for i in nodes:
+            inside.update(x for x in self.nodes[i].output if x)
         reads: dict[str, None] = {}
-        for i in range(start, stop):
+        for i in nodes:
             for x in self.uses[i]:
                 if x not in inside and x not in self.inits:
                     reads[x] = None
@@ -214,7 +278,12 @@ class _Graph:
             x for x in reads if x not in self.graph_inputs
         )
         outputs = tuple(
-            dict.fromkeys([*(x for x in self.graph_outputs if x in inside), *(x for x in inside if x in later_reads)])
+            dict.fromkeys(
+                [
+                    *(x for x in self.graph_outputs if x in inside),
+                    *(x for x in inside if x in later_reads and x not in self.const_inits),
+                ]
+            )
         )
         return inputs, outputs
 
@@ -224,7 +293,8 @@ def plan_parts(model: onnx.ModelProto, max_bytes: int, *, float32_bytes: float =
 
     The plan has as few parts as the budget allows; among plans with that many, it passes the fewest activation
     bytes between parts, and it cuts only where every crossing value has a static type. A part can exceed the
-    budget only when one stretch between two possible cuts does by itself (see :attr:`PartsPlan.over_budget`).
+    budget only when one node's weights do (then it holds at most an eighth of the budget more than that node), or
+    when one stretch between two possible cuts does by itself (see :attr:`PartsPlan.over_budget`).
 
     Args:
         model: A model whose nodes are in topological order (as ONNX requires). Initializers with external data
@@ -246,7 +316,7 @@ def plan_parts(model: onnx.ModelProto, max_bytes: int, *, float32_bytes: float =
     if n == 0 or total <= max_bytes:
         inputs, outputs = g.part(0, n, set())
         first = _label(g.nodes[0]) if n else ""
-        return PartsPlan((Part(0, n, total, inputs, outputs, first),), max_bytes, total, ())
+        return PartsPlan((Part(0, n, tuple(range(n)), total, inputs, outputs, first),), max_bytes, total, ())
     # best[j]: (bytes above the budget, parts, crossing bytes) of the best split of nodes[:j], and its last cut.
     inf = (float("inf"), float("inf"), float("inf"))
     best: list[tuple[float, float, float]] = [inf] * (n + 1)
@@ -256,23 +326,27 @@ def plan_parts(model: onnx.ModelProto, max_bytes: int, *, float32_bytes: float =
         if best[i] == inf:
             continue
         seen: set[str] = set()
-        size = 0
-        over = False
+        size = heaviest = 0
+        first_excess = None  # the excess at the first possible cut past the budget
         for j in range(i + 1, n + 1):
             for name in g.node_inits[j - 1]:
                 if name not in seen:
                     seen.add(name)
                     size += g.inits[name]
+            heaviest = max(heaviest, g.node_bytes[j - 1])
             if j < n and not g.cuttable[j]:
                 continue
-            excess = max(0, size - max_bytes)
-            if excess and over:
-                break  # past the budget and past a possible cut already: a longer part cannot be better
+            # A node above the budget needs a part above it whatever the cut: that part may also hold an eighth of
+            # the budget more (the small nodes around the node), rather than leave them a part of their own.
+            excess = max(0, size - (max_bytes if heaviest <= max_bytes else heaviest + max_bytes // 8))
+            if first_excess is not None and excess > first_excess:
+                break  # more weights past a cut that was already over the budget: a longer part cannot be better
             cost = best[i]
             cand = (cost[0] + excess, cost[1] + 1, cost[2] + (int(g.crossing[j]) if j < n else 0))
             if cand < best[j]:
                 best[j], back[j] = cand, i
-            over = over or bool(excess)
+            if excess and first_excess is None:
+                first_excess = excess
     bounds = [n]
     while bounds[-1] > 0:
         bounds.append(back[bounds[-1]])
@@ -284,7 +358,8 @@ def plan_parts(model: onnx.ModelProto, max_bytes: int, *, float32_bytes: float =
             later.update(g.uses[i])
         inputs, outputs = g.part(a, b, later)
         size = sum(g.inits[x] for x in dict.fromkeys(x for i in range(a, b) for x in g.node_inits[i]))
-        parts.append(Part(a, b, size, inputs, outputs, _label(g.nodes[a])))
+        own = [i for i in range(a, b) if not g.is_const[i]] or [a]
+        parts.append(Part(a, b, g.part_nodes(a, b), size, inputs, outputs, _label(g.nodes[own[0]])))
     return PartsPlan(tuple(parts), max_bytes, total, tuple(int(g.crossing[b]) for b in bounds[1:-1]))
 
 
@@ -308,7 +383,7 @@ def extract_parts(model: onnx.ModelProto, plan: PartsPlan) -> list[onnx.ModelPro
     declared = {vi.name: vi for vi in (*g.input, *g.value_info, *g.output)}
     models = []
     for k, part in enumerate(plan.parts):
-        nodes = list(g.node[part.start : part.stop])
+        nodes = [g.node[i] for i in part.nodes]
         used = dict.fromkeys(x for node in nodes for x in (*node.input, *_subgraph_uses(node)) if x in inits)
 
         def value(name: str, k: int = k) -> onnx.ValueInfoProto:
