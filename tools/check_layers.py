@@ -58,12 +58,7 @@ BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # Private names used across modules of packages whose owners are reworking them (one entry per file and name). The
 # list only shrinks: a new use fails the check; an entry whose use is gone is reported, to be deleted.
-KNOWN_PRIVATE_USES = frozenset(
-    {
-        "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._provider_options",
-        "packages/detection/src/qnnx_detection/_probe.py: qnnx_detection._ep._session_config",
-    }
-)
+KNOWN_PRIVATE_USES: frozenset[str] = frozenset()
 
 
 def imported_roots(path: Path) -> set[str]:

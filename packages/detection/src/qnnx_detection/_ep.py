@@ -181,9 +181,10 @@ def backend_library(device: str) -> str:
     return str(oq.get_qnn_htp_path() if canonical == "npu" else oq.get_qnn_gpu_path())
 
 
-def _provider_options(
+def checked_provider_options(
     device: str, backend_path: str, soc_model: int, extra: Mapping[str, object] | None
 ) -> dict[str, str]:
+    """:func:`provider_options` for a device already normalized and its backend library already found."""
     problems: list[str] = []
     if isinstance(soc_model, bool) or not isinstance(soc_model, int) or soc_model < 0:
         problems.append(f"soc_model={soc_model!r} must be a non-negative int; use resolve_soc_model() to get one")
@@ -231,7 +232,7 @@ def provider_options(device: str, *, soc_model: int, extra: Mapping[str, str] | 
         QnnNotInstalledError: onnxruntime-qnn is missing.
     """
     canonical = normalize_device(device, allowed=QNN_DEVICES)
-    return _provider_options(canonical, backend_library(canonical), soc_model, extra)
+    return checked_provider_options(canonical, backend_library(canonical), soc_model, extra)
 
 
 def to_qnn_device(ep_device: Any) -> QnnDevice:
@@ -270,7 +271,9 @@ def find_ep_device(device: str) -> onnxruntime.OrtEpDevice | None:
     return devices[index] if index is not None else None
 
 
-def _session_config(config: Mapping[str, str] | None, allow_cpu_fallback: bool) -> dict[str, str]:
+def checked_session_config(config: Mapping[str, str] | None, allow_cpu_fallback: bool) -> dict[str, str]:
+    """The session config entries ``config`` asks for, checked, plus the CPU-fallback switch (raises
+    InvalidOptionsError with every problem)."""
     problems: list[str] = []
     entries: dict[str, str] = {}
     for key, value in (config or {}).items():
@@ -419,8 +422,8 @@ def create_session(
     if not isinstance(model, bytes | str):
         raise InvalidOptionsError([f"model must be ONNX bytes or a path, not {type(model).__name__}"])
     # The provider_options parameter shadows the public function of the same name: call the private builder.
-    options = _provider_options(canonical, backend_library(canonical), soc_model, provider_options)
-    config = _session_config(session_config, allow_cpu_fallback)
+    options = checked_provider_options(canonical, backend_library(canonical), soc_model, provider_options)
+    config = checked_session_config(session_config, allow_cpu_fallback)
     ep_device = find_ep_device(canonical)
     if ep_device is None:
         raise SessionCreationError(

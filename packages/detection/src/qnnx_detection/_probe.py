@@ -17,9 +17,9 @@ import attrs
 
 from qnnx_detection._devices import normalize_device
 from qnnx_detection._ep import (
-    _provider_options,
-    _session_config,
     backend_library,
+    checked_provider_options,
+    checked_session_config,
     create_session_on,
     import_qnn,
     qnn_ep_devices,
@@ -133,7 +133,7 @@ class HostEnvironment:
         return detect_host_soc(platform.system(), platform.machine())
 
     def try_init(self, device: str, index: int, soc_model: int) -> str | None:
-        options = _provider_options(device, backend_library(device), soc_model, None)
+        options = checked_provider_options(device, backend_library(device), soc_model, None)
         try:
             ort, _ = import_qnn()
             session = create_session_on(
@@ -141,7 +141,7 @@ class HostEnvironment:
                 device,
                 self._ep_devices[index],
                 options,
-                _session_config(None, False),
+                checked_session_config(None, False),
                 ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
                 single_threaded=True,
             )
