@@ -6,6 +6,8 @@ meaning, so callers can catch either ``qnnx_export.errors.QnnxExportError`` or, 
 
 from __future__ import annotations
 
+from qnnx_clikit import renamed_attributes
+
 __all__ = ["ExportError", "InvalidOptionsError", "QnnxExportError", "SignatureError"]
 
 
@@ -34,18 +36,4 @@ class ExportError(QnnxExportError, RuntimeError):
 
 
 # Former names, kept for one minor release: importing them warns.
-_RENAMED = {"OptionsError": "InvalidOptionsError"}
-
-
-def __getattr__(name: str) -> type[Exception]:
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(
-            f"{__name__}.{name} is deprecated and will be removed in the next minor release; use {new}.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_attributes(__name__, {"OptionsError": "InvalidOptionsError"}, globals())
