@@ -31,13 +31,30 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-# ``tuple`` as attrs converters mypy can type: its attrs plugin cannot infer ``converter=tuple``.
+# The attrs converters of the fields below: ``tuple`` once per element type, which mypy's attrs plugin can type (it
+# cannot infer ``converter=tuple``, nor a generic converter).
 def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(value)
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
+
+
+def _input_tuple(value: Iterable[InputSpec]) -> tuple[InputSpec, ...]:
+    return tuple(value)
+
+
+def _output_tuple(value: Iterable[OutputSlot]) -> tuple[OutputSlot, ...]:
+    return tuple(value)
+
+
+def _row_tuple(value: Iterable[RowWriteback]) -> tuple[RowWriteback, ...]:
+    return tuple(value)
+
+
+def _pairs(value: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((int(a), int(b)) for a, b in value)
 
 
 @attrs.frozen(kw_only=True)
@@ -112,22 +129,6 @@ class RowWriteback:
         positions = torch.as_tensor(args[self.index_arg] if self.index_arg >= 0 else onnx_outputs[self.index])
         rows = torch.as_tensor(onnx_outputs[self.values])  # numpy arrays are shared, not copied
         target.index_copy_(self.dim, positions.reshape(-1).to(torch.int64), rows.to(target.dtype))
-
-
-def _row_tuple(value: Iterable[RowWriteback]) -> tuple[RowWriteback, ...]:
-    return tuple(value)
-
-
-def _pairs(value: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:
-    return tuple((int(a), int(b)) for a, b in value)
-
-
-def _input_tuple(value: Iterable[InputSpec]) -> tuple[InputSpec, ...]:
-    return tuple(value)
-
-
-def _output_tuple(value: Iterable[OutputSlot]) -> tuple[OutputSlot, ...]:
-    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)

@@ -161,20 +161,24 @@ def _pool_window(x: Node, kernel: Ints, stride: Ints, padding: Ints) -> dict[str
     return {"kernel_shape": k, "strides": _ntuple(stride, rank) if stride else k, "pads": _ntuple(padding, rank) * 2}
 
 
-@handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+@handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default, aten.avg_pool2d.default)
+def _pool(
+    t: Translator, node: Node, x: Node, kernel: Ints, stride: Ints = (), padding: Ints = 0, *rest: Any, **kwargs: Any
+) -> ir.Value | tuple[ir.Value, None]:
+    """The ATen pools begin with the same window (``kernel_size, stride, padding``); each op's own arguments follow
+    (``rest`` and ``kwargs``)."""
+    window = _pool_window(x, kernel, stride, padding)
+    if node.target is aten.avg_pool2d.default:
+        return _avg_pool(t, x, window, *rest, **kwargs)
+    return _max_pool(t, node, x, window, *rest, **kwargs)
+
+
 def _max_pool(
-    t: Translator,
-    node: Node,
-    x: Node,
-    kernel: Ints,
-    stride: Ints = (),
-    padding: Ints = 0,
-    dilation: Ints = 1,
-    ceil_mode: bool = False,
+    t: Translator, node: Node, x: Node, window: Attrs, dilation: Ints = 1, ceil_mode: bool = False
 ) -> ir.Value | tuple[ir.Value, None]:
     if ceil_mode:  # ONNX and PyTorch disagree on the last window's placement with ceil_mode
         raise Declined("max pool with ceil_mode=True")
-    attrs: Attrs = {**_pool_window(x, kernel, stride, padding), "dilations": _ntuple(dilation, fake(x).dim() - 2)}
+    attrs: Attrs = {**window, "dilations": _ntuple(dilation, fake(x).dim() - 2)}
     if node.target is aten.max_pool2d_with_indices.default:
         if not only_first_output_used(node):
             raise Declined("max pool with its indices used")
@@ -184,22 +188,17 @@ def _max_pool(
     return t.out("MaxPool", [t.value(x)], attrs)
 
 
-@handles(aten.avg_pool2d.default)
 def _avg_pool(
     t: Translator,
-    node: Node,
     x: Node,
-    kernel: Ints,
-    stride: Ints = (),
-    padding: Ints = 0,
+    window: Attrs,
     ceil_mode: bool = False,
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> ir.Value:
     if ceil_mode or divisor_override is not None:
         raise Declined("avg pool with ceil_mode or divisor_override")
-    attrs: Attrs = {**_pool_window(x, kernel, stride, padding), "count_include_pad": int(bool(count_include_pad))}
-    return t.out("AveragePool", [t.value(x)], attrs)
+    return t.out("AveragePool", [t.value(x)], {**window, "count_include_pad": int(bool(count_include_pad))})
 
 
 @handles(aten._adaptive_avg_pool2d.default)

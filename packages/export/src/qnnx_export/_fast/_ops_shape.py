@@ -30,10 +30,15 @@ aten = torch.ops.aten
 )
 def _reshape(t: Translator, node: Node, x: Node, *args: object, **kwargs: object) -> ir.Value:
     """Any op that keeps the elements in order and only changes the shape: a Reshape to PyTorch's output shape."""
+    return _to_out_shape(t, node, x, "Reshape")
+
+
+def _to_out_shape(t: Translator, node: Node, x: Node, op_type: str) -> ir.Value:
+    """``x`` itself when it already has ``node``'s output shape, else ``op_type`` (Reshape, Expand) to that shape."""
     shape = out_shape(node)
     if shape == tuple(fake(x).shape):
         return t.value(x)
-    return t.out("Reshape", [t.value(x), t.ints(shape)])
+    return t.out(op_type, [t.value(x), t.ints(shape)])
 
 
 @handles(aten.permute.default)
@@ -62,10 +67,7 @@ def _t(t: Translator, node: Node, x: Node) -> ir.Value:
 
 @handles(aten.expand.default)
 def _expand(t: Translator, node: Node, x: Node, size: Sequence[int], **kwargs: object) -> ir.Value:
-    shape = out_shape(node)
-    if shape == tuple(fake(x).shape):
-        return t.value(x)
-    return t.out("Expand", [t.value(x), t.ints(shape)])
+    return _to_out_shape(t, node, x, "Expand")
 
 
 @handles(aten.repeat.default)

@@ -12,7 +12,17 @@ from onnx_ir.passes import PassResult
 
 from qnnx_export._naming import UniqueNames
 from qnnx_export._passes._base import QnnPass, register
-from qnnx_export._passes._graph import add_initializer, const_array, fresh_names, new_value, replace_value, static_shape
+from qnnx_export._passes._graph import (
+    add_initializer,
+    const_array,
+    fresh_names,
+    input_producer,
+    is_op,
+    new_value,
+    op_input,
+    replace_value,
+    static_shape,
+)
 
 __all__ = [
     "FuseErfGelu",
@@ -134,12 +144,12 @@ class FuseRMSNorm(QnnPass):
 
     def _match(self, mean: ir.Node) -> tuple[ir.Value, list[int], float, ir.Node, ir.Value | None, ir.Node] | None:
         """For a ReduceMean in the pattern: (x, axes, eps, normalizing node, weight or None, last node)."""
-        if mean.op_type != "ReduceMean" or mean.domain not in ("", "ai.onnx"):
+        if not is_op(mean, "ReduceMean"):
             return None
         if mean.attributes.get_int("keepdims", 1) != 1 or len(mean.inputs) < 2:
             return None
         axes_arr = const_array(mean.inputs[1])
-        sq = mean.inputs[0].producer() if mean.inputs[0] is not None else None
+        sq = input_producer(mean)
         if axes_arr is None or sq is None:
             return None
         if (
@@ -405,7 +415,7 @@ def _nonpositive(value: ir.Value | None) -> bool:
     if prod is None:
         return False
     if prod.op_type == "Neg":
-        inner = prod.inputs[0].producer() if prod.inputs[0] is not None else None
+        inner = input_producer(prod)
         return inner is not None and inner.op_type == "Abs"
     if prod.op_type != "Mul" or len(prod.inputs) != 2:
         return False
@@ -440,9 +450,7 @@ class FuseSoftplus(QnnPass):
 
     def match(self, log_node: ir.Node) -> ir.Value | None:
         """The ``z`` of a Log(Add(Exp(z), 1)) ending at ``log_node``, or None."""
-        if log_node.op_type != "Log" or log_node.domain not in ("", "ai.onnx"):
-            return None
-        add = log_node.inputs[0].producer() if log_node.inputs[0] is not None else None
+        add = input_producer(log_node) if is_op(log_node, "Log") else None
         if add is None or add.op_type != "Add" or len(add.inputs) != 2:
             return None
         for exp_in, one in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
@@ -483,9 +491,7 @@ class SoftplusStable(QnnPass):
     defect = "Softplus on QNN HTP is off by 1.4e-2 of its value near 0 (silent imprecise output)"
 
     def match(self, node: ir.Node) -> ir.Value | None:
-        if node.op_type != "Softplus" or node.domain not in ("", "ai.onnx") or not node.inputs:
-            return None
-        x = node.inputs[0]
+        x = op_input(node, "Softplus")
         return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
 
     def rewrite(self, graph: ir.Graph) -> bool:
@@ -511,12 +517,8 @@ class LogSigmoidToSoftplus(QnnPass):
     defect = "Log(Sigmoid(x)) on QNN HTP loses the small sigmoid values (silent wrong output)"
 
     def match(self, log_node: ir.Node) -> ir.Node | None:
-        if log_node.op_type != "Log" or log_node.domain not in ("", "ai.onnx"):
-            return None
-        sig = log_node.inputs[0].producer() if log_node.inputs[0] is not None else None
-        if sig is None or sig.op_type != "Sigmoid" or sig.domain not in ("", "ai.onnx"):
-            return None
-        return sig
+        sig = input_producer(log_node) if is_op(log_node, "Log") else None
+        return sig if is_op(sig, "Sigmoid") else None
 
     def rewrite(self, graph: ir.Graph) -> bool:
         # A Sigmoid has its one input.

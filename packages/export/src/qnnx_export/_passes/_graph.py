@@ -14,11 +14,31 @@ __all__ = [
     "add_initializer",
     "const_array",
     "fresh_names",
+    "input_producer",
+    "is_op",
     "new_value",
     "one_node_like",
+    "op_input",
     "replace_value",
     "static_shape",
 ]
+
+
+def is_op(node: ir.Node | None, op_type: str) -> bool:
+    """Whether ``node`` is a node of the default ONNX domain with op type ``op_type``."""
+    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def op_input(node: ir.Node, op_type: str) -> ir.Value | None:
+    """The first input of ``node`` when it is an ``op_type`` node of the default domain (see :func:`is_op`), else
+    None."""
+    return node.inputs[0] if is_op(node, op_type) and node.inputs else None
+
+
+def input_producer(node: ir.Node, index: int = 0) -> ir.Node | None:
+    """The node that computes input ``index`` of ``node``; None for a graph input, an initializer or no input."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    return value.producer() if value is not None else None
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:

@@ -12,7 +12,15 @@ import onnx_ir as ir
 
 from qnnx_export._naming import UniqueNames
 from qnnx_export._passes._base import QnnPass, register
-from qnnx_export._passes._graph import add_initializer, const_array, fresh_names, new_value, replace_value, static_shape
+from qnnx_export._passes._graph import (
+    add_initializer,
+    const_array,
+    fresh_names,
+    is_op,
+    new_value,
+    replace_value,
+    static_shape,
+)
 
 __all__ = [
     "DropEmptyConcatInputs",
@@ -57,7 +65,7 @@ class TileLayerNormBroadcast(QnnPass):
         found: list[ir.Node] = []
         seen: set[int] = set()
         for node in graph:
-            if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+            if not is_op(node, "LayerNormalization"):
                 continue
             frontier = [(node.inputs[0], 0)]
             while frontier:
@@ -159,7 +167,7 @@ class FoldHighRankTranspose(QnnPass):
     defect = "rank-6 tensors are refused by QNN HTP (Swin window partition)"
 
     def match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
-        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        if not is_op(node, "Transpose"):
             return None
         src = node.inputs[0]
         first = src.producer() if src is not None else None
@@ -349,7 +357,7 @@ class GatherRuntimeIndicesAsRows(QnnPass):
     defect = "Gather by runtime indices along an inner axis is wrong on QNN HTP when a dim before the axis is > 1"
 
     def match(self, node: ir.Node) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        if not is_op(node, "Gather") or len(node.inputs) != 2:
             return None
         data, indices = node.inputs
         if data is None or indices is None or const_array(indices) is not None:

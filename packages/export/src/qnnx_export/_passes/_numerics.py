@@ -13,7 +13,9 @@ from qnnx_export._passes._graph import (
     add_initializer,
     const_array,
     fresh_names,
+    is_op,
     one_node_like,
+    op_input,
     replace_value,
     static_shape,
 )
@@ -49,7 +51,7 @@ class SafeSoftmaxWithoutInf(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The -inf operand of an Equal(ReduceMax(x), -inf) that selects between 0 and Softmax(x), or None."""
-        if node.op_type != "Equal" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        if not is_op(node, "Equal") or len(node.inputs) != 2:
             return None
         for stat, limit in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
             value = const_array(limit)
@@ -94,7 +96,7 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
     def _matches(graph: ir.Graph) -> list[ir.Node]:
         found = []
         for n in graph:
-            if n.op_type != "AveragePool" or n.domain not in ("", "ai.onnx"):
+            if not is_op(n, "AveragePool"):
                 continue
             # mypy binds onnx_ir's TypeVar default from the `or`'s bool context; the int default is right.
             if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):  # type: ignore[arg-type]
@@ -135,9 +137,7 @@ class LogSoftmaxUnitAxis(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The input of a LogSoftmax whose axis has size 1, or None."""
-        if node.op_type != "LogSoftmax" or node.domain not in ("", "ai.onnx") or not node.inputs:
-            return None
-        x = node.inputs[0]
+        x = op_input(node, "LogSoftmax")
         shape = static_shape(x)
         if x is None or shape is None or not shape:
             return None
@@ -176,7 +176,7 @@ class FoldScaleIntoGatherTable(QnnPass):
 
     def match(self, node: ir.Node) -> tuple[ir.Node, np.ndarray, ir.Value] | None:
         """``(gather, factor, scaled)`` for a Mul of gathered rows by a one-element constant, or None."""
-        if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        if not is_op(node, "Mul") or len(node.inputs) != 2:
             return None
         for scaled, factor in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
             c = const_array(factor)
