@@ -126,7 +126,7 @@ class LoadedGraph(SerializableCallable):
         for n, record in enumerate(graph["variants"]):
             key = tuple(record["key"])
             positions = self._sym_positions if record.get("specialized") else ()
-            self._variants[key] = self._load(n, record, blobs, positions)
+            self._variants[key] = self._load(_SavedGraph(n, record, blobs), positions)
 
     def __call__(self, *args: object) -> Any:
         key: tuple[object, ...] = ()
@@ -168,12 +168,11 @@ class LoadedGraph(SerializableCallable):
 
     # -- loading one static graph --------------------------------------------------------------------------------
 
-    def _load(
-        self, n: int, record: Mapping[str, Any], blobs: Sequence[memoryview], sym_positions: tuple[int, ...]
-    ) -> _LoadedVariant:
+    def _load(self, saved: _SavedGraph, sym_positions: tuple[int, ...]) -> _LoadedVariant:
         import qnnx_detection
         import qnnx_export
 
+        record = saved.record
         start = time.perf_counter()
         device = str(record["device"])
         status = qnnx_detection.probe(initialize=False).backend(device)
@@ -192,10 +191,10 @@ class LoadedGraph(SerializableCallable):
         elif not status.available:
             # No PyTorch graph to fall back to, but the saved ONNX model runs on ONNX Runtime's CPU EP.
             reason = f"the saved graph was compiled for {device}, which is not usable here ({status.reason})"
-            program = self._on_cpu_ep(n, record, blobs, target, _call_plan(record, signature), reason)
+            program = self._on_cpu_ep(saved, target, _call_plan(record, signature), reason)
             cache = "aot-cpu"
         else:
-            program, cache = self._session(n, record, blobs, target, _call_plan(record, signature))
+            program, cache = self._session(saved, target, _call_plan(record, signature))
         bucket = record.get("bucket")
         report = _report.CompileReport(
             graph_id=_report.next_graph_id(),
@@ -219,17 +218,11 @@ class LoadedGraph(SerializableCallable):
         logger.info("%s", report.summary())
         return _LoadedVariant(program, sym_positions, report)
 
-    def _session(
-        self,
-        n: int,
-        record: Mapping[str, Any],
-        blobs: Sequence[memoryview],
-        target: Target,
-        plan: Mapping[str, Any],
-    ) -> tuple[QnnProgram, str]:
+    def _session(self, saved: _SavedGraph, target: Target, plan: Mapping[str, Any]) -> tuple[QnnProgram, str]:
         """The program of one saved QNN graph: from its context, or rebuilt from its ONNX model on a mismatch."""
         import qnnx_detection
 
+        record = saved.record
         device = target.device
         kwargs = {
             "soc_model": self._target_soc,
@@ -242,7 +235,7 @@ class LoadedGraph(SerializableCallable):
         session = None
         cache = "aot"
         if not differences:
-            ctx = self._write(f"graph{n}-context", record["context"], blobs)
+            ctx = self._write(saved, "context")
             store, name = _crash_guard(record["context"], self._blob_sha256)
             if store is not None and store.load_crashed(name):
                 differences.append(
@@ -270,7 +263,7 @@ class LoadedGraph(SerializableCallable):
                 "qnn backend: saved graph does not match this machine (%s); rebuilding it from its saved ONNX model",
                 cause,
             )
-            model = self._write(f"graph{n}-model", record["model"], blobs)
+            model = self._write(saved, "model")
             self._check_ops(model, device, bool(kwargs["allow_cpu_fallback"]))
             try:
                 session = _session.create_for_device(_model_of(model, record["model"]), device, kwargs)
@@ -282,15 +275,7 @@ class LoadedGraph(SerializableCallable):
         program = QnnProgram(session=session, target=target, source=SessionSource(source, kwargs), cache=cache, **plan)
         return program, cache
 
-    def _on_cpu_ep(
-        self,
-        n: int,
-        record: Mapping[str, Any],
-        blobs: Sequence[memoryview],
-        target: Target,
-        plan: Mapping[str, Any],
-        reason: str,
-    ) -> Program:
+    def _on_cpu_ep(self, saved: _SavedGraph, target: Target, plan: Mapping[str, Any], reason: str) -> Program:
         """The saved ONNX model of one graph on ONNX Runtime's CPU EP (its QNN device is not usable here); raises
         QnnDeviceError under strict, or when the CPU EP cannot run it either."""
         device = target.device
@@ -300,7 +285,7 @@ class LoadedGraph(SerializableCallable):
                 f"{reason}. Load it where onnxruntime-qnn reaches that device, compile the model here, or save it "
                 "with strict=False to let a loaded function run its saved ONNX model on ONNX Runtime's CPU EP",
             )
-        model = self._write(f"graph{n}-model", record["model"], blobs)
+        model = self._write(saved, "model")
         try:
             session = _session.create_on_cpu_ep(str(model))
         except DeviceRejected as exc:
@@ -322,9 +307,11 @@ class LoadedGraph(SerializableCallable):
             nodes = ", ".join(f"{v.op_type} ({v.node_name}): {v.reason}" for v in report.unsupported)
             raise QnnDeviceError(device, f"the saved graph cannot be rebuilt here: unsupported node(s) {nodes}")
 
-    def _write(self, name: str, files: Mapping[str, Any], blobs: Sequence[memoryview]) -> Path:
-        """Write one saved model's files into a folder of their own; the path of its model file."""
-        folder = self._folder / name
+    def _write(self, saved: _SavedGraph, kind: str) -> Path:
+        """Write the files of a saved graph's ``kind`` (``context`` or ``model``) into a folder of their own; the path
+        of its model file."""
+        files, blobs = saved.record[kind], saved.blobs
+        folder = self._folder / f"graph{saved.n}-{kind}"
         folder.mkdir()
         for file_name, index in files["files"].items():
             if not SAFE_NAME.fullmatch(file_name) or not isinstance(index, int) or not 0 <= index < len(blobs):
@@ -334,6 +321,15 @@ class LoadedGraph(SerializableCallable):
         if model_file not in files["files"]:
             raise SavedGraphError(f"the saved graph's model file {model_file!r} is not among its files; {FIX_SAVE}")
         return folder / model_file
+
+
+@attrs.frozen
+class _SavedGraph:
+    """One saved static graph while it loads: its number in the payload, its record and the payload's files."""
+
+    n: int
+    record: Mapping[str, Any]
+    blobs: Sequence[memoryview]
 
 
 def _model_of(path: Path, files: Mapping[str, Any]) -> str | PartedModel:
