@@ -51,8 +51,9 @@ BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the device chain; run one static graph", ("_chain", "_variant")),
     ("save and load", ("_aot", "_aot_load")),
     ("run: the callable Dynamo gets", ("_compiled",)),
-    ("entry points", ("_backend", "hf")),
+    ("entry points", ("_backend",)),
     ("faces", ("_explain", "_saved", "_registry")),
+    ("Hugging Face generation: compile, save and load", ("hf",)),
     ("the package", ("__init__",)),
 )
 

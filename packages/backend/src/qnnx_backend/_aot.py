@@ -91,8 +91,11 @@ def serialize(graph: SavableGraph) -> bytes:
     return data
 
 
-def header_and_blobs(graph: SavableGraph) -> tuple[dict[str, Any], list[bytes]]:
+def header_and_blobs(graph: SavableGraph, blobs: list[bytes] | None = None) -> tuple[dict[str, Any], list[bytes]]:
     """The header and blobs of :func:`serialize`, before packing (:func:`qnnx_backend.save` adds to the header).
+
+    With ``blobs``, the graph's files are appended to that list (and the header's indices count from its start):
+    one file can then hold several graphs' records over one blob table.
 
     Raises:
         SavedGraphError: a variant runs in PyTorch (a saved function has no PyTorch graph), or cannot be saved.
@@ -110,7 +113,7 @@ def header_and_blobs(graph: SavableGraph) -> tuple[dict[str, Any], list[bytes]]:
         with torch.set_grad_enabled(graph.examples.grad_enabled):
             graph.compile_variant(key, args)
     records: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs = [] if blobs is None else blobs
     for key, variant in graph.variants.items():
         inner = variant.inner if isinstance(variant, Specialized) else variant
         if isinstance(inner, QnnVariant):

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     import torch
     from torch.utils._pytree import TreeSpec
 
+    from qnnx_backend._options import BackendOptions
+
 # torch is imported on first use: ``import qnnx_backend`` imports no torch (the package's torch-free loader of saved
 # files lives beside this module).
 logger = logging.getLogger(__name__)
@@ -167,18 +169,48 @@ def save(
         SavedGraphError: the model does not trace as one graph, its graph does not run wholly on QNN, or an input or
             output is of a kind a saved file cannot hold (named in the message).
     """
-    import torch
-    import torch.utils._pytree as pytree
-
-    from qnnx_backend import _aot
-    from qnnx_backend._backend import qnn_backend
     from qnnx_backend._options import BackendOptions
 
     opts = BackendOptions.from_mapping(options)
     if not callable(model):
         raise InvalidOptionsError(f"save expects a module or function to compile, got {type(model).__name__}")
     args = tuple(example_args) if isinstance(example_args, tuple | list) else (example_args,)
-    kwargs = dict(sorted((example_kwargs or {}).items()))
+    blobs: list[bytes] = []
+    header, out, reports = save_header(model, args, dict(example_kwargs or {}), opts, blobs)
+    data = _payload.pack_payload(header, blobs)
+    target = write_atomically(path, data)
+    logger.info("qnn backend: saved %s to %s (%d bytes)", header["call"]["model"], target, len(data))
+    return SaveReport(path=target, file_bytes=len(data), outputs=out, reports=reports)
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path``, replacing it atomically if it exists."""
+    target = Path(path)
+    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        staging.write_bytes(data)
+        os.replace(staging, target)
+    finally:
+        staging.unlink(missing_ok=True)
+    return target
+
+
+def save_header(
+    model: Any, args: tuple[Any, ...], example_kwargs: Mapping[str, Any], opts: BackendOptions, blobs: list[bytes]
+) -> tuple[dict[str, Any], Any, tuple[_report.CompileReport, ...]]:
+    """Trace ``model`` on the examples, compile its one graph for QNN and return the graph's header with its ``call``
+    section, the compiled model's outputs and the compile reports; the graph's files are appended to ``blobs``.
+
+    Raises:
+        SavedGraphError: as :func:`save`.
+    """
+    import torch
+    import torch.utils._pytree as pytree
+
+    from qnnx_backend import _aot
+    from qnnx_backend._backend import qnn_backend
+
+    kwargs = dict(sorted(example_kwargs.items()))
     leaves, in_spec = pytree.tree_flatten_with_path((args, kwargs))
     inputs = [_input_record(_label(p), _flat_key(p), leaf) for p, leaf in leaves]
     recorders: list[_Recorder] = []
@@ -205,7 +237,7 @@ def save(
     recorder = recorders[0]
     called = recorder.args
     assert called is not None  # checked above
-    header, blobs = _aot.header_and_blobs(recorder.graph)
+    header, _ = _aot.header_and_blobs(recorder.graph, blobs)
     user = {id(leaf): k for k, (_, leaf) in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
     graph_args = [user.get(id(a)) if isinstance(a, torch.Tensor) else None for a in called]
     for record in header["graph"]["variants"]:
@@ -223,16 +255,7 @@ def save(
         "outputs": outputs,
         "producer": _producer_versions(),
     }
-    data = _payload.pack_payload(header, blobs)
-    target = Path(path)
-    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        staging.write_bytes(data)
-        os.replace(staging, target)
-    finally:
-        staging.unlink(missing_ok=True)
-    logger.info("qnn backend: saved %s to %s (%d bytes)", header["call"]["model"], target, len(data))
-    return SaveReport(path=target, file_bytes=len(data), outputs=out, reports=tuple(recorder.graph.reports))
+    return header, out, tuple(recorder.graph.reports)
 
 
 def _flat_key(path: Sequence[Any]) -> list[Any] | None:
@@ -338,8 +361,6 @@ def load(path: str | os.PathLike[str]) -> LoadedModel:
             damaged, truncated or of a newer format, or its output classes cannot be imported here.
         QnnDeviceError: the file cannot run here (saved with ``strict=True`` on another configuration, or no device).
     """
-    from qnnx_backend._aot_load import deserialize_parts
-
     data = Path(path).read_bytes()
     if data[:1] == b"\x80" or data[:2] == b"PK":
         raise SavedGraphError(
@@ -348,15 +369,28 @@ def load(path: str | os.PathLike[str]) -> LoadedModel:
             "qnnx_backend.save"
         )
     header, blobs = _payload.unpack_payload(data)
+    if isinstance(header.get("generation"), dict):
+        raise SavedGraphError(
+            f"{os.fspath(path)} is a generation file of qnnx_backend.hf.save_for_generation (several graphs and a "
+            "KV cache), not a file of qnnx_backend.save: load it with qnnx_backend.hf.load_for_generation"
+        )
+    return loaded_model(header, blobs, os.fspath(path))
+
+
+def loaded_model(header: Mapping[str, Any], blobs: Sequence[memoryview], where: str) -> LoadedModel:
+    """The :class:`LoadedModel` of one graph's header (with its ``call`` section) over the file's blobs; ``where``
+    names the file in messages."""
+    from qnnx_backend._aot_load import deserialize_parts
+
     call = header.get("call")
     if not isinstance(call, dict):
         raise SavedGraphError(
-            f"{os.fspath(path)} holds a compiled graph without a model's inputs and outputs (it was not written by "
+            f"{where} holds a compiled graph without a model's inputs and outputs (it was not written by "
             f"qnnx_backend.save); {_FIX_SAVE}"
         )
     if call.get("format") != CALL_FORMAT:
         raise SavedGraphError(
-            f"{os.fspath(path)} has call format {call.get('format')!r}; this qnnx-backend reads {CALL_FORMAT}: "
+            f"{where} has call format {call.get('format')!r}; this qnnx-backend reads {CALL_FORMAT}: "
             "upgrade qnnx-backend, or save the model again with this version"
         )
     try:
