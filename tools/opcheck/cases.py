@@ -226,6 +226,8 @@ def _attrs_bitshift(dtype: str) -> dict[str, Any]:
 def _variants() -> list[Variant]:
     v: list[Variant] = []
     add = v.append
+    # An opset-1 model (ONNX's own Not tests are written at opset 1).
+    add(Variant("Not_opset1", "Not", (D(X),), opset=1, when={"opset": [1, 6]}, dtypes=("bool",)))
     for op, dom in UNARY_FLOAT.items():
         attrs: dict[str, Any] = {}
         inputs: tuple[Any, ...] = (D(X, domain=dom),)
@@ -247,6 +249,10 @@ def _variants() -> list[Variant]:
     )
     add(Variant("Swish", "Swish", (D(X),), opset=24))
     add(Variant("Det", "Det", (D((2, 3, 3)),)))
+    # Mod on the narrow integer types (ONNX's Mod tests run int8, int16 and uint16).
+    narrow = ("int8", "int16", "uint16")
+    nz = (D(X, domain="nz"), D(X, domain="nz"))
+    add(Variant("Mod_narrow", "Mod", nz, _attrs_mod, when={"input_dtype": [0, list(narrow)]}, dtypes=narrow))
     for op in BINARY:
         attrs = _attrs_mod if op == "Mod" else (_attrs_bitshift if op == "BitShift" else {})
         add(Variant(op, op, (D(X, domain="nz"), D(X, domain="nz")), attrs, qdq=op in QDQ_BINARY))
@@ -416,6 +422,82 @@ def _variants() -> list[Variant]:
     add(Variant("GlobalAveragePool", "GlobalAveragePool", (D((1, 3, 4, 4)),), qdq=True))
     add(Variant("GlobalMaxPool", "GlobalMaxPool", (D((1, 3, 4, 4)),), qdq=True))
     add(Variant("LpPool", "LpPool", (D((1, 3, 4, 4)),), {**pool, "p": 2}))
+    rope_x, rope_ids = D((2, 4, 3, 8)), D((2, 3), "int64", "idx")
+    rope = (rope_x, D((50, 4)), D((50, 4)), rope_ids)
+    add(
+        Variant(
+            "RotaryEmbedding_interleaved",
+            "RotaryEmbedding",
+            rope,
+            {"interleaved": 1},
+            opset=23,
+            when={"attr": {"interleaved": [1]}},
+            dtypes=FLOATS,
+        )
+    )
+    add(
+        Variant(
+            "RotaryEmbedding_3d",
+            "RotaryEmbedding",
+            (D((2, 3, 32)), *rope[1:]),
+            {"num_heads": 4},
+            opset=23,
+            when={"rank": [3, 3]},
+            dtypes=FLOATS,
+        )
+    )
+    add(
+        Variant(
+            "RotaryEmbedding_partial",
+            "RotaryEmbedding",
+            (rope_x, D((50, 2)), D((50, 2)), rope_ids),
+            {"rotary_embedding_dim": 4},
+            opset=23,
+            when={"attr": {"rotary_embedding_dim": [4]}},
+            dtypes=FLOATS,
+        )
+    )
+    add(Variant("RotaryEmbedding", "RotaryEmbedding", rope, opset=23, dtypes=FLOATS))
+    # SwiGLU (opset 28) has no QNN builder either: onnxruntime expands it into Swish and Mul. The CPU EP has no
+    # kernel to compare with, so the probe shows that the QNN EP takes it; ONNX's node tests (test_swiglu*, against
+    # their expected outputs) show it right.
+    add(Variant("SwiGLU", "SwiGLU", (D(X), D(X)), opset=28, dtypes=FLOATS))
+    # Opset 16: the CPU EP has no RoiAlign-22 kernel to compare with (22 only adds bfloat16).
+    roi = (D((2, 1, 10, 10)), D((3, 4), domain="pos"), D((3,), "int64", "idx"))
+    roi_attrs = {"output_height": 5, "output_width": 5, "sampling_ratio": 2}
+    add(
+        Variant(
+            "RoiAlign_max",
+            "RoiAlign",
+            roi,
+            {**roi_attrs, "mode": "max"},
+            opset=16,
+            when={"attr": {"mode": ["max"]}},
+            dtypes=FLOATS,
+        )
+    )
+    add(Variant("RoiAlign", "RoiAlign", roi, roi_attrs, opset=16, dtypes=FLOATS))
+    # NegativeLogLikelihoodLoss has no QNN builder: onnxruntime expands the ONNX function into its body
+    # (Unsqueeze, GatherElements on the targets, Where for ignore_index, Gather of the weights, ReduceSum, Div) and
+    # the QNN EP takes the body. Its targets are class indices in [0, C) or ignore_index by the op's definition, so
+    # the body's GatherElements reads no negative index. The body's int64 Unsqueeze of the targets is 5-D at rank 5.
+    nll = {"reduction": "mean", "ignore_index": 1}
+    nll_in = (D((2, 3, 2, 2)), D((2, 2, 2), "int64", "idx"), D((3,), domain="pos"))
+    nll_5d = (D((2, 3, 2, 2, 2)), D((2, 2, 2, 2), "int64", "idx"))
+    add(Variant("NLLLoss_rank5", "NegativeLogLikelihoodLoss", nll_5d, when={"rank": [5, 64]}, opset=22, dtypes=FLOATS))
+    for red in ("none", "sum"):
+        add(
+            Variant(
+                f"NLLLoss_{red}",
+                "NegativeLogLikelihoodLoss",
+                nll_in,
+                {**nll, "reduction": red},
+                opset=22,
+                when={"attr": {"reduction": [red]}},
+                dtypes=FLOATS,
+            )
+        )
+    add(Variant("NLLLoss", "NegativeLogLikelihoodLoss", nll_in, nll, opset=22, dtypes=FLOATS))
     add(Variant("GridSample", "GridSample", (D((1, 2, 4, 4)), D((1, 3, 3, 2), domain="unit"))))
     qkv = tuple(D((1, 2, 4, 8)) for _ in range(3))
     add(Variant("Attention", "Attention", qkv, opset=23, qdq=True))

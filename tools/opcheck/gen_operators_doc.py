@@ -287,10 +287,16 @@ def render() -> str:
         out += ["", f"## {title} ({t.source})", ""]
         if t.backend == "gpu" and t is not newest_gpu and newest_gpu is not None:
             gone = sorted(set(newest_gpu.ops) - set(t.ops))
-            out.append(
-                f"As GPU {newest_gpu.onnxruntime_qnn} without: {', '.join(k.lstrip(':') for k in gone) or 'nothing'} "
-                "(added later per the release notes)."
-            )
+            from tables import ADDED_IN
+
+            noted = {op for ops in ADDED_IN.values() for op in ops}
+            later = [k.lstrip(":") for k in gone if k.lstrip(":") in noted]
+            unprobed = [k.lstrip(":") for k in gone if k.lstrip(":") not in noted]
+            line = f"As GPU {newest_gpu.onnxruntime_qnn} without: {', '.join(later) or 'nothing'} (added later per the "
+            line += "release notes)"
+            if unprobed:
+                line += f"; nor {', '.join(unprobed)}, which the HTP probe of that release did not cover"
+            out.append(line + ".")
             continue
         if t.source == "derived":
             out.append(f"{t.provenance.get('summary', '')}")

@@ -315,7 +315,10 @@ class GraphFacts:
 def _value_facts(vi: onnx.ValueInfoProto) -> ValueFacts:
     t = vi.type
     if not t.HasField("tensor_type"):
-        return ValueFacts()
+        # A sequence, optional or map value: named by its kind, a type no table cell holds (the QNN EP cannot map it
+        # to a QNN data type: Identity of a sequence or an optional tensor is refused at session creation).
+        kind = t.WhichOneof("value")
+        return ValueFacts(dtype=kind.removesuffix("_type") if kind else None)
     tt = t.tensor_type
     dtype = dtype_key(tt.elem_type)
     shape: tuple[int | str | None, ...] | None = None

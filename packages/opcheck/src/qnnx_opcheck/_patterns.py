@@ -28,6 +28,25 @@ _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrE
 # empty roi initializer (and with empty roi + empty scales + sizes), nearest and linear, opsets 11, 13 and 18, builds
 # with CPU fallback disabled and matches the CPU EP (onnxruntime-qnn 2.7.0, HTP simulator, soc_model 60).
 _EMPTY_PLACEHOLDERS: dict[tuple[str, str], tuple[int, ...]] = {("", "Resize"): (1, 2)}
+# The reductions whose axes are input 1 (opset 18; ReduceSum from 13). An empty axes tensor, a constant or a graph
+# input of static shape [0], means "reduce every axis" unless noop_with_empty_axes is set: ReduceSum and ReduceMean
+# of x[3, 2, 2] by axes of shape [0] (keepdims), and ReduceL2, ReduceL1 and ReduceSumSquare written as ReduceSum,
+# build with CPU fallback disabled and are right (node tests, onnxruntime-qnn 2.7.0, soc_model 60). With
+# noop_with_empty_axes=1 the QNN EP declines the node ("does not support NoOp for reduction operators with empty axes").
+REDUCE_AXES_INPUT = frozenset(
+    {
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+    }
+)
 
 
 # Ops that only move elements (a scalar factor commutes with them).
@@ -131,10 +150,25 @@ class Patterns:
         for position, name in enumerate((*node.input, *node.output)):
             if position in placeholders and position < len(node.input) and self.view.is_const(name):
                 continue
+            if position == 1 and self.empty_axes_reduce_all(node):
+                continue
             shape = self.view.shape(name) if name else None
             if shape is not None and any(d == 0 for d in shape):
                 return True
         return False
+
+    def empty_axes_reduce_all(self, node: NodeView) -> bool:
+        """A reduction given an empty axes input (static shape [0]) without noop_with_empty_axes: it reduces every
+        axis, as if no axes were given."""
+        if node.domain != "" or node.op_type not in REDUCE_AXES_INPUT or len(node.input) < 2 or not node.input[1]:
+            return False
+        return self._static_dims(node.input[1]) == (0,) and not self.view.attr(node, "noop_with_empty_axes")
+
+    def _runtime_empty_axes_ok(self, node: NodeView) -> bool:
+        """An empty axes graph input is taken when the reduction's output is a graph output: onnxruntime does not
+        infer the output shape of a reduction by runtime axes, and the QNN EP then fails on the node after it
+        ("Cannot get shape": ReduceL2 and ReduceLogSum written as ReduceSum then Cast or Log)."""
+        return bool(node.output) and node.output[0] in self.view.f.graph_outputs
 
     def _static_dims(self, name: str) -> tuple[int, ...] | None:
         shape = self.view.shape(name) if name else None
@@ -154,8 +188,16 @@ class Patterns:
     def _meets(self, rule: dict[str, Any], node: NodeView) -> bool:
         present = [i for i, name in enumerate(node.input) if name]
         checks: list[bool] = []
-        if "runtime_inputs" in rule:  # one of these inputs is given and is not a constant
-            checks.append(any(i in present and not self.view.is_static(node.input[i]) for i in rule["runtime_inputs"]))
+        if "runtime_inputs" in rule:  # one of these inputs is given and is not a constant (an empty axes input
+            # of a reduction carries no values: the EP reads it as absent)
+            checks.append(
+                any(
+                    i in present
+                    and not self.view.is_static(node.input[i])
+                    and not (i == 1 and self.empty_axes_reduce_all(node) and self._runtime_empty_axes_ok(node))
+                    for i in rule["runtime_inputs"]
+                )
+            )
         if "given_inputs" in rule:  # one of these optional inputs is given
             checks.append(any(i in present for i in rule["given_inputs"]))
         if "attr_in" in rule:  # every listed attribute (its default when absent) has one of these values
@@ -175,6 +217,11 @@ class Patterns:
         if "input_rank" in rule:
             shape = self.view.shape(node.input[0]) if node.input else None
             checks.append(shape is None or len(shape) in rule["input_rank"])
+        if "axis_before_last" in rule:  # the axis attribute (default -1) is not the input's last axis
+            shape = self.view.shape(node.input[0]) if node.input else None
+            axis = self.view.attr(node, "axis")
+            axis = -1 if axis is None else int(axis)
+            checks.append(shape is None or (axis + len(shape) if axis < 0 else axis) != len(shape) - 1)
         return bool(checks) and all(checks)
 
     @rule("add_const_broadcast_layernorm")
@@ -245,14 +292,17 @@ class Patterns:
 
     @rule("pow_fractional_exponent")
     def _is_pow_fractional(self, index: int, node: NodeView) -> bool:
-        """Pow on float whose exponent is a runtime value or a constant with a non-integer element, unless the base
-        cannot be negative (a positive constant, or computed by ops whose results are >= 0: x^2, |x|, exp, a sum of
-        squares... as L2 normalization and vector norms write it)."""
+        """Pow on float whose exponent is a runtime value or a constant (or a Cast/CastLike of one) with a non-integer
+        element, unless the base cannot be negative (a positive constant, or computed by ops whose results are >= 0:
+        x^2, |x|, exp, a sum of squares... as L2 normalization and vector norms write it)."""
         if not self._is_float_op(index, node) or len(node.input) < 2:
             return False
         import numpy as np
 
         exponent = self.view.const_value(node.input[1])
+        cast = self.view.producer(node.input[1]) if exponent is None else None
+        if cast is not None and cast.op_type in ("Cast", "CastLike") and cast.input:
+            exponent = self.view.const_value(cast.input[0])  # a constant cast to the base's type (gelu_tanh's x^3)
         if exponent is not None:
             try:
                 values = np.asarray(exponent, dtype=np.float64)
@@ -290,6 +340,28 @@ class Patterns:
             span = shape[axis + 2] + before + after - kernel[axis]
             if ceil and span % strides[axis]:
                 return True  # ceil_mode adds a last window that hangs over the end
+        return False
+
+    @rule("maxpool_ceil_dropped_window")
+    def _is_maxpool_dropped_window(self, index: int, node: NodeView) -> bool:
+        """MaxPool with ceil_mode whose last ceil window would start past the end of the (begin-padded) input: ONNX
+        drops that window, so the output is one shorter than the ceil formula gives."""
+        if not self.view.attr(node, "ceil_mode"):
+            return False
+        shape = self._static_dims(node.input[0]) if node.input else None
+        kernel = list(self.view.attr(node, "kernel_shape") or [])
+        if shape is None or len(kernel) != len(shape) - 2:
+            return False
+        spatial = len(kernel)
+        strides = list(self.view.attr(node, "strides") or [1] * spatial)
+        pads = list(self.view.attr(node, "pads") or [0] * (2 * spatial))
+        dilations = list(self.view.attr(node, "dilations") or [1] * spatial)
+        for axis in range(spatial):
+            size, before, after = shape[axis + 2], pads[axis], pads[axis + spatial]
+            span = size + before + after - (dilations[axis] * (kernel[axis] - 1) + 1)
+            windows = -(-span // strides[axis]) + 1  # ceil
+            if span >= 0 and (windows - 1) * strides[axis] >= size + before:
+                return True
         return False
 
     @rule("nonfinite_constant")

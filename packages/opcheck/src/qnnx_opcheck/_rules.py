@@ -89,7 +89,9 @@ class Checker:
         p = self.view.pattern("dropout_removed")
         if p is not None and node.op_type == "Dropout" and domain == "":
             mask = node.output[1] if len(node.output) > 1 else ""
-            if not mask or (mask not in self.f.consumers and mask not in self.f.graph_outputs):
+            if (not mask or (mask not in self.f.consumers and mask not in self.f.graph_outputs)) and self._removable(
+                node
+            ):
                 return "removed", p["reason"], p.get("evidence"), None
 
         p = self.view.pattern("qdq_constant_dequantize")
@@ -115,20 +117,29 @@ class Checker:
         if p is not None and not self.f.symbolic_inputs and self.patterns.dynamic_value(node) is not None:
             # Every graph input is static, yet shape inference (with constant folding) left a dim unknown here:
             # onnxruntime's own inference may resolve it, so this is not a refusal, but opcheck cannot vouch for it.
+            # A refusal that a later rule finds (a runtime parameter the EP declines...) still decides.
             name, shape = self.patterns.dynamic_value(node) or ("", ())
-            return (
+            unknown: Decision = (
                 "unknown_shape",
                 f"opcheck could not infer a static shape for '{name}' ({list(shape)}) although every graph input is "
                 f"static; QNN needs static shapes, so this node is unverified (check it with the live EP)",
                 p.get("evidence"),
                 dtype,
             )
+            later = self._node_rules(index, node, kind, reason, evidence, dtype)
+            return later if KIND_STATUS.get(later[0]) == "unsupported" else unknown
         if p is not None and self.f.symbolic_inputs:
             dyn = self.patterns.dynamic_value(node)
             if dyn is not None:
                 fix = self._shape_fix(dyn[1], node)
                 text = f"{p['reason']} (value '{dyn[0]}' has shape {list(dyn[1])})"
                 return p["kind"], text + (f"; fix: {fix}" if fix else ""), p.get("evidence"), dtype
+        return self._node_rules(index, node, kind, reason, evidence, dtype)
+
+    def _node_rules(
+        self, index: int, node: NodeView, kind: str, reason: str | None, evidence: str | None, dtype: str | None
+    ) -> Decision:
+        """The rules past the op's table cell: rank, empty tensors, measured conditions, patterns, node conditions."""
         p = self.view.pattern("rank_limit")
         if p is not None:
             big = self.patterns.over_rank(node, int(p["max_rank"]))
@@ -153,6 +164,20 @@ class Checker:
             if p is not None and dtype == "int64" and ("*" in ops or node.op_type in ops):
                 return "caveat", p["reason"], p.get("evidence"), dtype
         return kind, reason, evidence, dtype
+
+    def _removable(self, node: NodeView) -> bool:
+        """Whether onnxruntime can take the Dropout out of the graph: not in training mode (a training_mode input
+        that is not a constant false), and not between a graph input (or initializer) and a graph output, which it
+        cannot join. Such a Dropout stays, and the QNN EP declines it (node tests: test_dropout_default,
+        test_training_dropout)."""
+        import numpy as np
+
+        if len(node.input) > 2 and node.input[2]:
+            value = self.view.const_value(node.input[2])
+            if value is None or bool(np.asarray(value).any()):
+                return False
+        data = node.input[0] if node.input else ""
+        return not (node.output[0] in self.f.graph_outputs and data not in self.f.producers)
 
     def _shape_fix(self, shape: tuple[Any, ...], node: NodeView) -> str:
         """The opcheck flags that would make this node's shapes static: the input dims its symbolic shape names,
