@@ -176,11 +176,14 @@ class Patterns:
             return None
         return tuple(int(d) for d in shape)  # type: ignore[arg-type]
 
-    def node_condition(self, node: NodeView) -> tuple[str, str, str | None] | None:
+    def node_condition(self, node: NodeView, shape_free: bool = False) -> tuple[str, str, str | None] | None:
         """The first rule of the table's ``node_conditions`` that the node meets: (kind, reason, evidence). A rule
-        names its ops and holds when every condition it lists holds (see tools/opcheck/tables.py)."""
+        names its ops and holds when every condition it lists holds (see tools/opcheck/tables.py). ``shape_free``:
+        only the rules on runtime or given inputs, which hold whatever the shapes."""
         p = self.view.pattern("node_conditions")
         for rule in (p or {}).get("rules", ()):
+            if shape_free and not set(rule) & {"runtime_inputs", "given_inputs"}:
+                continue
             if node.op_type in rule["ops"] and self._meets(rule, node):
                 return rule["kind"], f"{node.op_type}: {rule['reason']}", rule.get("evidence")
         return None

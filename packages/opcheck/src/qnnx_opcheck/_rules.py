@@ -117,29 +117,25 @@ class Checker:
         if p is not None and not self.f.symbolic_inputs and self.patterns.dynamic_value(node) is not None:
             # Every graph input is static, yet shape inference (with constant folding) left a dim unknown here:
             # onnxruntime's own inference may resolve it, so this is not a refusal, but opcheck cannot vouch for it.
-            # A refusal that a later rule finds (a runtime parameter the EP declines...) still decides.
+            # A refusal that holds whatever the shapes (a runtime parameter the EP declines: CenterCropPad's Pad by
+            # pads computed from a graph input) still decides.
+            refusal = self._shape_free_refusal(index, node, dtype)
+            if refusal is not None:
+                return refusal
             name, shape = self.patterns.dynamic_value(node) or ("", ())
-            unknown: Decision = (
+            return (
                 "unknown_shape",
                 f"opcheck could not infer a static shape for '{name}' ({list(shape)}) although every graph input is "
                 f"static; QNN needs static shapes, so this node is unverified (check it with the live EP)",
                 p.get("evidence"),
                 dtype,
             )
-            later = self._node_rules(index, node, kind, reason, evidence, dtype)
-            return later if KIND_STATUS.get(later[0]) == "unsupported" else unknown
         if p is not None and self.f.symbolic_inputs:
             dyn = self.patterns.dynamic_value(node)
             if dyn is not None:
                 fix = self._shape_fix(dyn[1], node)
                 text = f"{p['reason']} (value '{dyn[0]}' has shape {list(dyn[1])})"
                 return p["kind"], text + (f"; fix: {fix}" if fix else ""), p.get("evidence"), dtype
-        return self._node_rules(index, node, kind, reason, evidence, dtype)
-
-    def _node_rules(
-        self, index: int, node: NodeView, kind: str, reason: str | None, evidence: str | None, dtype: str | None
-    ) -> Decision:
-        """The rules past the op's table cell: rank, empty tensors, measured conditions, patterns, node conditions."""
         p = self.view.pattern("rank_limit")
         if p is not None:
             big = self.patterns.over_rank(node, int(p["max_rank"]))
@@ -164,6 +160,18 @@ class Checker:
             if p is not None and dtype == "int64" and ("*" in ops or node.op_type in ops):
                 return "caveat", p["reason"], p.get("evidence"), dtype
         return kind, reason, evidence, dtype
+
+    def _shape_free_refusal(self, index: int, node: NodeView, dtype: str | None) -> Decision | None:
+        """The refusals that do not depend on shapes: runtime parameters the EP takes only as constants (the
+        ``runtime_parameters`` pattern and the node conditions on runtime or given inputs)."""
+        for rule in PATTERN_RULES:
+            p = self.view.pattern(rule.pattern) if rule.pattern == "runtime_parameters" else None
+            if p is not None and node.op_type in p.get("ops", ()) and rule.matcher(self.patterns, index, node):
+                return p["kind"], p["reason"], p.get("evidence"), dtype
+        condition = self.patterns.node_condition(node, shape_free=True)
+        if condition is not None and KIND_STATUS.get(condition[0]) == "unsupported":
+            return condition[0], condition[1], condition[2], dtype
+        return None
 
     def _removable(self, node: NodeView) -> bool:
         """Whether onnxruntime can take the Dropout out of the graph: not in training mode (a training_mode input
