@@ -141,7 +141,8 @@ def slow(session: nox.Session) -> None:
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Opt-in: the benchmark harness (qnnx vs raw ORT, eager, OpenVINO and Inductor, then generation with a KV cache,
-    then float against quantized graphs, then compile time against a decoder's depth); writes docs/benchmarks.md."""
+    then float against quantized graphs, then compile time against a decoder's depth, then a 0.5B-class decoder run as
+    parts); writes docs/benchmarks.md."""
     _install(session)
     session.install("openvino", "matplotlib")
     _versions(session)
@@ -149,6 +150,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "tools/bench/generation.py")  # these two append their sections to docs/benchmarks.md
     session.run("python", "tools/bench/quantization.py")
     session.run("python", "tools/bench/depth.py")
+    session.run("python", "tools/bench/large.py")  # a 0.5B-class decoder: about 6 minutes and 11 GB here
 
 
 @nox.session(python=PYTHON, default=False)

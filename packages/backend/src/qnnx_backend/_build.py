@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from qnnx_export import GraphSignature
 
 
-def _timed_session(
-    model: StagedModel | PartedModel | str, device: str, kwargs: Mapping[str, Any], ctx: CompileContext
-) -> Any:
+def _timed(ctx: CompileContext, device: str, create: Callable[[Callable[[int, int], None]], Any]) -> Any:
+    """Run ``create(on_part)`` (a session, or compiling the parts) as the session stage: timed, a failure of the EP
+    raised as DeviceRejected, the part being built shown on the progress line."""
     import qnnx_detection
 
     def on_part(k: int, parts: int) -> None:  # the progress line reads these two while the session builds
@@ -43,13 +43,24 @@ def _timed_session(
 
     t = time.perf_counter()
     try:
-        return _session.create_for_device(model, device, kwargs, on_part)
+        return create(on_part)
     except qnnx_detection.errors.SessionCreationError as exc:
         raise DeviceRejected(exc.cause) from exc
     finally:
         ctx.timings.pop("building_part", None)
         ctx.timings.pop("parts", None)
         ctx.timings[f"session_{device}"] = time.perf_counter() - t
+
+
+def _timed_session(
+    model: StagedModel | PartedModel | str, device: str, kwargs: Mapping[str, Any], ctx: CompileContext
+) -> Any:
+    return _timed(ctx, device, lambda on_part: _session.create_for_device(model, device, kwargs, on_part))
+
+
+def _timed_compile_parts(parts: PartedModel, device: str, kwargs: Mapping[str, Any], ctx: CompileContext) -> Any:
+    """Each part compiled in turn into its context, one compiling session alive at a time; ORT's placement."""
+    return _timed(ctx, device, lambda on_part: _session.compile_parts(parts, device, kwargs, on_part))
 
 
 @attrs.frozen
@@ -103,10 +114,13 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         return NoSessionProgram(model.signature, setup.target)
     plan = check_ops(model, device, setup.target.soc_model, ctx)
     staged = StagedModel(model)  # recreate() reads it again: it lives as long as the program
-    source = _in_parts(staged, ctx, device, plan.nodes)
-    kwargs = with_plan(setup.session_kwargs, plan)
-    session = _timed_session(source, device, kwargs, ctx)
-    check_share(session, plan, ctx.options)
+    source: StagedModel | PartedModel = _in_parts(staged, ctx, device, plan.nodes)
+    kwargs: Mapping[str, Any] = with_plan(setup.session_kwargs, plan)
+    if isinstance(source, PartedModel):
+        session, source, kwargs = _parts_from_contexts(source, staged, device, kwargs, setup, plan, ctx)
+    else:
+        session = _timed_session(source, device, kwargs, ctx)
+        check_share(session, plan, ctx.options)
     return QnnProgram(
         session=session,
         signature=model.signature,
@@ -119,6 +133,46 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         fp16=ctx.options.fp16,
         cpu_nodes=dict(plan.nodes),
     )
+
+
+def _parts_from_contexts(
+    parts: PartedModel,
+    staged: StagedModel,
+    device: str,
+    kwargs: Mapping[str, Any],
+    setup: _DeviceSetup,
+    plan: Any,
+    ctx: CompileContext,
+) -> tuple[Any, PartedModel, Mapping[str, Any]]:
+    """Compile a large graph's parts writing their contexts, then run them from those contexts.
+
+    A session built from an ONNX model keeps what QNN compiled it from beside the compiled graph: measured on the
+    simulator, about twice the weights of a session loaded from the same compiled context. So each part's
+    compiling session is dropped once its context is written (one alive at a time), and the program loads the
+    contexts (kept in a folder that lives as long as the staged model)."""
+    import shutil
+    import tempfile
+    import weakref
+
+    folder = Path(tempfile.mkdtemp(prefix="qnnx-parts-"))
+    weakref.finalize(staged, shutil.rmtree, str(folder), True)
+    placed = _timed_compile_parts(parts, device, {**kwargs, "session_config": _session.context_config(folder)}, ctx)
+    check_share(placed, plan, ctx.options)
+    compiled = attrs.evolve(
+        parts, paths=tuple(str(folder / f"part{k}_{_session.CTX_FILE}") for k in range(len(parts.paths)))
+    )
+    load_kwargs = {**setup.session_kwargs, "allow_cpu_fallback": True} if plan.nodes else setup.session_kwargs
+    t = time.perf_counter()
+    try:
+        loaded = _session.create_for_device(compiled, device, load_kwargs)
+    except Exception as exc:
+        import qnnx_detection
+
+        if isinstance(exc, qnnx_detection.errors.SessionCreationError):
+            raise DeviceRejected(exc.cause) from exc
+        raise
+    ctx.timings[f"load_{device}"] = time.perf_counter() - t
+    return loaded, compiled, load_kwargs
 
 
 def _in_parts(
@@ -180,10 +234,15 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
         staged = StagedModel(model)
         source = _in_parts(staged, ctx, device, plan.nodes)
         kwargs = with_plan(setup.session_kwargs, plan)
-        session = _timed_session(source, device, {**kwargs, "session_config": _session.context_config(staging)}, ctx)
-        staged.keep_for(session)
-        check_share(session, plan, opts)
-        built["session"], built["staged"] = session, staged
+        writing = {**kwargs, "session_config": _session.context_config(staging)}
+        if isinstance(source, PartedModel):  # a large graph: one compiling session at a time, loaded below
+            check_share(_timed_compile_parts(source, device, writing, ctx), plan, opts)
+        else:
+            session = _timed_session(source, device, writing, ctx)
+            staged.keep_for(session)
+            check_share(session, plan, opts)
+            built["session"] = session
+        built["staged"] = staged
         metadata = {
             "signature": model.signature.to_dict(),
             "onnx_nodes": len(model.structure.graph.node),
@@ -215,7 +274,8 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
         if session is None:
             started = time.perf_counter()
             session = _session.create_for_device(model, device, kwargs)
-            timings[f"session_{device}"] = time.perf_counter() - started
+            # a fresh build's compile time stays the session time; loading its contexts is timed apart
+            timings[f"{'load' if not entry.hit else 'session'}_{device}"] = time.perf_counter() - started
         return QnnProgram(
             session=session,
             signature=qnnx_export.GraphSignature.from_dict(entry.metadata["signature"]),

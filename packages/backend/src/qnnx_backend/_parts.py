@@ -219,6 +219,31 @@ class PartedSession:
         return [env[n] for n in wanted]
 
 
+@attrs.frozen
+class _Node:
+    name: str
+
+
+@attrs.frozen
+class _Subgraph:
+    ep_name: str
+    names: tuple[str, ...]
+
+    def get_nodes(self) -> list[_Node]:
+        return [_Node(n) for n in self.names]
+
+
+class RecordedPlacement:
+    """ONNX Runtime's node placement of sessions that are gone (parts compiled to write their contexts), in the
+    form a live session gives it (``get_provider_graph_assignment_info``), for the checks that read placement."""
+
+    def __init__(self, placement: Mapping[str, Sequence[str]]) -> None:
+        self._subgraphs = [_Subgraph(ep, tuple(names)) for ep, names in placement.items()]
+
+    def get_provider_graph_assignment_info(self) -> list[_Subgraph]:
+        return list(self._subgraphs)
+
+
 def part_infos(session: Any) -> tuple[PartInfo, ...]:
     """The parts of a session (none for a session of one context)."""
     return session.model.info if isinstance(session, PartedSession) else ()

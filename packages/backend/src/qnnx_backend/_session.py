@@ -7,6 +7,7 @@ for a crash in the EP, or another onnxruntime-qnn, replace them here."""
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from qnnx_backend._parts import PartedModel, PartedSession, open_parts
+from qnnx_backend._parts import PartedModel, PartedSession, RecordedPlacement, open_parts
 from qnnx_backend._split import NO_OPS, context_cpu_types, misplaced, opcheck, plan_cpu_nodes, write_affinity
 from qnnx_backend._version import __version__
 
@@ -159,6 +160,58 @@ def create_for_device(
     return qnnx_detection.create_session(model, device, **kwargs)
 
 
+def compile_parts(
+    model: PartedModel, device: str, kwargs: Mapping[str, Any], on_part: Callable[[int, int], None] | None = None
+) -> RecordedPlacement:
+    """Compile each part in turn, writing its context (``kwargs`` carry the context path), and drop its session
+    before the next part is built: at most one compiling session is alive. Returns ORT's placement of all parts.
+
+    Raises qnnx_detection.errors.SessionCreationError with the cause."""
+    import qnnx_detection
+
+    placement: dict[str, list[str]] = {}
+
+    def create(k: int, path: str) -> None:
+        session = _part_session(model, k, path, device, kwargs, on_part)
+        for ep, names in (qnnx_detection.node_placement(session) or {}).items():
+            placement.setdefault(ep, []).extend(names)
+        del session
+        gc.collect()  # the compiled graph's host memory goes before the next part is built
+
+    for k, path in enumerate(model.paths):
+        create(k, path)
+    return RecordedPlacement(placement)
+
+
+def _part_session(
+    model: PartedModel,
+    k: int,
+    path: str,
+    device: str,
+    kwargs: Mapping[str, Any],
+    on_part: Callable[[int, int], None] | None,
+) -> Any:
+    if on_part is not None:
+        on_part(k, len(model.paths))
+    part_kwargs = dict(kwargs)
+    config = dict(part_kwargs.get("session_config") or {})
+    if "ep.context_file_path" in config:
+        ctx = Path(config["ep.context_file_path"])
+        config["ep.context_file_path"] = str(ctx.with_name(f"part{k}_{ctx.name}"))
+        part_kwargs["session_config"] = config
+    if "cpu_nodes" in part_kwargs:
+        part_kwargs["cpu_nodes"] = model.cpu_nodes[k] if k < len(model.cpu_nodes) else ()
+    session = create_for_device(path, device, part_kwargs)
+    written = config.get("ep.context_file_path")
+    if written is not None and not Path(written).is_file():  # a context with a part missing cannot be loaded
+        import qnnx_detection
+
+        raise qnnx_detection.errors.SessionCreationError(
+            device, f"part {k} of {len(model.paths)} wrote no compiled context (QNN took none of its nodes)"
+        )
+    return session
+
+
 def _create_parts(
     model: PartedModel, device: str, kwargs: Mapping[str, Any], on_part: Callable[[int, int], None] | None
 ) -> PartedSession:
@@ -167,25 +220,7 @@ def _create_parts(
     ``k`` is built (the progress line shows it)."""
 
     def create(k: int, path: str) -> Any:
-        if on_part is not None:
-            on_part(k, len(model.paths))
-        part_kwargs = dict(kwargs)
-        config = dict(part_kwargs.get("session_config") or {})
-        if "ep.context_file_path" in config:
-            ctx = Path(config["ep.context_file_path"])
-            config["ep.context_file_path"] = str(ctx.with_name(f"part{k}_{ctx.name}"))
-            part_kwargs["session_config"] = config
-        if "cpu_nodes" in part_kwargs:
-            part_kwargs["cpu_nodes"] = model.cpu_nodes[k] if k < len(model.cpu_nodes) else ()
-        session = create_for_device(path, device, part_kwargs)
-        written = config.get("ep.context_file_path")
-        if written is not None and not Path(written).is_file():  # a context with a part missing cannot be loaded
-            import qnnx_detection
-
-            raise qnnx_detection.errors.SessionCreationError(
-                device, f"part {k} of {len(model.paths)} wrote no compiled context (QNN took none of its nodes)"
-            )
-        return session
+        return _part_session(model, k, path, device, kwargs, on_part)
 
     return open_parts(model, create)
 
