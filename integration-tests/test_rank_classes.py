@@ -217,7 +217,7 @@ def test_default_options_never_return_a_wrong_graph_output(monkeypatch: pytest.M
     says why the graph left QNN."""
     import onnx_ir as ir
 
-    from qnnx_export._passes import _fusions
+    from qnnx_export._passes import _fusions, _graph
 
     def broken(self: _fusions.FuseErfGelu, graph: ir.Graph) -> bool:
         changed = False
@@ -226,9 +226,9 @@ def test_default_options_never_return_a_wrong_graph_output(monkeypatch: pytest.M
             if match is None:
                 continue
             x, out = match
-            new = _fusions._new_value(f"broken_{erf.name}", out.dtype, _fusions._shape(out))
+            new = _graph.new_value(f"broken_{erf.name}", out.dtype, _graph.static_shape(out))
             graph.insert_after(out.producer(), ir.Node("", "Relu", [x], outputs=[new]))
-            _fusions._replace_value(graph, out, new)
+            _graph.replace_value(graph, out, new)
             changed = True
         return changed
 
