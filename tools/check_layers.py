@@ -37,12 +37,15 @@ TEST_ONLY = "qnnx_testkit"
 # module may import only modules of earlier layers; modules of one layer do not import each other.
 BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("errors", "_version")),
+    ("records", ("_report", "_progress", "_quantspec", "_payload")),
     (
-        "records; the parts of a graph too large for one context",
-        ("_report", "_progress", "_quantspec", "_payload", "_parts"),
+        "options, calibration records, the parts of a graph too large for one context",
+        ("_options", "_calibrate", "_parts"),
     ),
-    ("options, calibration records, the torch-free loader", ("_options", "_calibrate", "_arrays")),
-    ("trace; comparing with eager; the CPU-EP split", ("_trace", "_compare", "_split")),
+    (
+        "trace; comparing with eager; the CPU-EP split; the torch-free loader",
+        ("_trace", "_compare", "_split", "_arrays"),
+    ),
     ("plan: buckets; sessions", ("_buckets", "_session")),
     ("programs; the exporters' checks and the QDQ model", ("_program", "_faithful", "_quantize")),
     ("export", ("_export",)),

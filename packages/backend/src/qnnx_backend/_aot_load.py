@@ -209,7 +209,7 @@ class LoadedGraph(SerializableCallable):
             onnx_nodes=record.get("onnx_nodes"),
             passes_applied=tuple(record.get("passes_applied") or ()),
             placement=dict(program.placement),
-            parts=tuple(_report.PartReport(**p.to_dict()) for p in program.parts),
+            parts=program.parts,
             input_shapes=tuple(tuple(s) for s in record.get("input_shapes") or ()),
             bucket=None if bucket is None else tuple(bucket),
             timings={"total": time.perf_counter() - start},

@@ -131,7 +131,7 @@ def place(
             passes_applied=program.passes_applied,
             placement=dict(program.placement),
             cpu_nodes=dict(program.cpu_nodes),
-            parts=tuple(_report.PartReport(**p.to_dict()) for p in program.parts),
+            parts=program.parts,
             timings=timings,
             quantization=quantization,
             **base,

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from qnnx_backend._options import CHAIN, OPCHECK_BACKEND, BackendOptions, effective_device
-from qnnx_backend._parts import plan_for
+from qnnx_backend._parts import part_reports, plan_for
 from qnnx_backend._report import DEVICE_LABELS, PartReport, QuantizationReport
 from qnnx_backend._split import CpuPlan, plan_cpu_nodes
 
@@ -291,10 +291,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             final, final_report, final_plan = dev, report, plan
             planned = plan_for(exported.structure, opts.max_graph_bytes, dev)
             if planned is not None and len(planned[1].parts) > 1:
-                parts = tuple(
-                    PartReport(first_node=p.first_node, weight_bytes=p.weight_bytes, onnx_nodes=p.stop - p.start)
-                    for p in planned[1].parts
-                )
+                parts = part_reports(planned[1])
             break
         verdicts = {v.node_name: v for v in final_report.verdicts} if final_report is not None else {}
         nodes = tuple(

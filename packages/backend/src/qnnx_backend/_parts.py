@@ -17,6 +17,8 @@ from typing import Any
 
 import attrs
 
+from qnnx_backend._report import PartReport
+
 logger = logging.getLogger(__name__)
 
 _ONNX_TYPES = {
@@ -49,18 +51,6 @@ class Arg:
         return cls(str(raw[0]), str(raw[1]), tuple(int(d) for d in raw[2]))
 
 
-@attrs.frozen
-class PartInfo:
-    """What a report says of one part: where it begins, its weight bytes and its node count."""
-
-    first_node: str
-    weight_bytes: int
-    onnx_nodes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
 @attrs.frozen(eq=False)
 class PartedModel:
     """The parts of one model, in the order they run: their model files (staged ONNX models, or compiled contexts
@@ -71,7 +61,7 @@ class PartedModel:
     paths: tuple[str, ...]
     inputs: tuple[Arg, ...]
     outputs: tuple[Arg, ...]
-    info: tuple[PartInfo, ...]
+    info: tuple[PartReport, ...]
     cpu_nodes: tuple[tuple[str, ...], ...] = ()
     keep: object = None
 
@@ -81,7 +71,7 @@ class PartedModel:
             "files": list(files),
             "inputs": [a.to_list() for a in self.inputs],
             "outputs": [a.to_list() for a in self.outputs],
-            "info": [i.to_dict() for i in self.info],
+            "info": [attrs.asdict(i) for i in self.info],
             "cpu_nodes": [list(c) for c in self.cpu_nodes],
         }
 
@@ -91,7 +81,7 @@ class PartedModel:
             paths=tuple(str(folder / f) for f in record["files"]),
             inputs=tuple(Arg.from_list(a) for a in record["inputs"]),
             outputs=tuple(Arg.from_list(a) for a in record["outputs"]),
-            info=tuple(PartInfo(**i) for i in record["info"]),
+            info=tuple(PartReport(**i) for i in record["info"]),
             cpu_nodes=tuple(tuple(c) for c in record.get("cpu_nodes") or ()),
             keep=keep,
         )
@@ -118,6 +108,14 @@ def plan_for(proto: Any, max_bytes: int, device: str) -> tuple[Any, Any] | None:
         return None
     inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     return inferred, qnnx_export.plan_parts(inferred, max_bytes, float32_bytes=float32_bytes)
+
+
+def part_reports(plan: Any) -> tuple[PartReport, ...]:
+    """What the reports show of each part of a ``qnnx_export.PartsPlan``."""
+    return tuple(
+        PartReport(first_node=p.first_node, weight_bytes=p.weight_bytes, onnx_nodes=p.stop - p.start)
+        for p in plan.parts
+    )
 
 
 def stage_parts(
@@ -156,7 +154,7 @@ def stage_parts(
         onnx.save(part, target)  # its initializers still point into the model's one weight file
         paths.append(str(target))
         per_part.append(tuple(n.name for n in part.graph.node if n.name in wanted))
-    info = tuple(PartInfo(p.first_node, p.weight_bytes, p.stop - p.start) for p in plan.parts)
+    info = part_reports(plan)
     logger.info("qnn backend: the graph runs as %s", line)
     return (
         PartedModel(
@@ -244,6 +242,6 @@ class RecordedPlacement:
         return list(self._subgraphs)
 
 
-def part_infos(session: Any) -> tuple[PartInfo, ...]:
+def part_infos(session: Any) -> tuple[PartReport, ...]:
     """The parts of a session (none for a session of one context)."""
     return session.model.info if isinstance(session, PartedSession) else ()

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from qnnx_backend import _session
-from qnnx_backend._parts import PartedModel, PartInfo, part_infos
+from qnnx_backend._parts import PartedModel, part_infos
+from qnnx_backend._report import PartReport
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
@@ -74,7 +75,7 @@ class Program(Protocol):
     @property
     def cpu_nodes(self) -> Mapping[str, str]: ...
     @property
-    def parts(self) -> tuple[PartInfo, ...]: ...
+    def parts(self) -> tuple[PartReport, ...]: ...
 
     def run(self, args: Sequence[object]) -> Any: ...
 
@@ -87,7 +88,7 @@ class NoSessionProgram:
     cache = "bypass"
     onnx_nodes = 0
     passes_applied: tuple[str, ...] = ()
-    parts: tuple[PartInfo, ...] = ()
+    parts: tuple[PartReport, ...] = ()
 
     def __init__(self, signature: GraphSignature, target: Target) -> None:
         self.signature = signature
