@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,37 @@ def test_cache_material_follows_exactly_the_keyed_options(a, b):
     same = all(getattr(oa, n) == getattr(ob, n) for n in keyed if n != "partition")
     same = same and oa.resolved_partition == ob.resolved_partition
     assert (oa.cache_material() == ob.cache_material()) == same
+
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+_README_TABLE = re.compile(r"<!-- options-table:start [^\n]*-->\n(.*?)<!-- options-table:end -->", re.DOTALL)
+
+
+@pytest.mark.skipif(not README.exists(), reason="the repository's README is not in a source distribution")
+def test_readme_options_table_is_the_options_own():
+    """The README's options table is the text options_table() writes from the fields (names, defaults, docstrings):
+    a new or changed option fails here until `python tools/options_table.py` rewrites the table."""
+    from qnnx_backend._options import options_table
+
+    match = _README_TABLE.search(README.read_text(encoding="utf-8"))
+    assert match, "README.md lost its options-table markers"
+    expected = options_table()
+    assert match.group(1) == expected, (
+        "README.md's options table is not BackendOptions': run `python tools/options_table.py`, which writes\n"
+        + expected
+    )
+
+
+def test_options_table_shows_each_default(monkeypatch: pytest.MonkeyPatch):
+    """Every row of the table begins its default column with the literal of the option's default, the defaults read
+    from the environment included (shown with no QNNX_ variable set), and gives each option a meaning."""
+    from qnnx_backend._options import options_table, shown_default
+
+    for name in ("QNNX_CACHE", "QNNX_CACHE_MAX_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    defaults = BackendOptions()
+    rows = [line.split(" | ") for line in options_table().splitlines()[2:]]
+    assert [row[0] for row in rows] == [f"| `{name}`" for name in VALID]
+    for row, name in zip(rows, VALID, strict=True):
+        assert row[1].startswith(shown_default(getattr(defaults, name))), (name, row[1])
+        assert len(row) == 3 and row[2].endswith(". |"), (name, row[2])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
+import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -109,7 +112,10 @@ _FALSE = ("0", "false", "no", "off", "")
 
 
 def _cache_default() -> bool:
-    """``QNNX_CACHE=1`` turns the context cache on for every compile that does not pass ``cache``."""
+    """``False`` (``True`` with ``QNNX_CACHE=1``).
+
+    The default of ``cache``: ``QNNX_CACHE=1`` turns the context cache on for every compile that does not pass it.
+    """
     raw = os.environ.get(_CACHE_ENV, "").strip().lower()
     if raw in _TRUE or raw in _FALSE:
         return raw in _TRUE
@@ -119,6 +125,7 @@ def _cache_default() -> bool:
 
 
 def _cache_max_default() -> int | None:
+    """``None``, or ``QNNX_CACHE_MAX_BYTES`` when it is set."""
     raw = os.environ.get(_CACHE_MAX_ENV, "").strip()
     return _cache_max_bytes(raw, source=_CACHE_MAX_ENV) if raw else None
 
@@ -298,8 +305,8 @@ class BackendOptions:
         converter=_device,
         metadata=not_keyed("the device a context is compiled for is in the key's EP options and target"),
     )
-    """``"auto"`` tries NPU (HTP), then GPU, then the original PyTorch graph; or exactly ``"npu"``, ``"gpu"``,
-    ``"cpu"`` (``"cpu"`` runs the original PyTorch graph: no ONNX, no QNN)."""
+    """``"auto"`` tries the NPU (HTP), then the GPU, then the original PyTorch graph; ``"npu"`` (alias ``"htp"``),
+    ``"gpu"``, or ``"cpu"`` (the original PyTorch graph, no ONNX, no QNN)."""
 
     strict: bool = attrs.field(
         default=False,
@@ -308,16 +315,17 @@ class BackendOptions:
             "where a failure goes, not what is compiled",
         ),
     )
-    """When True, a failure on the chosen device raises instead of falling back."""
+    """A failure on the chosen device raises (``QnnDeviceError``, ``UnsupportedGraphError``) naming the device and
+    the cause, instead of falling back with one log line."""
 
     fp16: bool = attrs.field(
         default=False,
         converter=_bool("fp16"),  # type: ignore[misc]  # mypy's attrs plugin takes only named converters
         metadata=keyed(lambda o: {"fp16": str(o.fp16)}),
     )
-    """Run the graph in float16 end to end: weights and float inputs are cast to float16 at the ONNX boundary,
-    outputs are cast back to the caller's dtype. HTP computes float graphs in fp16 anyway on QAIRT >= 2.35, so on
-    the NPU this halves weight memory and the cached context, not precision; see the README."""
+    """Export the graph in float16: weights and float inputs are cast to fp16 at the ONNX boundary, outputs are cast
+    back to the caller's dtype. HTP computes float graphs in fp16 anyway on QAIRT >= 2.35, so on the NPU this halves
+    weight memory and the cached context, not precision. See the README's *fp16*."""
 
     cache: bool = attrs.field(
         factory=_cache_default,
@@ -326,32 +334,36 @@ class BackendOptions:
             "whether the cache is used at all",
         ),
     )
-    """Keep compiled QNN contexts on disk (qnnx-ctxcache) so later processes skip export and compile. Default:
-    off, or on when ``QNNX_CACHE=1``."""
+    """Keep compiled QNN contexts (EPContext) in a content-addressed cache (qnnx-ctxcache): a later process with the
+    same graph, weights, options and versions loads the context without exporting or compiling."""
 
     cache_max_bytes: int | None = attrs.field(
         factory=_cache_max_default, converter=_cache_max_bytes, metadata=not_keyed("the cache's size cap")
     )
-    """Size cap of the context cache in bytes (least recently used entries are evicted past it); None: the
-    cache's default (10 GiB), or ``QNNX_CACHE_MAX_BYTES``."""
+    """Size cap of the cache in bytes; least recently used entries are evicted past it. None: the cache's
+    default, 10 GiB."""
 
     cache_dir: Path | None = attrs.field(
         default=None, converter=_cache_dir, metadata=not_keyed("where the cache lives")
     )
-    """Where the context cache lives; None uses ``QNNX_CTXCACHE_DIR`` or the platform cache directory."""
+    """Where the cache lives (requires ``cache=True``); None: ``QNNX_CTXCACHE_DIR``, else the platform's user cache
+    directory."""
 
     soc_model: int | None = attrs.field(
         default=None, converter=_soc_model, metadata=not_keyed("the SoC is in the key's EP options and target")
     )
-    """Target Snapdragon chip: a QNN SoC number or a chip name; None = the detected chip on real hardware,
-    Snapdragon X Elite (60) on the host simulator."""
+    """Target Snapdragon: a QNN SoC number (``60``) or a chip name (``"SC8380XP"``, ``"SM8650"``, ...). None:
+    ``QNNX_SOC_MODEL`` when set, else the detected chip on real hardware and Snapdragon X Elite (60) on the host
+    simulator, so that numerics match the device."""
 
     provider_options: tuple[tuple[str, str], ...] = attrs.field(
         factory=tuple,
         converter=_provider_options,
         metadata=keyed(lambda o: {f"provider.{k}": v for k, v in o.provider_options}),
     )
-    """Extra QNN EP provider options passed through (names are checked against a list of known options)."""
+    """Extra QNN EP options passed through, e.g. ``{"htp_performance_mode": "burst"}``. Names are checked
+    against the options the installed onnxruntime-qnn knows (read from its EP library), since ONNX Runtime silently
+    ignores unknown keys; a typo is refused with the closest name."""
 
     verify: bool = attrs.field(
         default=True,
@@ -360,9 +372,11 @@ class BackendOptions:
             "a check of the first call, after the compile",
         ),
     )
-    """Accuracy guard, on by default: the first call of each compiled float graph is compared with eager PyTorch on
-    the same inputs (its outputs, and what it writes into its arguments); a mismatch sends the graph down the
-    device chain (raises under ``strict``). ``False`` saves that one eager run per graph."""
+    """Accuracy guard: the first call of each compiled float graph is compared with eager PyTorch on the same
+    inputs, its outputs and what it writes into its arguments (a KV cache), within ``verify_rtol`` and
+    ``verify_min_cosine``; a NaN or infinity where eager has none counts as a mismatch. A mismatch sends the graph
+    down the device chain with the figures in the report and one ``QnnFallbackWarning`` (raises under ``strict``). It
+    costs one eager run per graph, once; ``False`` skips it."""
 
     verify_rtol: float = attrs.field(
         default=5e-2,
@@ -371,7 +385,7 @@ class BackendOptions:
             "a limit of the first-call check",
         ),
     )
-    """Guard threshold on max |qnn - eager| / max |eager| (fp16-level default)."""
+    """The accuracy guard's limit on max |qnn - eager| / max |eager| (fp16-level)."""
 
     verify_min_cosine: float = attrs.field(
         default=0.999,
@@ -380,63 +394,67 @@ class BackendOptions:
             "a limit of the first-call check",
         ),
     )
-    """Guard threshold on the cosine similarity of qnn and eager outputs."""
+    """The accuracy guard's limit on the cosine similarity of the QNN and eager outputs."""
 
     partition: str = attrs.field(
         default="auto", converter=_partition, metadata=keyed(lambda o: {"partition": o.resolved_partition})
     )
-    """``"auto"``: without ``strict``, a graph with nodes qnnx-opcheck does not vouch for runs on QNN with the op
-    types of those nodes pinned to ONNX Runtime's CPU EP in the same session, when QNN keeps more than half of the
-    graph's nodes (else the graph runs in PyTorch); with ``strict``, as ``"whole"``. ``"whole"``: a graph runs
-    wholly on QNN or not at all. ``"mixed"``: always split as ``"auto"`` does, whatever share stays on QNN."""
+    """``"auto"``: a graph with nodes qnnx-opcheck does not vouch for still runs on QNN, with those nodes' op types
+    pinned to ONNX Runtime's CPU EP in the same session, when QNN keeps more than half of the graph's nodes (else it
+    runs in PyTorch); under ``strict`` it is ``"whole"``. ``"whole"``: a graph runs wholly on QNN or not at all.
+    ``"mixed"``: split whatever share stays on QNN. See the README's *Where it runs*."""
 
     disable_passes: tuple[str, ...] = attrs.field(
         factory=tuple,
         converter=_disable_passes,
         metadata=keyed(lambda o: {"disable_passes": ",".join(o.disable_passes)}),
     )
-    """qnnx-export rewrite passes to skip (debugging only: the passes avoid known QNN defects, some of them silent
-    wrong results; keep the accuracy guard ``verify`` on when skipping any)."""
+    """Names of qnnx-export rewrite passes to skip, for debugging. The passes avoid known QNN defects (some
+    of them silent wrong results), so keep ``verify`` on when skipping any."""
 
     buckets: str | tuple[int, ...] | None = attrs.field(
         default="auto",
         converter=_buckets,
         metadata=not_keyed("which static sizes are compiled: each size is its own graph and key"),
     )
-    """Length buckets for dynamic sizes: ``"auto"`` (powers of two from 16, bounded by Dynamo's maximum), a list of
-    sizes, or None (one static graph per exact size). Inputs are padded to the bucket and outputs sliced back, once
-    padding is proven neutral for the graph (eager PyTorch at the true and the bucket size agree)."""
+    """Length buckets for dynamic sizes (a sequence length Dynamo marks dynamic after a second shape, or
+    ``mark_dynamic``): ``"auto"`` pads each size to the next power of two from 16 (bounded by ``mark_dynamic``'s
+    ``max``), a list such as ``[32, 64, 128]`` uses those sizes, None compiles every size exactly. Inputs are padded
+    with zeros (an attention mask then masks the padding) and outputs sliced back; padding is used only once eager
+    PyTorch proves it neutral for the graph (same outputs at the true and the padded size), else the graph compiles
+    exact sizes (an error under ``strict``)."""
 
     max_graphs: int = attrs.field(
         default=8, converter=_max_graphs, metadata=not_keyed("how many static graphs are compiled, not what each is")
     )
-    """Recompile budget: the static QNN graphs one Dynamo graph with dynamic sizes may compile, one per concrete
-    shape. Past it, new shapes run in PyTorch with one warning naming the shapes seen (an error under ``strict``)."""
+    """Recompile budget of a graph with dynamic sizes: at most this many static QNN graphs, one per concrete
+    shape; later new shapes run in PyTorch with one warning naming the shapes seen (an error under ``strict``)."""
 
     max_graph_bytes: int = attrs.field(
         default=DEFAULT_MAX_GRAPH_BYTES,
         converter=_max_graph_bytes,
         metadata=keyed(lambda o: {"max_graph_bytes": str(o.max_graph_bytes)}),
     )
-    """The most weight bytes one QNN context holds (float32 weights count as float16 on the NPU, which computes in
-    float16). A graph whose weights exceed it runs as several contexts in sequence, cut between layers or blocks
-    where the fewest activation bytes cross; default 1 GiB, under the HTP's about 2 GiB per context. See the
-    README's "Large models"."""
+    """The most weight bytes one QNN context holds (default 1 GiB, under the HTP's about 2 GiB per
+    context); float32 weights count as float16 on the NPU, which computes in float16. A larger graph runs as several
+    contexts in sequence, cut where the fewest activation bytes cross (between decoder layers or residual blocks).
+    See the README's *Large models*."""
 
     exporter: str = attrs.field(default="auto", converter=_exporter, metadata=keyed(lambda o: {"exporter": o.exporter}))
-    """How the graph becomes ONNX: ``"auto"`` uses qnnx-export's direct ATen->ONNX translator when it covers every
-    op of the graph (much faster than torch.onnx; see docs/benchmarks.md) and ``torch.onnx.export`` otherwise; ``"fast"`` refuses
-    graphs the translator cannot take; ``"torch.onnx"`` always uses torch.onnx (an escape hatch)."""
+    """How the graph becomes ONNX. ``"auto"``: qnnx-export's direct ATen->ONNX translator when it covers every op
+    of the graph (about 10x faster than torch.onnx; see docs/export.md), ``torch.onnx.export`` otherwise; ``"fast"``:
+    the translator or an error; ``"torch.onnx"``: always torch.onnx."""
 
     quantize: QuantizeSpec | None = attrs.field(
         default=None,
         converter=parse_quantize,
         metadata=not_keyed("keyed with the calibration data, by the quantized build (Calibration.cache_material)"),
     )
-    """Quantize each graph to QDQ integers after calibrating it on real inputs with :func:`qnnx_backend.calibrate`:
-    ``"a16w8"`` (uint16 activations, uint8 weights), ``"a8w8"``, ``"a16w4"`` (int4 weights per channel), or a dict
-    (``scheme``, ``activation_type``, ``weight_type``, ``per_channel``, ``calibration``, ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``).
-    None (default): float graphs. See the README's "Quantized models"."""
+    """Run each graph as a QDQ integer graph after calibrating it with :func:`qnnx_backend.calibrate`:
+    ``"a16w8"`` (uint16 activations, uint8 weights; QNN's recommended default), ``"a8w8"``, ``"a16w4"`` (int4
+    weights, one scale per output channel), or a dict of settings (``scheme``, ``activation_type``, ``weight_type``,
+    ``per_channel``, ``calibration``, ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``); None: float graphs.
+    See the README's *Quantized models*."""
 
     def __attrs_post_init__(self) -> None:
         if self.quantize is not None and self.fp16:
@@ -498,3 +516,58 @@ class BackendOptions:
             if callable(declared):
                 material.update(declared(self))
         return material
+
+
+# -- the README's options table ---------------------------------------------------------------------------------------
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :func:`x` -> `x`
+_README_SECTION = re.compile(r"([Ss]ee) the README's (\*[^*]+\*)")  # the table stands above those sections
+
+
+def _markdown(doc: str) -> str:
+    """A docstring as one table cell: on one line, reST literals and roles as Markdown code, ``|`` escaped."""
+    text = " ".join(doc.split())
+    text = _ROLE.sub(r"`\1`", text).replace("``", "`")
+    return _README_SECTION.sub(r"\1 \2 below", text).replace("|", "\\|")
+
+
+def _field_docs() -> dict[str, str]:
+    """Each option's docstring, read from this module's source (Python keeps no attribute docstrings)."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == BackendOptions.__name__)
+    return {
+        node.target.id: doc.value.value
+        for node, doc in zip(cls.body, cls.body[1:])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(doc, ast.Expr)
+        and isinstance(doc.value, ast.Constant)
+        and isinstance(doc.value.value, str)
+    }
+
+
+def shown_default(value: object) -> str:
+    """A default as the options table shows it: its Python literal (strings in double quotes), as code."""
+    return f"`{json.dumps(value)}`" if isinstance(value, str) else f"`{value!r}`"
+
+
+def _default_cell(field: attrs.Attribute[Any]) -> str:
+    default: Any = field.default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs types Factory as a function
+        factory = default.factory
+        if factory.__module__ == __name__:  # read from the environment: the first line of its docstring says how
+            return _markdown((factory.__doc__ or "").strip().split("\n")[0].rstrip("."))
+        default = factory()
+    return shown_default(default)
+
+
+def options_table() -> str:
+    """The README's options table (Markdown, ending in a newline): a row per option in field order, with its name,
+    its default (a factory of this module shows the first line of its docstring) and its docstring."""
+    docs = _field_docs()
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for field in attrs.fields(BackendOptions):
+        if field.name not in docs:
+            raise LookupError(f"BackendOptions.{field.name} has no docstring: the options table is written from it")
+        rows.append(f"| `{field.name}` | {_default_cell(field)} | {_markdown(docs[field.name])} |")
+    return "\n".join(rows) + "\n"
