@@ -17,7 +17,7 @@ from qnnx_backend._options import options_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 # The markers around the table; packages/backend/tests/test_options.py reads the same ones.
-TABLE = re.compile(r"(<!-- options-table:start [^\n]*-->\n)(.*?)(<!-- options-table:end -->)", re.DOTALL)
+TABLE = re.compile(r"<!-- options-table:start [^\n]*-->\n\n(.*?)\n<!-- options-table:end -->", re.DOTALL)
 
 
 def main() -> int:
@@ -26,7 +26,7 @@ def main() -> int:
     if match is None:
         print(f"{README.name}: no options-table markers; put the table between them", file=sys.stderr)
         return 1
-    new = text[: match.start(2)] + options_table() + text[match.end(2) :]
+    new = text[: match.start(1)] + options_table() + text[match.end(1) :]
     if new == text:
         print(f"{README.name}: the options table is up to date")
     else:

@@ -257,7 +257,7 @@ def test_cache_material_follows_exactly_the_keyed_options(a, b):
 
 
 README = Path(__file__).resolve().parents[3] / "README.md"
-_README_TABLE = re.compile(r"<!-- options-table:start [^\n]*-->\n(.*?)<!-- options-table:end -->", re.DOTALL)
+_README_TABLE = re.compile(r"<!-- options-table:start [^\n]*-->\n\n(.*?)\n<!-- options-table:end -->", re.DOTALL)
 
 
 @pytest.mark.skipif(not README.exists(), reason="the repository's README is not in a source distribution")
