@@ -469,6 +469,21 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "scalar, [3, 1, 1] along axis 1 gave errors of 1.0 of the output's max; along axis 0, along the last axis "
         "by 0-D/1-D indices, and every Gather by constant indices: right (3e-4)",
     }
+    p["gathernd_runtime_slices"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["GatherND"],
+        "reason": "QNN HTP's GatherND by runtime indices is wrong when the indices hold more than 8 tuples along "
+        "their second-to-last axis and each selects a slice of rank 2 or more: output row k is the slice of tuple "
+        "k % 8.",
+        "fix": "index along axis 0 with a Gather (qnnx-export's gathernd_to_gather pass, for indices whose last dim "
+        "is 1), or use constant indices",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-02 (float data, runtime int64 indices): [4, 16, 32] by [9, 1] to "
+        "[64, 1], [2, 16, 1] and [9, 9, 1], [4, 5, 6] by [9, 1], [4, 3, 5, 6] by [16, 2] gave errors of 1.0 of the "
+        "output's max (a tiny Mixtral's expert weights picked by w[ids]); by [8, 1], [4, 8, 1], [16, 4, 1], with "
+        "rank-1 slices ([4, 16] by [32, 1], [4, 6, 5] by [32, 2]) or scalar ones, and every GatherND by constant "
+        "indices: right",
+    }
     p["gather_scaled_by_constant"] = {
         "status": "unsupported",
         "kind": "wrong_result",

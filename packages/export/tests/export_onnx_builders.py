@@ -135,6 +135,23 @@ def gathernd(
     return model, {"data": data}
 
 
+def gathernd_runtime(
+    data_shape: Sequence[int], index_shape: Sequence[int], seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``GatherND(const float data, runtime int64 indices)``, the indices in range (negative ones included)."""
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal(tuple(data_shape)).astype(np.float32)
+    m = index_shape[-1]
+    columns = [rng.integers(-d, d, size=tuple(index_shape[:-1])) for d in data_shape[:m]]
+    indices = np.stack(columns, axis=-1).astype(np.int64).reshape(tuple(index_shape))
+    out_shape = list(index_shape[:-1]) + list(data_shape[m:])
+    nodes = [h.make_node("GatherND", ["data", "idx"], ["y"])]
+    model = make_model(
+        nodes, [("idx", TensorProto.INT64, index_shape)], [("y", TensorProto.FLOAT, out_shape)], {"data": data}
+    )
+    return model, {"idx": indices}
+
+
 def unsqueeze_int64(
     shape: Sequence[int], axes: Sequence[int], seed: int = 0
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

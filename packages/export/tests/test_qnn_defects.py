@@ -9,6 +9,7 @@ from export_onnx_builders import (
     add_layernorm,
     erf_gelu,
     gathernd,
+    gathernd_runtime,
     make_model,
     rmsnorm,
     to_bytes,
@@ -76,6 +77,18 @@ def test_gathernd_bool_defect() -> None:
     ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
     out = qnn_session(_fixed(model, "gathernd_to_gather")).run(None, feeds)[0]
     np.testing.assert_array_equal(out, ref)
+
+
+def test_gathernd_runtime_indices_defect() -> None:
+    """GatherND of [4, 16, 32] by 32 runtime indices (an MoE layer picking each token's expert weights) repeats the
+    slices of the first 8 indices on QNN; as a Gather along axis 0 every slice is right."""
+    model, feeds = gathernd_runtime([4, 16, 32], [32, 1])
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]
+    assert _rel(broken[:8], ref[:8]) < 2e-2  # the first 8 slices are right...
+    assert _rel(broken, ref) > 0.2  # ...the rest are silently wrong (the defect)
+    fixed = qnn_session(_fixed(model, "gathernd_to_gather")).run(None, feeds)[0]
+    assert _rel(fixed, ref) < 2e-2
 
 
 def test_scaled_embedding_defect() -> None:

@@ -83,6 +83,44 @@ def test_gather_by_runtime_indices_along_an_inner_axis_is_refused(
         assert v.kind == "wrong_result" and "inner axis" in (v.reason or "")
 
 
+GATHERNDS = [
+    # (data shape, index shape, refused): the first three are wrong on the simulator, the rest right
+    ((4, 16, 32), (32, 1), True),
+    ((4, 5, 6), (9, 1), True),
+    ((4, 3, 5, 6), (16, 2), True),
+    ((4, 16, 32), (8, 1), False),
+    ((4, 16, 32), (16, 4, 1), False),
+    ((4, 16), (32, 1), False),
+    ((4, 6, 5), (32, 2), False),
+    ((4, 6, 5), (12, 3), False),
+]
+
+
+def _gathernd(data_shape: tuple[int, ...], index_shape: tuple[int, ...], runtime: bool = True) -> onnx.ModelProto:
+    node = helper.make_node("GatherND", ["x", "ids"], ["y"], name="gathernd")
+    inits = {"x": np.zeros(data_shape, np.float32)}
+    inputs = {}
+    if runtime:
+        inputs["ids"] = (TensorProto.INT64, index_shape)
+    else:
+        inits["ids"] = np.zeros(index_shape, np.int64)
+    return _model([node], inputs, inits)
+
+
+@pytest.mark.parametrize(("data_shape", "index_shape", "refused"), GATHERNDS)
+def test_gathernd_by_many_runtime_indices_of_matrix_slices_is_refused(
+    data_shape: tuple[int, ...], index_shape: tuple[int, ...], refused: bool
+) -> None:
+    """GatherND by runtime indices with more than 8 tuples along their second-to-last axis, each picking a slice of
+    rank >= 2, is refused as wrong; at most 8 tuples there, rank-1 or scalar slices, and constant indices are
+    vouched for."""
+    v = _verdict(_gathernd(data_shape, index_shape), "gathernd")
+    assert (v.status == "unsupported") == refused, v
+    if refused:
+        assert v.kind == "wrong_result" and "k % 8" in (v.reason or "")
+    assert _verdict(_gathernd(data_shape, index_shape, runtime=False), "gathernd").status == "supported"
+
+
 def test_a_scaled_embedding_is_refused_and_its_parts_are_not() -> None:
     """Mul(Gather(constant table, runtime int32 ids), one-element constant) is refused (the Mul); with a vector
     factor, or a runtime table, it is vouched for."""
@@ -184,3 +222,14 @@ def test_the_live_simulator_agrees(build: object, refused: bool) -> None:
             feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
     error = _qnn_error(m, feeds)
     assert (error > 0.1) == refused, error
+
+
+@pytest.mark.parametrize(("data_shape", "index_shape"), [((4, 16, 32), (32, 1)), ((4, 16, 32), (8, 1))])
+def test_the_live_simulator_agrees_on_gathernd(data_shape: tuple[int, ...], index_shape: tuple[int, ...]) -> None:
+    """The refused GatherND class is wrong on the simulator and its vouched neighbour right."""
+    m = _gathernd(data_shape, index_shape)
+    rng = np.random.default_rng(0)
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(rng.standard_normal(data_shape).astype(np.float32), "x"))
+    feeds = {"ids": rng.integers(0, data_shape[0], size=index_shape).astype(np.int64)}
+    error = _qnn_error(m, feeds)
+    assert (error > 0.1) == (_verdict(m, "gathernd").status == "unsupported"), error

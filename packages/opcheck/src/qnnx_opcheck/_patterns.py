@@ -409,6 +409,20 @@ class Patterns:
             return False
         return not (axis == len(data) - 1 and len(indices) <= 1)
 
+    @rule("gathernd_runtime_slices")
+    def _is_gathernd_runtime_slices(self, index: int, node: NodeView) -> bool:
+        """GatherND by runtime indices holding more than 8 tuples along their second-to-last axis, each selecting a
+        slice of rank 2 or more; with unknown shapes the class cannot be ruled out."""
+        if len(node.input) < 2 or not node.input[1] or self.view.is_const(node.input[1]):
+            return False
+        data, indices = self._static_dims(node.input[0]), self._static_dims(node.input[1])
+        if data is None or indices is None:
+            return True
+        if len(indices) < 2:
+            return False  # one index tuple
+        slice_rank = len(data) - int(self.view.attr(node, "batch_dims") or 0) - indices[-1]
+        return slice_rank >= 2 and indices[-2] > 8
+
     @rule("gather_scaled_by_constant")
     def _is_gather_scaled(self, index: int, node: NodeView) -> bool:
         """Mul of a one-element constant and rows gathered from a constant table by runtime int32 indices (through

@@ -265,19 +265,28 @@ class DropEmptyConcatInputs(QnnPass):
 
 @register(order=10)
 class GatherNDToGather(QnnPass):
-    """Rewrite ``GatherND`` with constant indices into ``Reshape`` + ``Gather`` (or a bare ``Reshape``).
+    """Rewrite ``GatherND`` (``batch_dims=0``) into ``Reshape`` + ``Gather`` (or a bare ``Reshape``).
 
-    QNN HTP rejects GatherND ("Failed to create GatherND node", onnxruntime-qnn 2.7.0); the probe grid
-    shows it failing for every dtype, and HF attention-mask code emits it on a bool mask
-    (``padding_mask[batch_idx, kv_idx]``). With constant indices and ``batch_dims=0`` the gather is a
-    plain Gather of flattened row indices (exact: the same elements are selected).
+    Two QNN HTP defects (onnxruntime-qnn 2.7.0, soc_model 60):
+
+    - GatherND on bool, int64 and uint8 data is rejected ("Failed to create GatherND node"), and Hugging Face's
+      attention-mask code emits it on a bool mask (``padding_mask[batch_idx, kv_idx]``).
+    - GatherND by *runtime* indices is silently wrong when the indices hold more than 8 tuples along their
+      second-to-last axis and each tuple selects a slice of rank 2: output row ``k`` is the slice of index tuple
+      ``k % 8``. Data ``[4, 16, 32]`` by indices ``[32, 1]`` (an MoE layer picking expert weights, ``w[ids]``
+      in PyTorch), ``[4, 5, 6]`` by ``[9, 1]``, ``[4, 3, 5, 6]`` by ``[16, 2]``: wrong; by ``[8, 1]``, ``[4, 8, 1]``
+      or with rank-1 or rank-3 slices: right.
+
+    With constant indices the gather is a plain Gather of flattened row indices. With runtime indices whose last
+    dim is 1 it is a Gather along axis 0 by the indices without their last axis (right on HTP for runtime indices,
+    negative ones included). Both are exact: the same elements are selected.
     """
 
     name = "gathernd_to_gather"
-    defect = "GatherND (bool attention-mask path) is rejected by QNN HTP"
+    defect = "GatherND is rejected on bool data and wrong by runtime indices with more than 8 rank-2 slices on QNN HTP"
 
     @staticmethod
-    def _plan(node: ir.Node) -> tuple[np.ndarray, tuple[int, ...], tuple[int, ...]] | None:
+    def _plan(node: ir.Node) -> tuple[np.ndarray | None, tuple[int, ...], tuple[int, ...]] | None:
         if node.op_type != "GatherND":
             return None
         batch_dims = node.attributes.get("batch_dims")
@@ -286,7 +295,7 @@ class GatherNDToGather(QnnPass):
         data_shape = static_shape(node.inputs[0])
         indices = const_array(node.inputs[1])
         if data_shape is None or indices is None or indices.ndim < 1:
-            return None
+            return GatherNDToGather._runtime_plan(node, data_shape)
         m = indices.shape[-1]
         if m > len(data_shape) or m == 0:
             return None
@@ -303,8 +312,35 @@ class GatherNDToGather(QnnPass):
         rows = int(np.prod(dims))
         return flat, (rows, *data_shape[m:]), tuple(indices.shape[:-1]) + tuple(data_shape[m:])
 
+    @staticmethod
+    def _runtime_plan(
+        node: ir.Node, data_shape: tuple[int, ...] | None
+    ) -> tuple[None, tuple[int, ...], tuple[int, ...]] | None:
+        """For runtime indices of static shape ``[..., 1]``: the indices' shape without their last axis, and the
+        output's shape."""
+        index_shape = static_shape(node.inputs[1])
+        if data_shape is None or not data_shape or index_shape is None or not index_shape or index_shape[-1] != 1:
+            return None
+        if const_array(node.inputs[1]) is not None:
+            return None  # constant indices of another form: out of range or empty, left to ORT
+        return None, index_shape[:-1], (*index_shape[:-1], *data_shape[1:])
+
     def find_defects(self, graph: ir.Graph) -> list[str]:
         return [n.name or "GatherND" for n in graph if self._plan(n) is not None]
+
+    @staticmethod
+    def _rewrite_runtime(
+        graph: ir.Graph, node: ir.Node, rows_shape: tuple[int, ...], out_shape: tuple[int, ...], names: UniqueNames
+    ) -> None:
+        data, indices, out = (cast(ir.Value, v) for v in (*node.inputs, node.outputs[0]))
+        target = add_initializer(graph, names("index_shape"), np.array(rows_shape, dtype=np.int64))
+        rows = new_value(names("index"), indices.dtype, rows_shape)
+        result = new_value(names("out"), out.dtype, out_shape)
+        graph.insert_before(node, ir.Node("", "Reshape", [indices, target], outputs=[rows]))
+        graph.insert_before(
+            node, ir.Node("", "Gather", [data, rows], attributes=[ir.AttrInt64("axis", 0)], outputs=[result])
+        )
+        replace_value(graph, out, result)
 
     def rewrite(self, graph: ir.Graph) -> bool:
         names = fresh_names(graph, "qnnx_gathernd")
@@ -314,6 +350,10 @@ class GatherNDToGather(QnnPass):
             if plan is None:
                 continue
             flat, flat_shape, out_shape = plan
+            if flat is None:
+                self._rewrite_runtime(graph, node, flat_shape, out_shape, names)
+                changed = True
+                continue
             data, out = cast(ir.Value, node.inputs[0]), node.outputs[0]  # _plan read its shape
             rows = add_initializer(graph, names("rows_shape"), np.array(flat_shape, dtype=np.int64))
             flat_data = new_value(names("rows"), data.dtype, flat_shape)
