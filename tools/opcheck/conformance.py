@@ -97,6 +97,45 @@ RESIZE_RATIOS = {
 }
 
 
+def _declared(case: Case, shape: tuple[int, ...]) -> Case:
+    """``case`` with its output ``y`` declared float32 of ``shape`` (a Resize by runtime sizes or scales: shape
+    inference cannot compute it, an exporter that traced the sizes writes it)."""
+    del case.model.graph.output[:]
+    case.model.graph.output.append(helper.make_tensor_value_info("y", F, shape))
+    kept = [vi for vi in case.model.graph.value_info if vi.name != "y"]
+    del case.model.graph.value_info[:]
+    case.model.graph.value_info.extend(kept)
+    return case
+
+
+def _resize_runtime_cases(modes: dict[str, tuple[str | None, ...]]) -> Iterator[Case]:
+    """Resize by runtime sizes, and by runtime scales under align_corners, with the output shape declared (the QNN
+    EP resizes to that shape): rank 4, the first example of each ratio (up, down, frac; under align_corners also
+    scales that are not out / in), classes of their own (``.../runtime_sizes``, ``.../runtime_scales``)."""
+    for rank, (mode, nmodes), ctm, ratio in itertools.product(
+        (4,), modes.items(), COORDINATE_MODES, ("up", "down", "frac")
+    ):
+        kind, size, value = RESIZE_RATIOS[ratio][0]
+        out = int(value) if kind == "sizes" else int(size * value + 1e-9)
+        spatial = rank - 2
+        shape, out_shape = (1, 2) + (size,) * spatial, (1, 2) + (out,) * spatial
+        for nmode in nmodes:
+            attrs: dict[str, Any] = {"mode": mode, "coordinate_transformation_mode": ctm}
+            if nmode:
+                attrs["nearest_mode"] = nmode
+            node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], **attrs)
+            feeds = {"x": _x(shape), "sizes": np.array(out_shape, np.int64)}
+            name = f"Resize/r{rank}/{mode}{'/' + nmode if nmode else ''}/{ctm}/{ratio}/runtime_sizes"
+            yield _declared(_model(name, [node], feeds, ["y"], opset=20), out_shape)
+            if ctm != "align_corners" or mode == "cubic":
+                continue
+            for label, factor in (("scales", out / size), ("inexact_scales", (out + 0.3) / size)):
+                node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
+                scales = np.array([1.0, 1.0] + [factor] * spatial, np.float32)
+                name = f"Resize/r{rank}/{mode}{'/' + nmode if nmode else ''}/{ctm}/{ratio}/runtime_{label}"
+                yield _declared(_model(name, [node], {"x": _x(shape), "scales": scales}, ["y"], opset=20), out_shape)
+
+
 def _resize_cases() -> Iterator[Case]:
     modes: dict[str, tuple[str | None, ...]] = {"nearest": NEAREST_MODES, "linear": (None,), "cubic": (None,)}
     for rank, (mode, nmodes), ctm, ratio in itertools.product(
@@ -119,6 +158,7 @@ def _resize_cases() -> Iterator[Case]:
                 name = f"Resize/r{rank}/{mode}{'/' + nmode if nmode else ''}/{ctm}/{ratio}#{example}"
                 node = helper.make_node("Resize", ins, ["y"], **attrs)
                 yield _model(name, [node], {"x": _x(shape)}, ["y"], inits, opset=20)
+    yield from _resize_runtime_cases(modes)
     for mode in ("nearest", "linear"):
         node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode)
         feeds = {"x": _x((1, 2, 4, 4)), "scales": np.array([1, 1, 2, 2], np.float32)}
@@ -268,6 +308,15 @@ RANK_SHAPES = {
     4: ((1, 16, 4, 16), (2, 16, 4, 16), (1, 16, 1, 16), (1, 1, 16, 16), (2, 3, 4, 5)),
     5: ((1, 2, 3, 4, 16), (2, 1, 3, 1, 5), (2, 3, 4, 5, 6)),
 }
+# RMSNormalization at rank 3-4 with every dim before the normalized axis <= 8 (qnnx_opcheck._conditions): unit dims
+# first, inside and last, leading dims of 8, odd sizes, normalized axes of 1 to 100. Wrong shapes all had a leading
+# dim of 15 or more ([2, 16, 16], [16, 1, 16], [15, 1, 16], [1, 16, 1, 16]); [2, 15, 16] and [1, 64, 16] were right.
+RMS_SHORT_LEADING = (
+    (1, 1, 16), (1, 8, 16), (8, 1, 16), (8, 8, 16), (8, 8, 64), (2, 3, 5), (2, 3, 1), (5, 7, 3), (7, 8, 100),
+    (3, 5, 32), (8, 2, 7), (4, 4, 8), (6, 1, 16), (1, 7, 2), (8, 3, 3), (2, 8, 32), (4, 2, 100), (8, 8, 1),
+    (1, 1, 1, 16), (2, 3, 4, 5), (1, 8, 8, 16), (8, 8, 8, 8), (8, 1, 8, 64), (1, 4, 1, 16), (3, 1, 2, 100),
+    (6, 5, 8, 7), (2, 6, 1, 64), (7, 7, 4, 32), (5, 2, 7, 3), (2, 2, 4, 32), (1, 1, 8, 16), (4, 7, 8, 32),
+)  # fmt: skip
 # One-input ops measured at every rank (the op tables' probes used one default shape).
 RANK_UNARY = {"Softplus": 1.0, "Neg": 1.0, "Log": None, "Sqrt": None, "Exp": 1.0, "Reciprocal": None, "Abs": 1.0}
 
@@ -288,6 +337,11 @@ def _shape_class_cases() -> Iterator[Case]:
                     kind = "unit_axis" if shape[axis] == 1 else "axis"
                     node = helper.make_node(op, ["x"], ["y"], axis=axis)
                     yield _model(f"{op}/r{rank}/{kind}/axis{axis}#{i}", [node], {"x": _x(shape, 2.0, seed=i)}, ["y"])
+    for i, shape in enumerate(RMS_SHORT_LEADING):
+        w = (1 + 0.5 * np.random.default_rng(i).standard_normal(shape[-1])).astype(np.float32)
+        node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-6)
+        name = f"RMSNormalization/leading<=8/{'x'.join(map(str, shape))}"
+        yield _model(name, [node], {"x": _x(shape, 3.0, seed=i)}, ["y"], {"w": w}, 23)
     for op in ("Softmax", "LogSoftmax"):
         for shape, axis in (((4, 1), 1), ((4, 1, 5), 1), ((2, 1, 3, 5), 1), ((2, 3, 1), -1), ((1, 4), 0)):
             node = helper.make_node(op, ["x"], ["y"], axis=axis)

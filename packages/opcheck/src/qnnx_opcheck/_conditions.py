@@ -4,7 +4,7 @@ condition class, and the table's ``measured_conditions`` pattern says how each c
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any, cast
 
 from qnnx_opcheck._model import NodeView
 from qnnx_opcheck._outcomes import KIND_TEXT
@@ -15,8 +15,24 @@ __all__ = ["Conditions"]
 
 # Ops whose outcome on QNN HTP depends on the input's rank (tools/opcheck/conformance.py, shape-class cases).
 _RANK_CLASSED = frozenset({"RMSNormalization", "Softplus", "Neg", "Log", "Sqrt", "Exp", "Reciprocal", "Abs"})
+# RMSNormalization at rank 3-4: the largest dim before the normalized axis of the shape class measured right.
+_RMS_LEADING_MAX = 8
 # Ops whose outcome depends on the size of the normalized axis.
 _AXIS_CLASSED = frozenset({"Softmax", "LogSoftmax"})
+
+
+def _size_kind(dim: int, out: int) -> str:
+    """How one axis of a Resize changes size: ``same``, ``up`` or ``down`` by a whole factor, ``to1`` (down to one
+    element, where the coordinate modes divide by out - 1: not measured), else ``frac``."""
+    if out == dim:
+        return "same"
+    if out == 1:
+        return "to1"
+    if out > 0 and out % dim == 0:
+        return "up"
+    if out > 0 and dim % out == 0:
+        return "down"
+    return "frac"
 
 
 class Conditions:
@@ -40,13 +56,21 @@ class Conditions:
         return None
 
     def _rank_key(self, node: NodeView) -> str | None:
-        """The rank class of the first input: ``r<rank>`` for RMSNormalization (right at rank 2 alone on QNN HTP),
-        ``r5`` or ``r1-4`` for the one-input elementwise ops (Softplus, Neg, Log, Sqrt are refused at rank 5; an
-        elementwise kernel does not otherwise depend on the layout, so ranks 1-4 are one class, measured on every
-        rank). An unknown shape keeps the cell's verdict, except for RMSNormalization."""
+        """The rank class of the first input: ``r<rank>`` for RMSNormalization, ``r3/leading<=8`` or
+        ``r4/leading<=8`` when every dim before the normalized last axis is at most 8 (QNN HTP's RMSNormalization is
+        right at ranks 1-2; at ranks 3-4 it is wrong with some leading dim of 15 or more: [2, 16, 16], [16, 1, 16],
+        [1, 16, 1, 16], and right over every shape measured whose leading dims are all <= 8), ``r5`` or ``r1-4``
+        for the one-input elementwise ops (Softplus, Neg, Log, Sqrt are refused at rank 5; an elementwise kernel
+        does not otherwise depend on the layout, so ranks 1-4 are one class, measured on every rank). An unknown
+        shape keeps the cell's verdict, except for RMSNormalization."""
         shape = self.view.shape(node.input[0]) if node.input else None
         if node.op_type == "RMSNormalization":
-            return "unknown_shape" if shape is None else f"r{len(shape)}"
+            if shape is None:
+                return "unknown_shape"
+            leading = shape[:-1]
+            if len(shape) in (3, 4) and all(isinstance(d, int) and d <= _RMS_LEADING_MAX for d in leading):
+                return f"r{len(shape)}/leading<={_RMS_LEADING_MAX}"
+            return f"r{len(shape)}"
         if shape is None:
             return None
         return "r5" if len(shape) >= 5 else "r1-4"
@@ -87,13 +111,27 @@ class Conditions:
         parts = [f"r{len(shape)}", str(mode)]
         if mode == "nearest":
             parts.append(str(self.view.attr(node, "nearest_mode") or "round_prefer_floor"))
-        parts.append(str(self.view.attr(node, "coordinate_transformation_mode") or "half_pixel"))
+        ctm = str(self.view.attr(node, "coordinate_transformation_mode") or "half_pixel")
+        parts.append(ctm)
         scales_name = node.input[2] if len(node.input) > 2 else ""
         sizes_name = node.input[3] if len(node.input) > 3 else ""
         kinds: set[str] = set()
-        if (sizes_name and not self.view.is_const(sizes_name)) or (
-            not sizes_name and scales_name and not self.view.is_const(scales_name)
-        ):
+        runtime_tag = ""
+        runtime_sizes = bool(sizes_name) and not self.view.is_const(sizes_name)
+        runtime_scales = not sizes_name and bool(scales_name) and not self.view.is_const(scales_name)
+        out_shape = self.view.shape(node.output[0]) if node.output else None
+        static_out = out_shape is not None and len(out_shape) == len(shape)
+        static_out = static_out and all(isinstance(d, int) for d in cast("tuple[Any, ...]", out_shape))
+        if static_out and (runtime_sizes or (runtime_scales and mode != "cubic" and ctm == "align_corners")):
+            # The QNN EP resizes to the node's static output shape: the class is how the sizes change (as for
+            # constant sizes), marked runtime_sizes or runtime_scales, each class measured on its own. Runtime
+            # scales only under align_corners, whose coordinates depend on the sizes alone (cubic declines them).
+            for dim, out in zip(cast("tuple[int, ...]", shape), cast("tuple[int, ...]", out_shape), strict=True):
+                kinds.add(_size_kind(dim, out))
+            kinds.discard("same")
+            kinds = {"+".join(sorted(kinds)) or "same"}
+            runtime_tag = "runtime_sizes" if runtime_sizes else "runtime_scales"
+        elif runtime_sizes or runtime_scales:
             kinds.add("runtime")
         elif sizes_name or scales_name:
             given = self.view.const_value(sizes_name or scales_name)
@@ -107,13 +145,11 @@ class Conditions:
                     continue
                 if not sizes_name and abs(dim * value - out) > 1e-6:
                     kinds.add("inexact")
-                elif out % dim == 0:
-                    kinds.add("up")
-                elif dim % out == 0:
-                    kinds.add("down")
                 else:
-                    kinds.add("frac")
+                    kinds.add(_size_kind(dim, out))
         parts.append("+".join(sorted(kinds)) or "same")
+        if runtime_tag:
+            parts.append(runtime_tag)
         for attr, default in (("antialias", 0), ("exclude_outside", 0), ("keep_aspect_ratio_policy", "stretch")):
             value = self.view.attr(node, attr)
             if value is not None and value != default:
