@@ -186,28 +186,45 @@ def test_scaled_outputs_run_on_qnn_only_within_float16(scale: float, sign: float
     assert_close_fp16(out, f(x))
 
 
-def test_moe_decoder_runs_on_qnn_with_eagers_logits() -> None:
-    """A tiny Mixtral with Hugging Face's static-shape experts (``batched_mm``) picks each token's expert weights
-    with ``w[ids]``, which torch.onnx writes as a GatherND by 32 runtime indices: QNN HTP repeats the first 8 slices
-    there (logits cosine 0.0006). qnnx writes it as a Gather, so the graph runs on QNN (its router's TopK on the CPU
-    EP) with eager's logits, the first-call check off so that nothing hides a wrong result."""
+def _moe_decoder(family: str) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.MixtralConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=64,
-        use_cache=False,
-    )
-    model = transformers.MixtralForCausalLM(cfg).eval()
-    model.set_experts_implementation("batched_mm")
+    common = {
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "use_cache": False,
+        "num_experts_per_tok": 2,
+    }
+    if family == "mixtral":
+        model = transformers.MixtralForCausalLM(
+            transformers.MixtralConfig(**common, intermediate_size=64, num_local_experts=4)
+        )
+    elif family == "qwen2_moe":
+        cfg = transformers.Qwen2MoeConfig(
+            **common, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4
+        )
+        model = transformers.Qwen2MoeForCausalLM(cfg)
+    else:
+        cfg = transformers.Qwen3MoeConfig(
+            **common, intermediate_size=64, moe_intermediate_size=32, num_experts=4, head_dim=8
+        )
+        model = transformers.Qwen3MoeForCausalLM(cfg)
+    model.eval().set_experts_implementation("batched_mm")
+    return model
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_moe_decoder_runs_on_qnn_with_eagers_logits(family: str) -> None:
+    """Tiny MoE decoders with Hugging Face's static-shape experts (``batched_mm``) pick each token's expert weights
+    with ``w[ids]``, which torch.onnx writes as a GatherND by 32 runtime indices: QNN HTP repeats the first 8 slices
+    there (Mixtral's logits: cosine 0.0006). qnnx writes it as a Gather, so the graph runs on QNN (the router's TopK
+    on the CPU EP) with eager's logits, the first-call check off so that nothing hides a wrong result."""
+    model = _moe_decoder(family)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(input_ids=ids).logits
