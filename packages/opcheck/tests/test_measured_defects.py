@@ -32,15 +32,20 @@ def _verdict(m: onnx.ModelProto, name: str) -> oc.NodeVerdict:
     return next(v for v in report.verdicts if v.node_name == name)
 
 
+def _indexed(
+    node: onnx.NodeProto, inputs: dict, inits: dict, index_shape: tuple[int, ...], index_dtype: type, runtime: bool
+) -> onnx.ModelProto:
+    """``node`` reading indices ``ids`` of ``index_shape``: a graph input (runtime) or a constant."""
+    if runtime:
+        inputs["ids"] = (helper.np_dtype_to_tensor_dtype(np.dtype(index_dtype)), index_shape)
+    else:
+        inits["ids"] = np.zeros(index_shape, index_dtype)
+    return _model([node], inputs, inits)
+
+
 def _gather(shape: tuple[int, ...], axis: int, index_shape: tuple[int, ...], runtime: bool = True) -> onnx.ModelProto:
     node = helper.make_node("Gather", ["x", "ids"], ["y"], axis=axis, name="gather")
-    inputs = {"x": (TensorProto.FLOAT, shape)}
-    inits = {}
-    if runtime:
-        inputs["ids"] = (TensorProto.INT32, index_shape)
-    else:
-        inits["ids"] = np.zeros(index_shape, np.int32)
-    return _model([node], inputs, inits)
+    return _indexed(node, {"x": (TensorProto.FLOAT, shape)}, {}, index_shape, np.int32, runtime)
 
 
 def _conv(shape: tuple[int, ...], cout: int, kernel: int, stride: int, pads: tuple[int, int]) -> onnx.ModelProto:
@@ -98,13 +103,26 @@ GATHERNDS = [
 
 def _gathernd(data_shape: tuple[int, ...], index_shape: tuple[int, ...], runtime: bool = True) -> onnx.ModelProto:
     node = helper.make_node("GatherND", ["x", "ids"], ["y"], name="gathernd")
-    inits = {"x": np.zeros(data_shape, np.float32)}
-    inputs = {}
-    if runtime:
-        inputs["ids"] = (TensorProto.INT64, index_shape)
-    else:
-        inits["ids"] = np.zeros(index_shape, np.int64)
-    return _model([node], inputs, inits)
+    return _indexed(node, {}, {"x": np.zeros(data_shape, np.float32)}, index_shape, np.int64, runtime)
+
+
+@given(
+    data_shape=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    tuples=st.integers(1, 20),
+    outer=st.sampled_from([(), (2,)]),
+    last=st.integers(1, 4),
+)
+def test_gathernd_refusal_follows_its_class(
+    data_shape: list[int], tuples: int, outer: tuple[int, ...], last: int
+) -> None:
+    """Over random shapes: by runtime indices, refused exactly when more than 8 tuples each pick a slice of rank
+    >= 2; by constant indices never refused by the class."""
+    last = min(last, len(data_shape))
+    index_shape = (*outer, tuples, last)
+    wrong_class = len(data_shape) - last >= 2 and tuples > 8
+    v = _verdict(_gathernd(tuple(data_shape), index_shape), "gathernd")
+    assert (v.status == "unsupported" and v.kind == "wrong_result") == wrong_class, v
+    assert _verdict(_gathernd(tuple(data_shape), index_shape, runtime=False), "gathernd").status == "supported"
 
 
 @pytest.mark.parametrize(("data_shape", "index_shape", "refused"), GATHERNDS)
