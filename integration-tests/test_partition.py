@@ -33,14 +33,15 @@ class _ErfInTheMiddle(nn.Module):
 
 
 class _TopKInTheMiddle(nn.Module):
-    """Linear -> topk values (a sort order QNN HTP computes on fp16-rounded values) -> Linear -> Linear."""
+    """topk of the graph input (a sort order QNN HTP would compute on fp16-rounded values, where the CPU EP sees
+    the caller's float32), added to a Linear's output -> Linear -> Linear."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(4, 8), nn.Linear(8, 8)
+        self.a, self.b, self.c = nn.Linear(16, 4), nn.Linear(4, 8), nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c(torch.relu(self.b(torch.topk(self.a(x), 4, dim=-1).values)))
+        return self.c(torch.relu(self.b(torch.topk(x, 4, dim=-1).values + self.a(x))))
 
 
 class _FloorOfTheInput(nn.Module):
@@ -190,11 +191,17 @@ def test_a_split_graph_loads_from_the_context_cache_with_its_cpu_nodes(tmp_path)
     torch.testing.assert_close(again, first)
 
 
-_SUPPORTED = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+_SUPPORTED = {
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    # TopK of a Linear's output: QNN computed that value in fp16, so TopK stays on QNN (pinned only when the plan
+    # moves its producer to the CPU EP, as a refused op before it can do).
+    "topk": lambda t: torch.topk(t, t.shape[-1], dim=-1).values,
+}
 _REFUSED = {
     "erf": torch.erf,  # declined by the QNN EP
     "cosh": lambda t: torch.cosh(t.clamp(-3, 3)),  # not in opcheck's table
-    "topk": lambda t: torch.topk(t, t.shape[-1], dim=-1).values,  # known-wrong on QNN HTP
 }
 _OPS = {**_SUPPORTED, **_REFUSED}
 

@@ -196,3 +196,46 @@ def test_the_q_dq_nodes_of_a_pinned_qdq_unit_follow_its_op_without_pinning_their
     names = [n.name for n in nodes]
     pinned = dict.fromkeys(["dq0", "relu", "q0", "dq1"], "why")
     assert _unit_members(graph, names, pinned) == {"dq0", "q0"}
+
+
+def _relu_branches_then_topk(floor_branch: bool) -> onnx.ModelProto:
+    """x -> Relu -> TopK, beside x -> Relu -> Floor when ``floor_branch``: the Floor pins its Relu, so every Relu
+    (the op type is what onnxruntime-qnn pins) runs on the CPU EP."""
+    import numpy as np
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu_topk"),
+        helper.make_node("TopK", ["r", "k"], ["vals", "idx"], name="topk"),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("vals", TensorProto.FLOAT, [2, 2]),
+        helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 2]),
+    ]
+    if floor_branch:
+        nodes += [
+            helper.make_node("Relu", ["x"], ["s"], name="relu_floor"),
+            helper.make_node("Floor", ["s"], ["f"], name="floor"),
+        ]
+        outputs.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 8]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        outputs,
+        [onnx.numpy_helper.from_array(np.array([2], dtype=np.int64), "k")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("floor_branch", [False, True])
+def test_a_topk_follows_its_producer_to_the_cpu(floor_branch: bool) -> None:
+    """opcheck vouches for TopK of a value a QNN node computes (fp16-rounded wherever TopK runs). When the plan moves
+    that producer to the CPU EP (here: another Relu feeds a Floor, and Relu is pinned as a type), the value is exact
+    float32, so TopK is pinned too rather than rounding it on QNN."""
+    plan = _plan(_relu_branches_then_topk(floor_branch))
+    if not floor_branch:
+        assert not plan, plan.nodes
+        return
+    assert {"relu_floor", "floor", "topk"} <= set(plan.nodes)
+    assert "relu_topk (Relu)" in plan.nodes["topk"]
+    assert "TopK" in plan.op_types and "Relu" in plan.op_types

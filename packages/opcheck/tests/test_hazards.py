@@ -603,3 +603,47 @@ def test_a_node_with_an_empty_tensor_is_refused_as_a_crash() -> None:
     m = model([node("Relu", ["x"], ["y"])], [inp("x", [2, 0])], ["y"])
     v = _check(m).verdicts[0]
     assert (v.status, v.kind) == ("unsupported", "crash")
+
+
+@pytest.mark.parametrize(
+    ("producer", "vouched"),
+    [
+        ([], False),  # a graph input: exact in float32 on the CPU EP, rounded to fp16 on QNN
+        ([node("Softmax", ["x"], ["p"], axis=-1)], True),  # an MoE router's probabilities, computed on QNN
+        ([node("Mul", ["x", "x"], ["p"])], True),
+        ([node("Tan", ["x"], ["p"])], False),  # refused itself (imprecise in fp16): computed on the CPU EP
+        ([node("Dropout", ["x"], ["p"])], False),  # removed by ONNX Runtime: TopK reads the graph input
+        ([node("Relu", ["x"], ["d"]), node("Dropout", ["d"], ["p"])], True),  # removed, over a QNN node
+    ],
+    ids=["input", "softmax", "mul", "refused-producer", "removed-over-input", "removed-over-relu"],
+)
+def test_topk_is_vouched_for_when_qnn_computes_its_input(producer: list, vouched: bool) -> None:
+    """A float TopK reads fp16-rounded values wherever it runs when a QNN node computes its input, and HTP's TopK of
+    fp16 values returns the CPU EP's values: it stays on the NPU (an MoE router). Of a graph input, of a node on the
+    CPU EP, or of a constant it is refused, since there the CPU EP would see float32 values."""
+    src = producer[-1].output[0] if producer else "x"
+    m = model(
+        [*producer, node("TopK", [src, "k"], ["v", "i"], name="topk")],
+        [inp("x", [4, 8])],
+        ["v", "i"],
+        [const("k", [2], np.int64)],
+    )
+    v = _by_name(_check(m))["topk"]
+    assert (v.status == "supported") is vouched, v.reason
+    if not vouched:
+        assert v.kind == "wrong_result"
+
+
+@pytest.mark.parametrize(
+    ("op", "vouched"),
+    [("Softmax", True), ("Sigmoid", True), ("Tanh", True), ("Exp", False), ("Relu", False), (None, False)],
+)
+def test_isnan_is_vouched_for_only_on_a_bounded_qnn_value(op: str | None, vouched: bool) -> None:
+    """HTP reads a value that overflowed fp16 inside the graph (Exp or Mul of large values) as NaN, although it
+    leaves QNN clamped to a finite number; the softmax, sigmoid or tanh of a QNN node cannot overflow, so IsNaN of
+    it (torch.onnx's guard after an attention softmax) stays on the NPU."""
+    nodes = [node(op, ["x"], ["p"])] if op else []
+    src = "p" if op else "x"
+    m = model([*nodes, node("IsNaN", [src], ["n"], name="isnan")], [inp("x", [2, 8])], ["n"])
+    v = _by_name(_check(m))["isnan"]
+    assert (v.status == "supported") is vouched, v.reason

@@ -137,3 +137,35 @@ def test_added_unsupported_node_is_reported_by_name(m: onnx.ModelProto, bad: str
     assert not rep.supported
     assert [v.node_name for v in rep.unsupported] == ["the_bad_node"]
     assert "the_bad_node" in rep.summary()
+
+
+@given(
+    chain=st.lists(st.sampled_from(["Relu", "Softmax", "Tan", "Exp", "Neg", "Floor", "Sigmoid"]), max_size=3),
+    rows=st.integers(1, 16),
+    width=st.integers(2, 64),
+    k=st.integers(1, 2),
+)
+def test_topk_placement_follows_where_its_input_is_computed(chain: list[str], rows: int, width: int, k: int) -> None:
+    """A float TopK is vouched for exactly when the node computing its input is (that input then carries fp16
+    rounding wherever TopK runs); of the graph input, or of a node opcheck refuses, it is refused."""
+    nodes, src = [], "x"
+    for i, op in enumerate(chain):
+        attrs = {"axis": -1} if op == "Softmax" else {}
+        nodes.append(helper.make_node(op, [src], [f"v{i}"], name=f"n{i}", **attrs))
+        src = f"v{i}"
+    nodes.append(helper.make_node("TopK", [src, "k"], ["vals", "idx"], name="topk"))
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+        [
+            helper.make_tensor_value_info("vals", TensorProto.FLOAT, [rows, k]),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, [rows, k]),
+        ],
+        [numpy_helper.from_array(np.array([k], dtype=np.int64), "k")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    verdicts = {v.node_name: v for v in oc.check_model(m, onnxruntime_qnn="2.7.0").verdicts}
+    producer = verdicts.get(f"n{len(chain) - 1}") if chain else None
+    expected = producer is not None and (producer.status == "supported" or producer.kind == "caveat")
+    assert (verdicts["topk"].status == "supported") is expected, (chain, verdicts["topk"].reason)

@@ -10,7 +10,9 @@ nodes it then computes wrongly (a ``Floor`` of values it rounded to fp16, a ``To
 * the float computation feeding a value-discontinuous node (floor, ceil, round, mod, a cast to an integer or
   bool), back to the graph inputs, constants or integer values: computed on QNN, that input would carry fp16
   rounding, and the CPU's exact floor of it would still differ from PyTorch by a whole step. TopK is not followed
-  upstream: like ArgMax it then only reorders values within fp16 noise of each other.
+  upstream: like ArgMax it then only reorders values within fp16 noise of each other. opcheck vouches for a TopK
+  whose input a QNN node computes (rounded to fp16 wherever TopK runs); such a TopK is pinned after all when the
+  plan moves its producer to the CPU EP, whose exact value QNN would round.
 
 onnxruntime-qnn 2.7.0 pins *op types*, not nodes: its ``op_affinity`` file takes only a top-level ``"op_type"``
 object, and ONNX Runtime 1.32's per-node assignment (``session.layer_assignment_settings`` /
@@ -160,10 +162,13 @@ def plan_cpu_nodes(structure: Any, report: Any) -> CpuPlan:
                 todo.extend(name for name in node.input if name)
 
     _pin_non_finite_consumers(graph, names, pinned)
-    members = _unit_members(graph, names, pinned)
-    op_types = tuple(
-        sorted({n.op_type for name, n in zip(names, graph.node) if name in pinned and name not in members})
-    )
+    while True:
+        members = _unit_members(graph, names, pinned)
+        op_types = tuple(
+            sorted({n.op_type for name, n in zip(names, graph.node) if name in pinned and name not in members})
+        )
+        if not _pin_topk_of_cpu_values(structure, names, pinned, op_types):
+            break
     on_qnn = on_cpu = 0
     for name, node in zip(names, graph.node):
         v = verdicts.get(name)
@@ -174,6 +179,33 @@ def plan_cpu_nodes(structure: Any, report: Any) -> CpuPlan:
         else:
             on_qnn += 1
     return CpuPlan(nodes=pinned, op_types=op_types, on_qnn=on_qnn, on_cpu=on_cpu)
+
+
+def _pin_topk_of_cpu_values(structure: Any, names: list[str], pinned: dict[str, str], op_types: Iterable[str]) -> bool:
+    """Pin each float TopK whose input is now computed on the CPU EP (its producer pinned, or of a pinned op type).
+    opcheck vouches for a TopK of a value QNN computes, since that value is rounded to fp16 wherever TopK runs; a
+    value from the CPU EP is exact, and TopK on QNN would round it and could pick other elements. Returns whether
+    it pinned any (pinning TopK's type may move other nodes, so the caller repeats until nothing changes)."""
+    graph = structure.graph
+    cpu_types = set(op_types)
+    if "TopK" in cpu_types:
+        return False
+    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
+    types = _value_types(structure)
+    changed = False
+    for i, node in enumerate(graph.node):
+        if node.op_type != "TopK" or names[i] in pinned or not node.input:
+            continue
+        j = producer.get(node.input[0])
+        if j is None or types.get(node.input[0], 1) not in _FLOAT_TYPES:
+            continue
+        if names[j] in pinned or graph.node[j].op_type in cpu_types:
+            pinned[names[i]] = (
+                f"its input comes from {names[j]} ({graph.node[j].op_type}) on the CPU EP, exact in float32: TopK on "
+                "QNN would round it to fp16 and could pick other elements"
+            )
+            changed = True
+    return changed
 
 
 def _divides_by_constant_zero(node: Any, constants: Mapping[str, Any]) -> bool:

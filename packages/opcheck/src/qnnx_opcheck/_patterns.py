@@ -81,6 +81,11 @@ def rule(pattern: str) -> Callable[[Matcher], Matcher]:
     return register
 
 
+# Ops whose float output lies in [-1, 1] whatever the input: computed in fp16 it can neither overflow nor be NaN
+# from a finite input.
+_BOUNDED_OPS = frozenset({"Softmax", "Sigmoid", "Tanh"})
+
+
 class Patterns:
     """The matchers of the table's patterns (``(index, node) -> bool``, the registered rules) and the other pattern
     tests the checker makes, on one graph."""
@@ -217,6 +222,13 @@ class Patterns:
         if "uneven_attr" in rule:  # an ints attribute whose values differ between axes
             values = self.view.attr(node, rule["uneven_attr"]) or []
             checks.append(len(set(values)) > 1)
+        if "unbounded_input" in rule:  # this input may overflow inside HTP: it is not the output of a bounded op
+            # (softmax, sigmoid, tanh) that QNN computes. HTP keeps an overflowed fp16 value inside the graph and
+            # clamps it only at the output, so an op on QNN sees what a consumer on the CPU EP never would.
+            name = node.input[rule["unbounded_input"]] if len(node.input) > rule["unbounded_input"] else ""
+            producer = self.view.producer(name) if name else None
+            bounded = producer is not None and producer.op_type in _BOUNDED_OPS and self.values.computed_on_qnn(name)
+            checks.append(not bounded)
         if "input_rank" in rule:
             shape = self.view.shape(node.input[0]) if node.input else None
             checks.append(shape is None or len(shape) in rule["input_rank"])
@@ -280,9 +292,15 @@ class Patterns:
     @rule("fp16_discontinuous")
     def _is_fp16_discontinuous(self, index: int, node: NodeView) -> bool:
         """Floor/Ceil/Round/Mod/TopK on float, and Cast float -> integer or bool: rounding the input to fp16 moves
-        it across an integer or reorders near-equal values, so the result changes by a whole step."""
+        it across an integer or reorders near-equal values, so the result changes by a whole step.
+
+        A TopK whose input another QNN node computes is vouched for: that input is rounded to fp16 wherever TopK
+        runs, and HTP's TopK of fp16 values returns the CPU EP's values (measured), so keeping it on the CPU would
+        buy nothing. The step ops are not: the backend moves the float chain feeding them to the CPU as well."""
         if not self._is_float_op(index, node):
             return False
+        if node.op_type == "TopK":
+            return not self.values.computed_on_qnn(node.input[0])
         if node.op_type == "Cast":
             to = self.view.attr(node, "to")
             return to is not None and to not in _FLOAT_ELEM_TYPES

@@ -47,7 +47,9 @@ class Checker:
         out = []
         for i, node in enumerate(self.f.nodes):
             try:
-                out.append(self._verdict(i, node))
+                verdict = self._verdict(i, node)
+                out.append(verdict)
+                self.view.kinds[i] = verdict.kind
             except Exception as exc:  # never let one odd node break the whole check
                 _log.warning("could not check node %s (%s): %s", node.name, node.op_type, exc)
                 out.append(

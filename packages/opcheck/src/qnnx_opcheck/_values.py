@@ -125,6 +125,24 @@ class ValueAnalysis:
             return any(self.non_negative(i, depth + 1) for i in node.input if i)
         return False
 
+    def computed_on_qnn(self, name: str) -> bool:
+        """Whether ``name`` is the output of a node already decided to run on QNN (vouched for, or with a caveat;
+        a removed Dropout passes its input through): HTP computes it in fp16, so its value reaches any consumer,
+        on QNN or on the CPU EP, already rounded to fp16. A graph input, a constant or a value computed on the CPU
+        EP is not."""
+        from qnnx_opcheck._outcomes import KIND_STATUS
+
+        for _ in range(64):  # a chain of removed nodes is short; the bound only guards against a malformed graph
+            idx = self.f.producers.get(name) if name else None
+            kind = self.view.kinds.get(idx) if idx is not None else None
+            if kind is None or kind == "constant_folded":
+                return False
+            if kind != "removed":
+                return KIND_STATUS.get(kind) == "supported" or kind == "caveat"
+            node = self.f.nodes[idx]  # type: ignore[index]
+            name = node.input[0] if node.input else ""
+        return False
+
     def reaches_output_unabsorbed(self, name: str) -> bool:
         """Whether an infinity in ``name`` can reach a graph output, i.e. a path to an output that does not pass
         through an op turning -inf into a finite number (Softmax, Exp, Sigmoid, Relu...) or into a bool."""

@@ -34,6 +34,9 @@ class GraphView:
         self.t = table
         self.f = facts
         self.patterns = table.patterns
+        # Node index -> the kind of its verdict, filled in as the checker decides the nodes in graph order, so that a
+        # rule may ask where a node's producers run.
+        self.kinds: dict[int, str] = {}
 
     def dtype(self, name: str) -> str | None:
         v = self.f.values.get(name) if name else None
