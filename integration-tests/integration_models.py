@@ -52,6 +52,41 @@ def randomize_batchnorm(model: nn.Module) -> nn.Module:
     return model
 
 
+class _SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, reduce: int = 4) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.down = nn.Conv2d(channels, channels // reduce, 1)
+        self.up = nn.Conv2d(channels // reduce, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.up(nn.functional.silu(self.down(self.pool(x)))))
+
+
+class EfficientNetStyle(nn.Module):
+    """Conv-BatchNorm-SiLU stages downsampled by ``AvgPool2d(3, stride=2, padding=1, ceil_mode=True)`` (with and
+    without count_include_pad), a depthwise block with squeeze-excite and a pooled linear head."""
+
+    def __init__(self, channels: int = 16, classes: int = 10) -> None:
+        super().__init__()
+
+        def conv_bn_silu(cin: int, cout: int, k: int, groups: int = 1) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups), nn.BatchNorm2d(cout), nn.SiLU()]
+
+        self.features = nn.Sequential(
+            *conv_bn_silu(3, channels, 3),
+            nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True),
+            *conv_bn_silu(channels, channels, 3, groups=channels),
+            _SqueezeExcite(channels),
+            nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+            *conv_bn_silu(channels, 2 * channels, 1),
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * channels, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 def transformer_layer() -> nn.Module:
     return nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.1, batch_first=True)
 

@@ -168,3 +168,18 @@ def unsqueeze_int64(
     return make_model(nodes, [("d", TensorProto.INT64, data.shape)], [("y", TensorProto.INT64, out_shape)], inits), {
         "d": data
     }
+
+
+def avgpool(
+    shape: Sequence[int], dtype: int = TensorProto.FLOAT, seed: int = 0, **attrs: object
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``AveragePool(x, **attrs)`` of a graph input. The output's shape is left undeclared: under ceil_mode ONNX's
+    shape inference keeps a last window that would start in the end padding, which ONNX Runtime (and PyTorch)
+    drop, so an inferred shape would disagree with what the node computes."""
+    node = h.make_node("AveragePool", ["x"], ["y"], **attrs)
+    graph = h.make_graph(
+        [node], "g", [h.make_tensor_value_info("x", dtype, list(shape))], [h.make_tensor_value_info("y", dtype, None)]
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], ir_version=10)
+    x = np.random.default_rng(seed).standard_normal(tuple(shape))
+    return model, {"x": x.astype(onnx.helper.tensor_dtype_to_np_dtype(dtype))}

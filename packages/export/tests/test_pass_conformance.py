@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import pytest
-from export_onnx_builders import make_model, to_bytes, to_ir
-from export_qnn_helpers import qnn_session
+from export_onnx_builders import avgpool, make_model, to_bytes, to_ir
+from export_qnn_helpers import cpu_session, qnn_session
 from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
@@ -26,6 +26,8 @@ from onnx import helper as h
 from onnx.reference import ReferenceEvaluator
 
 from qnnx_export._passes import PASS_REGISTRY, run_passes
+from qnnx_export._passes._numerics import htp_averages_wrongly
+from qnnx_testkit.strategies import pool_windows
 
 _WIDE = int(os.environ.get("QNNX_PASS_CONFORMANCE_EXAMPLES", "0"))
 # fp16-level agreement relative to the output's largest magnitude (the op tables' conformance tolerance).
@@ -44,11 +46,25 @@ _dim = st.one_of(st.just(1), st.integers(2, 17))
 _shapes = st.lists(_dim, min_size=1, max_size=5).map(tuple)
 
 
-def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], passes: tuple[str, ...]) -> None:
-    """Run the passes; the rewritten graph must change, run on QNN and agree with the original on the CPU EP."""
-    # ONNX's reference evaluator, not ONNX Runtime's CPU EP: the CPU EP's Sigmoid approximates its tail (log of it
-    # at x = -16 gives -16.64), which would blame the pass for the reference's error.
-    ref = ReferenceEvaluator(model).run(None, feeds)
+def _onnx_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX's reference evaluator, not ONNX Runtime's CPU EP: the CPU EP's Sigmoid approximates its tail (log of it
+    at x = -16 gives -16.64), which would blame the pass for the reference's error."""
+    return list(ReferenceEvaluator(model).run(None, feeds))
+
+
+def _cpu_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX Runtime's CPU EP, where ONNX's reference evaluator is the one that differs (AveragePool's ceil_mode)."""
+    return list(cpu_session(model.SerializeToString()).run(None, feeds))
+
+
+def _check(
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    passes: tuple[str, ...],
+    reference: Callable[[onnx.ModelProto, dict[str, np.ndarray]], list[np.ndarray]] = _onnx_reference,
+) -> None:
+    """Run the passes; the rewritten graph must change, run on QNN and agree with the original on ``reference``."""
+    ref = reference(model, feeds)
     m = to_ir(model)
     report = run_passes(m, passes)
     assert any(changed for _, changed in report), f"{passes} did not rewrite the graph"
@@ -289,6 +305,25 @@ def test_elementwise_fusions_shape_classes(shape: tuple[int, ...], name: str, sc
     _check(model, feeds, (name,))
 
 
+# ------------------------------------------------------------------------------------------------- AveragePool
+
+
+@_examples
+@given(window=pool_windows(max_side=12, max_batch=3, max_channels=17), ceil=st.booleans(), count_pad=st.booleans())
+def test_avgpool_whole_windows_shape_classes(
+    window: tuple[list[int], dict[str, list[int]]], ceil: bool, count_pad: bool
+) -> None:
+    """Every AveragePool HTP averages wrongly (a ceil_mode window hanging over the end, count_include_pad with pads
+    or at rank 5, a pad of half the kernel or more), at rank 3-5 with batch and channels > 1, is right on QNN once
+    its windows are whole. The reference is the CPU EP on the node: ONNX's reference evaluator keeps some ceil
+    windows that ONNX Runtime and PyTorch drop."""
+    shape, attrs = window
+    if not htp_averages_wrongly(tuple(shape), attrs["kernel_shape"], attrs["strides"], attrs["pads"], ceil, count_pad):
+        reject()  # a pool HTP computes right: the pass leaves it alone
+    model, feeds = avgpool(shape, seed=sum(shape), **attrs, ceil_mode=int(ceil), count_include_pad=int(count_pad))
+    _check(model, feeds, ("avgpool_whole_windows",), _cpu_reference)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -297,6 +332,7 @@ COVERED_HERE = frozenset(
         "logsoftmax_unit_axis",
         "fold_gather_scale",
         "gather_runtime_indices_as_rows",
+        "avgpool_whole_windows",
         *_ELEMENTWISE,
     }
 )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from export_onnx_builders import (
     add_layernorm,
+    avgpool,
     erf_gelu,
     gathernd,
     gathernd_runtime,
@@ -27,7 +29,8 @@ from onnx import TensorProto
 import qnnx_export._passes
 from qnnx_export._pass_names import declared_passes
 from qnnx_export._passes import DEFAULT_PASSES, PASS_REGISTRY, QnnPass, pass_table, register, run_passes
-from qnnx_testkit.strategies import seeds, shapes
+from qnnx_export._passes._numerics import htp_averages_wrongly
+from qnnx_testkit.strategies import pool_windows, seeds, shapes
 
 
 def _run(model_bytes: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -550,3 +553,171 @@ def test_fold_gather_scale_exact(
     if changed:
         assert "Mul" not in _ops(after)
     _assert_same(model.SerializeToString(), after, feeds)
+
+
+# --------------------------------------------------------------------------------------- avgpool_whole_windows
+
+_CEIL_PAD = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}
+# Each AveragePool QNN HTP gets wrong, by the condition: (input shape, attributes).
+_POOL_DEFECTS: dict[str, tuple[list[int], dict[str, object]]] = {
+    "efficientnet_ceil_include_pad": ([2, 3, 8, 8], {**_CEIL_PAD, "count_include_pad": 1}),
+    "efficientnet_ceil_exclude_pad": ([2, 3, 8, 8], {**_CEIL_PAD, "count_include_pad": 0}),
+    # The last ceil window would start in the end padding: ONNX Runtime and PyTorch drop it (3x3 -> 2x2, not 3x3).
+    "ceil_window_starts_in_end_padding": (
+        [1, 2, 3, 3],
+        {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1, "count_include_pad": 1},
+    ),
+    "ceil_window_starts_past_the_end": ([1, 2, 4, 5], {"kernel_shape": [1, 1], "strides": [2, 2], "ceil_mode": 1}),
+    "ceil_without_pads": ([1, 2, 7, 7], {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    "pad_of_half_the_kernel": ([1, 2, 7, 7], {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "asymmetric_kernel_strides_pads": (
+        [1, 2, 6, 5],
+        {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [0, 1, 2, 1], "ceil_mode": 1, "count_include_pad": 1},
+    ),
+    "1d_include_pad": ([2, 3, 9], {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "count_include_pad": 1}),
+    "1d_ceil_overhang": ([2, 3, 10], {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "ceil_mode": 1}),
+    "3d_ceil_include_pad": (
+        [1, 2, 5, 4, 5],
+        {
+            "kernel_shape": [3, 3, 2],
+            "strides": [2, 2, 2],
+            "pads": [1, 1, 0, 1, 1, 1],
+            "ceil_mode": 1,
+            "count_include_pad": 1,
+        },
+    ),
+    "3d_include_pad_without_pads": (
+        [2, 3, 4, 4, 4],
+        {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2], "count_include_pad": 1},
+    ),
+}
+
+
+def _pool_attrs(node: onnx.NodeProto) -> dict[str, object]:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _assert_whole_windows(after: bytes) -> None:
+    """Every AveragePool of ``after`` pools whole windows (no pads, ceil_mode or count_include_pad: HTP computes
+    those right), and no Pad feeds one (ONNX Runtime's PadFusion would fold it back in as count_include_pad pads)."""
+    graph = onnx.load_from_string(after).graph
+    assert "Pad" not in _ops(after)
+    for node in graph.node:
+        if node.op_type == "AveragePool":
+            attrs = _pool_attrs(node)
+            assert not any(attrs.get("pads", ())) and not attrs.get("ceil_mode") and not attrs.get("count_include_pad")
+
+
+def _assert_pool_equal(before: bytes, after: bytes, feeds: dict[str, np.ndarray], rtol: float = 1e-6) -> None:
+    """The rewritten graph gives the node's values on the CPU EP, to ``rtol`` of the output's scale (the factor
+    kernel / divisor is rounded once)."""
+    (ref,), (out,) = _run(before, feeds), _run(after, feeds)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    scale = float(np.abs(ref).max(initial=0.0)) or 1.0
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("case", sorted(_POOL_DEFECTS))
+def test_avgpool_whole_windows_equals_the_node(case: str) -> None:
+    """Each AveragePool condition HTP gets wrong becomes zeros joined on with Concat, a pool of whole windows and a
+    Mul by kernel area / divisor, with the node's values on the CPU EP (its divisor, its dropped ceil windows)."""
+    shape, attrs = _POOL_DEFECTS[case]
+    model, feeds = avgpool(shape, **attrs)
+    after, changed, m = _apply(model, "avgpool_whole_windows")
+    assert changed and PASS_REGISTRY["avgpool_whole_windows"]().find_defects(m.graph) == []
+    _assert_whole_windows(after)
+    _assert_pool_equal(model.SerializeToString(), after, feeds)
+
+
+def test_avgpool_whole_windows_writes_only_what_the_node_needs() -> None:
+    """Without a ceil overhang count_include_pad divides by the kernel everywhere (no Mul); without pads nothing is
+    joined on (no Concat): rank 5's count_include_pad alone is a plain pool."""
+    for case, ops in (("1d_include_pad", ["Concat", "AveragePool"]), ("3d_include_pad_without_pads", ["AveragePool"])):
+        shape, attrs = _POOL_DEFECTS[case]
+        after, changed, _ = _apply(avgpool(shape, **attrs)[0], "avgpool_whole_windows")
+        assert changed and _ops(after) == ops, case
+    shape, attrs = _POOL_DEFECTS["efficientnet_ceil_exclude_pad"]
+    after, _, _ = _apply(avgpool(shape, **attrs)[0], "avgpool_whole_windows")
+    assert _ops(after) == ["Concat", "Concat", "AveragePool", "Mul"]
+    factor = onnx.numpy_helper.to_array(onnx.load_from_string(after).graph.initializer[-1])
+    # Output [5, 5]; along each axis the first window holds 2 input elements, the last 1 (then the end pad and the
+    # ceil overhang), the others 3.
+    axis = np.array([3 / 2, 1, 1, 1, 3])
+    np.testing.assert_allclose(factor, np.outer(axis, axis)[None, None], rtol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("shape", "attrs"),
+    [
+        ([1, 2, 8, 8], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ([1, 2, 7, 7], {**_CEIL_PAD, "count_include_pad": 0}),  # ceil_mode, every window whole: HTP is right
+        ([1, 2, 8, 8], {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1, "dilations": [2, 2]}),
+        ([1, 2, 7, 7], {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER", "count_include_pad": 1}),
+        ([1, 2, 7, 7], {"kernel_shape": [2, 2], "pads": [2, 2, 2, 2]}),  # a pad of the kernel: ORT refuses the node
+        (["batch", 2, 8, 8], {**_CEIL_PAD, "count_include_pad": 1}),  # no static shape
+    ],
+    ids=["plain", "ceil_whole_windows", "dilated", "auto_pad", "pad_of_the_kernel", "dynamic_batch"],
+)
+def test_avgpool_whole_windows_leaves_other_pools(shape: list[object], attrs: dict[str, object]) -> None:
+    """A pool HTP computes right, or one the pass does not handle (dilation, auto_pad, a node ONNX Runtime refuses,
+    a shape that is not static), is left as it is."""
+    model = avgpool([1, 2, 8, 8], **attrs)[0]
+    model.graph.input[0].CopyFrom(onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, shape))
+    assert not _apply(model, "avgpool_whole_windows")[1]
+
+
+def test_avgpool_whole_windows_leaves_a_declared_shape_it_does_not_compute() -> None:
+    """ONNX's shape inference keeps a ceil window that would start in the end padding (a [1, 2, 3, 3] output where
+    ONNX Runtime computes [1, 2, 2, 2]): with that shape declared, the pass leaves the node to qnnx-opcheck."""
+    shape, attrs = _POOL_DEFECTS["ceil_window_starts_in_end_padding"]
+    node = onnx.helper.make_node("AveragePool", ["x"], ["y"], **attrs)
+    model = make_model([node], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, None)], {})
+    assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [1, 2, 3, 3]
+    assert not _apply(model, "avgpool_whole_windows")[1]
+
+
+def test_avgpool_whole_windows_fp16() -> None:
+    """In fp16 the zeros and the factor are fp16 (one rounding of kernel / divisor), the values the node's."""
+    shape, attrs = _POOL_DEFECTS["efficientnet_ceil_exclude_pad"]
+    model, feeds = avgpool(shape, TensorProto.FLOAT16, **attrs)
+    after, changed, _ = _apply(model, "avgpool_whole_windows")
+    assert changed
+    graph = onnx.load_from_string(after).graph
+    assert {init.data_type for init in graph.initializer} == {TensorProto.FLOAT16}
+    _assert_pool_equal(model.SerializeToString(), after, feeds, rtol=2e-3)
+
+
+@pytest.mark.parametrize("case", ["efficientnet_ceil_include_pad", "efficientnet_ceil_exclude_pad"])
+def test_avgpool_whole_windows_survive_onnxruntime_optimizer(case: str, tmp_path: Path) -> None:
+    """ONNX Runtime's optimizer (which runs before the QNN EP takes its nodes) keeps the pool's windows whole: it
+    folds a Pad into a following AveragePool as pads with count_include_pad=1, one of the defects, but not a
+    Concat."""
+    import onnxruntime as ort
+
+    shape, attrs = _POOL_DEFECTS[case]
+    after, _, _ = _apply(avgpool(shape, **attrs)[0], "avgpool_whole_windows")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(after, so, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(so.optimized_model_filepath)
+    assert "AveragePool" in [n.op_type for n in optimized.graph.node]
+    _assert_whole_windows(optimized.SerializeToString())
+
+
+@given(window=pool_windows(), ceil=st.booleans(), count_pad=st.booleans(), seed=seeds(999))
+def test_avgpool_whole_windows_property(
+    window: tuple[list[int], dict[str, list[int]]], ceil: bool, count_pad: bool, seed: int
+) -> None:
+    """Over random shapes, kernels, strides, pads, ceil_mode and count_include_pad: the pass rewrites exactly the
+    pools HTP gets wrong, the result has the node's values on the CPU EP, and every pool it writes pools whole
+    windows."""
+    shape, attrs = window
+    model, feeds = avgpool(shape, seed=seed, **attrs, ceil_mode=int(ceil), count_include_pad=int(count_pad))
+    after, changed, _ = _apply(model, "avgpool_whole_windows")
+    assert changed == htp_averages_wrongly(
+        tuple(shape), attrs["kernel_shape"], attrs["strides"], attrs["pads"], ceil, count_pad
+    )
+    if changed:
+        _assert_whole_windows(after)
+    _assert_pool_equal(model.SerializeToString(), after, feeds)

@@ -7,6 +7,7 @@ import onnx
 import pytest
 from export_onnx_builders import (
     add_layernorm,
+    avgpool,
     erf_gelu,
     gathernd,
     gathernd_runtime,
@@ -162,3 +163,44 @@ def test_int64_saturation_defect() -> None:
         legal.signature.onnx_inputs(cap.example_inputs)
     ok = [torch.tensor([7, 5], dtype=torch.int64)]
     assert run_exported(qnn_session(legal.model_bytes()), legal, ok)[0].tolist() == [8, 6]
+
+
+_EFFICIENTNET_POOL = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}
+
+
+@pytest.mark.parametrize(
+    ("shape", "attrs"),
+    [
+        ([1, 8, 8, 8], {**_EFFICIENTNET_POOL, "count_include_pad": 0}),
+        ([1, 8, 8, 8], {**_EFFICIENTNET_POOL, "count_include_pad": 1}),
+        ([1, 4, 3, 3], {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1] * 4, "ceil_mode": 1}),
+        ([1, 4, 7, 7], {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ([2, 4, 10], {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "ceil_mode": 1}),
+        (
+            [1, 2, 5, 5, 5],
+            {"kernel_shape": [3] * 3, "strides": [2] * 3, "pads": [1] * 6, "ceil_mode": 1, "count_include_pad": 1},
+        ),
+    ],
+    ids=[
+        "efficientnet_exclude_pad",
+        "efficientnet_include_pad",
+        "ceil_window_in_end_padding",
+        "pad_half_kernel",
+        "1d_ceil",
+        "3d_ceil_include_pad",
+    ],
+)
+def test_avgpool_whole_windows_defect(shape: list[int], attrs: dict[str, object]) -> None:
+    """QNN HTP averages these pools wrongly; as zeros joined on, a pool of whole windows and a Mul by kernel area /
+    divisor they agree with the CPU EP. Measured (max error / max |CPU EP|, onnxruntime-qnn 2.7.0, soc 60):
+    EfficientNet's AvgPool2d(3, 2, padding=1, ceil_mode=True) of [1, 8, 8, 8]: 1.0 without count_include_pad, 0.21
+    with it; kernel 2, stride 2, pad 1, ceil_mode on [1, 4, 3, 3]: a [1, 4, 3, 3] output where ONNX Runtime drops
+    the window starting in the end padding ([1, 4, 2, 2]); pad 1 of kernel 2 on [1, 4, 7, 7]: 1.13; a 1-D ceil
+    overhang: 1.0; 3-D ceil_mode with count_include_pad: 1.0. Rewritten: 2.7e-4 to 6.3e-4."""
+    model, feeds = avgpool(shape, **attrs)
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]
+    assert broken.shape != ref.shape or _rel(broken, ref) > 0.2  # the defect: silently wrong
+    fixed = qnn_session(_fixed(model, "avgpool_whole_windows")).run(None, feeds)[0]
+    assert fixed.shape == ref.shape
+    assert _rel(fixed, ref) < 2e-3

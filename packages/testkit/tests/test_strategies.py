@@ -17,6 +17,7 @@ from qnnx_testkit.strategies import (
     json_scalars,
     json_values,
     key_materials,
+    pool_windows,
     qdq_settings,
     seeds,
     shapes,
@@ -111,3 +112,18 @@ def test_qdq_settings_are_a_fresh_dict_each_time() -> None:
     first = qdq_settings()
     first["seed"] = seeds()
     assert set(qdq_settings()) == {"activation", "weight", "per_channel"}
+
+
+@given(pool_windows(max_spatial=3, max_kernel=4, max_stride=2, max_side=5, max_batch=2, max_channels=3))
+def test_pool_windows_are_valid_onnx_pools(window: tuple[list[int], dict[str, list[int]]]) -> None:
+    """Every drawn window is one ONNX Runtime accepts: pads below the kernel, each padded side at least the kernel."""
+    shape, attrs = window
+    spatial = len(shape) - 2
+    kernel, strides, pads = attrs["kernel_shape"], attrs["strides"], attrs["pads"]
+    assert 1 <= spatial <= 3 and 1 <= shape[0] <= 2 and 1 <= shape[1] <= 3
+    assert len(kernel) == len(strides) == spatial and len(pads) == 2 * spatial
+    assert all(1 <= k <= 4 for k in kernel) and all(1 <= s <= 2 for s in strides)
+    for axis, k in enumerate(kernel):
+        begin, end = pads[axis], pads[axis + spatial]
+        assert 0 <= begin < k and 0 <= end < k
+        assert shape[axis + 2] + begin + end >= k and 1 <= shape[axis + 2] <= max(5, k)

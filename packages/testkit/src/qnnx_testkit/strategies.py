@@ -102,3 +102,44 @@ def qdq_settings(
         "weight": st.sampled_from(tuple(weights)),
         "per_channel": st.booleans(),
     }
+
+
+PoolWindow = tuple[list[int], dict[str, list[int]]]
+
+
+@st.composite
+def _pool_window(
+    draw: st.DrawFn,
+    max_spatial: int,
+    max_kernel: int,
+    max_stride: int,
+    max_side: int,
+    max_batch: int,
+    max_channels: int,
+) -> PoolWindow:
+    spatial = draw(st.integers(1, max_spatial), label="spatial axes")
+    kernel = draw(st.lists(st.integers(1, max_kernel), min_size=spatial, max_size=spatial), label="kernel_shape")
+    strides = draw(st.lists(st.integers(1, max_stride), min_size=spatial, max_size=spatial), label="strides")
+    pads = [draw(st.integers(0, k - 1), label="pad") for k in kernel * 2]
+    sides = [
+        draw(st.integers(max(1, k - begin - end), max(max_side, k - begin - end)), label="side")
+        for k, begin, end in zip(kernel, pads[:spatial], pads[spatial:], strict=True)
+    ]
+    shape = [draw(st.integers(1, max_batch), label="batch"), draw(st.integers(1, max_channels), label="channels")]
+    return [*shape, *sides], {"kernel_shape": kernel, "strides": strides, "pads": pads}
+
+
+def pool_windows(
+    *,
+    max_spatial: int = 3,
+    max_kernel: int = 4,
+    max_stride: int = 3,
+    max_side: int = 7,
+    max_batch: int = 2,
+    max_channels: int = 3,
+) -> st.SearchStrategy[PoolWindow]:
+    """The windows of a valid ONNX pool (AveragePool, MaxPool) over ``[batch, channels, *sides]``: ``(shape,
+    {"kernel_shape", "strides", "pads"})`` with 1 to ``max_spatial`` spatial axes, every pad below its kernel and
+    every padded side at least the kernel, as ONNX Runtime requires (sides of up to ``max_side``, or of what the
+    kernel needs when that is more)."""
+    return _pool_window(max_spatial, max_kernel, max_stride, max_side, max_batch, max_channels)

@@ -196,9 +196,13 @@ def _avg_pool(
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> ir.Value:
-    if ceil_mode or divisor_override is not None:
-        raise Declined("avg pool with ceil_mode or divisor_override")
-    return t.out("AveragePool", [t.value(x)], {**window, "count_include_pad": int(bool(count_include_pad))})
+    """ONNX's AveragePool with PyTorch's arguments, ``ceil_mode`` too: ONNX Runtime drops a ceil window that would
+    start in the end padding as PyTorch does, and divides by the same counts (qnnx-export's avgpool_whole_windows
+    then writes the windows HTP gets wrong as whole ones)."""
+    if divisor_override is not None:
+        raise Declined("avg pool with divisor_override")
+    ceil: Attrs = {"ceil_mode": 1} if ceil_mode else {}
+    return t.out("AveragePool", [t.value(x)], {**window, "count_include_pad": int(bool(count_include_pad)), **ceil})
 
 
 @handles(aten._adaptive_avg_pool2d.default)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -14,6 +16,7 @@ from qnnx_export._passes._graph import (
     const_array,
     fresh_names,
     is_op,
+    new_value,
     one_node_like,
     op_input,
     replace_value,
@@ -22,6 +25,7 @@ from qnnx_export._passes._graph import (
 
 __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
+    "AvgPoolWholeWindows",
     "FoldScaleIntoGatherTable",
     "LogSoftmaxUnitAxis",
     "SafeSoftmaxWithoutInf",
@@ -116,6 +120,164 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
         for node in nodes:
             node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 0)
         return bool(nodes)
+
+
+# ----------------------------------------------------- AveragePool windows HTP averages wrongly, made whole
+
+
+@dataclass(frozen=True)
+class PoolWindows:
+    """How :class:`AvgPoolWholeWindows` writes one AveragePool: the zero padding before and after each spatial axis
+    (after: the node's end pad plus the ceil overhang), and ``scale``, kernel area / the node's divisor at each
+    output position (float64, the output's spatial shape)."""
+
+    begin: tuple[int, ...]
+    end: tuple[int, ...]
+    scale: np.ndarray
+
+
+def _pool_axis(size: int, k: int, s: int, before: int, after: int, ceil: bool, count_pad: bool) -> np.ndarray | None:
+    """kernel / divisor for each window along one axis, with ONNX Runtime's windows: under ceil_mode a last window
+    that would start in the end padding (or past it) is dropped, as PyTorch does; the divisor counts the window's
+    input elements, or with ``count_pad`` its elements inside the padded axis (not the ceil overhang past it).
+    None when the node is invalid there (a pad of the kernel or more, or a padded axis shorter than the kernel),
+    which ONNX Runtime refuses: left alone."""
+    span = size + before + after - k
+    if span < 0 or before >= k or after >= k:
+        return None
+    count = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (count - 1) * s >= size + before:
+        count -= 1
+    starts = np.arange(count) * s - before
+    ends = starts + k
+    # A window starts at or after -before and (dropped windows aside) before the end of the input.
+    high = np.minimum(ends, size + after if count_pad else size)
+    low = starts if count_pad else np.maximum(starts, 0)
+    return k / (high - low).astype(np.float64)
+
+
+def htp_averages_wrongly(
+    shape: tuple[int, ...], kernel: list[int], strides: list[int], pads: list[int], ceil: bool, count_pad: bool
+) -> bool:
+    """The AveragePool conditions HTP computes wrongly (qnnx-opcheck's ``averagepool_defects``, for a static shape,
+    no dilation and explicit pads): a ceil_mode window hanging over the end, count_include_pad with padding or at
+    rank 5, a pad of half the kernel or more. The two packages cannot import each other; integration-tests'
+    test_avgpool.py holds this to the checker (it refuses a pool exactly when the pass rewrites it)."""
+    spatial = len(kernel)
+    if count_pad and (any(pads) or spatial >= 3):
+        return True
+    for axis in range(spatial):
+        before, after = pads[axis], pads[axis + spatial]
+        if (before or after) and 2 * max(before, after) >= kernel[axis]:
+            return True
+        if ceil and (shape[axis + 2] + before + after - kernel[axis]) % strides[axis]:
+            return True
+    return False
+
+
+@register(order=85)
+class AvgPoolWholeWindows(QnnPass):
+    """Write an AveragePool that QNN HTP averages wrongly (a ceil_mode window hanging over the end, count_include_pad
+    with padding or at rank 5, a pad of half the kernel or more) as zeros joined on with ``Concat``, an AveragePool
+    whose windows are all whole (no pads, no ceil_mode, count_include_pad=0) and a ``Mul`` by kernel area / the
+    node's divisor.
+
+    The zeros are the node's pads and, at the end, the ceil overhang, so every output window lies inside the padded
+    tensor and the pool divides by the kernel area; the constant factor (``[1, 1, *output spatial shape]``, in the
+    input's dtype) turns that into the node's own divisor: the input elements in the window, or with
+    count_include_pad those inside the padded input. Under ceil_mode a window that would start in the end padding
+    is dropped, as ONNX Runtime and PyTorch do. Not a ``Pad``: ONNX Runtime's optimizer folds a zero Pad into the
+    pool as pads with count_include_pad=1, a defect again (wrong on HTP in 39 of 220 measured shapes, up to 1.7e5
+    of the scale). EfficientNet-style ``AvgPool2d(3, 2, padding=1, ceil_mode=True)`` then runs wholly on HTP
+    (1.0 of the scale off before, 6.2e-4 after). Exact on the CPU EP up to the factor's rounding (float32: 1.1e-7
+    of the scale measured; fp16: one rounding). Static shapes only; dilations and auto_pad are left as they are.
+    """
+
+    name = "avgpool_whole_windows"
+    defect = (
+        "QNN HTP averages wrongly over a ceil_mode window hanging over the end, with count_include_pad and padding "
+        "(or at rank 5), and with a pad of half the kernel or more (0.21-1.1 of the output's scale off, or a wrong "
+        "shape)"
+    )
+
+    def match(self, node: ir.Node) -> PoolWindows | None:
+        """How to write an AveragePool HTP gets wrong (static shapes, no dilation, explicit pads), or None."""
+        x = op_input(node, "AveragePool")
+        shape = static_shape(x)
+        kernel = list(node.attributes.get_ints("kernel_shape", ()))
+        spatial = len(kernel)
+        if x is None or shape is None or spatial == 0 or len(shape) != spatial + 2:
+            return None
+        if node.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+            return None
+        if any(d != 1 for d in node.attributes.get_ints("dilations", ())):
+            return None
+        strides = list(node.attributes.get_ints("strides", ()) or [1] * spatial)
+        pads = list(node.attributes.get_ints("pads", ()) or [0] * (2 * spatial))
+        ceil = bool(node.attributes.get_int("ceil_mode", 0))
+        count_pad = bool(node.attributes.get_int("count_include_pad", 0))
+        if len(strides) != spatial or len(pads) != 2 * spatial or min(strides) < 1 or min(pads) < 0:
+            return None
+        if not htp_averages_wrongly(shape, kernel, strides, pads, ceil, count_pad):
+            return None
+        axes = []
+        for a in range(spatial):
+            ratio = _pool_axis(shape[a + 2], kernel[a], strides[a], pads[a], pads[a + spatial], ceil, count_pad)
+            if ratio is None:
+                return None
+            axes.append(ratio)
+        out = tuple(len(r) for r in axes)
+        declared = static_shape(node.outputs[0])
+        if declared is not None and declared != shape[:2] + out:
+            return None  # a declared shape that is not ONNX Runtime's: leave the node to the checker
+        scale = functools.reduce(np.multiply.outer, axes)
+        # The last window ends where the padded axis ends (or before, when the stride skips elements at the end).
+        end = tuple(
+            max(pads[a + spatial], (out[a] - 1) * strides[a] + kernel[a] - shape[a + 2] - pads[a])
+            for a in range(spatial)
+        )
+        return PoolWindows(tuple(pads[:spatial]), end, scale)
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def whole(names: UniqueNames, node: ir.Node, plan: PoolWindows) -> tuple[list[ir.Node], ir.Value]:
+            x = cast(ir.Value, node.inputs[0])
+            shape = cast(tuple[int, ...], static_shape(x))
+            dtype = x.dtype
+            np_dtype = cast(ir.DataType, dtype).numpy()
+            nodes: list[ir.Node] = []
+            # Zeros joined on with Concat, axis by axis: ONNX Runtime's PadFusion would fold a Pad back into the
+            # pool as pads with count_include_pad=1 (a defect again), and HTP folds nothing into a Concat.
+            for axis, (before, after) in enumerate(zip(plan.begin, plan.end, strict=True), start=2):
+                if not before and not after:
+                    continue
+                head, tail = (
+                    add_initializer(
+                        graph,
+                        names("zeros"),
+                        np.zeros([size if d == axis else n for d, n in enumerate(shape)], np_dtype),
+                    )
+                    if size
+                    else None
+                    for size in (before, after)
+                )
+                inputs = [v for v in (head, x, tail) if v is not None]
+                shape = tuple(n + before + after if d == axis else n for d, n in enumerate(shape))
+                padded = new_value(names("padded"), dtype, shape)
+                nodes.append(ir.Node("", "Concat", inputs, attributes=[ir.AttrInt64("axis", axis)], outputs=[padded]))
+                x = padded
+            kernel = node.attributes.get_ints("kernel_shape", ())
+            strides = node.attributes.get_ints("strides", ()) or [1] * len(kernel)
+            pooled = new_value(names("pooled"), dtype, shape[:2] + plan.scale.shape)
+            attrs = [ir.AttrInt64s("kernel_shape", list(kernel)), ir.AttrInt64s("strides", list(strides))]
+            nodes.append(ir.Node("", "AveragePool", [x], attributes=attrs, outputs=[pooled]))
+            if np.all(plan.scale == 1.0):
+                return nodes, pooled
+            factor = add_initializer(graph, names("divisor"), plan.scale.astype(np_dtype)[None, None])
+            out = new_value(names("out"), dtype, shape[:2] + plan.scale.shape)
+            nodes.append(ir.Node("", "Mul", [pooled, factor], outputs=[out]))
+            return nodes, out
+
+        return self.replace_matched(graph, "qnnx_avgpool", whole)
 
 
 # ------------------------------------------------------------------- LogSoftmax over an axis of one element
