@@ -6,7 +6,10 @@ The verdicts here are what the live EP did in the probe; test_live_tables.py re-
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from opcheck_graphs import const, inp, model, node, unary
 from opcheck_graphs import const as const_init
@@ -494,6 +497,60 @@ def test_gather_elements_indices(const: bool, negative: bool, refused: bool) -> 
         inputs.append(inp("i", [2, 2], I64))
     m = model([node("GatherElements", ["x", "i"], ["y"], axis=1)], inputs, ["y"], inits)
     assert (_check(m).verdicts[0].status == "unsupported") is refused
+
+
+def _position_ids_gather(steps: list[str]) -> onnx.ModelProto:
+    """GatherElements of a [1, 8] buffer by indices computed from token ids as RoBERTa-style models count positions:
+    ``Cast(ids != pad)``, then ``steps`` (each an op applied to the running value), then ``+ pad``."""
+    nodes = [
+        node("Equal", ["ids", "pad"], ["is_pad"]),
+        node("Not", ["is_pad"], ["mask_b"]),
+        node("Cast", ["mask_b"], ["v0"], to=TensorProto.INT64),
+    ]
+    for k, op in enumerate(steps):
+        ins = {
+            "CumSum": [f"v{k}", "axis"],
+            "Mul": [f"v{k}", "v0"],
+            "Sub": [f"v{k}", "one"],
+            "Neg": [f"v{k}"],
+            "Where": ["mask_b", f"v{k}", "one"],
+        }[op]
+        nodes.append(node(op, ins, [f"v{k + 1}"], name=f"step{k}"))
+    nodes += [
+        node("Add", [f"v{len(steps)}", "pad"], ["pos"]),
+        node("GatherElements", ["buf", "pos"], ["y"], axis=1),
+    ]
+    inits = [
+        const_init("pad", np.array(1, np.int64), np.int64),
+        const_init("one", np.array(1, np.int64), np.int64),
+        const_init("axis", np.array(1, np.int64), np.int64),
+    ]
+    return model(nodes, [inp("ids", [1, 8], I64), inp("buf", [1, 16])], ["y"], inits)
+
+
+@pytest.mark.parametrize(
+    ("steps", "refused"),
+    [
+        (["CumSum", "Mul"], False),  # RoBERTa / XLM-R: (cumsum(mask) * mask) + pad
+        (["CumSum", "Where"], False),
+        (["CumSum", "Sub"], True),
+        (["Neg"], True),
+    ],
+)
+def test_gather_elements_by_position_ids_counted_from_a_mask(steps: list[str], refused: bool) -> None:
+    """Indices computed from a comparison (0/1), a running sum and products of values >= 0 cannot be negative, so
+    GatherElements by them is vouched for (RoBERTa's token type ids gathered by position ids); a Sub or Neg on the
+    way may make them negative: refused."""
+    verdicts = _by_name(_check(_position_ids_gather(steps)))
+    assert (verdicts["gatherelements"].status == "unsupported") is refused, verdicts["gatherelements"].reason
+
+
+@given(steps=st.lists(st.sampled_from(["CumSum", "Mul", "Where", "Sub", "Neg"]), max_size=5))
+def test_position_ids_are_vouched_for_exactly_when_no_step_can_go_negative(steps: list[str]) -> None:
+    """Over random chains of steps from a mask to GatherElements' indices: vouched for exactly when no step can
+    make a value negative (Sub, Neg), whatever the order."""
+    verdicts = _by_name(_check(_position_ids_gather(steps)))
+    assert (verdicts["gatherelements"].status == "unsupported") is any(s in ("Sub", "Neg") for s in steps)
 
 
 @pytest.mark.parametrize("runtime", [False, True])

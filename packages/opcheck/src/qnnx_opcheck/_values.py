@@ -52,6 +52,18 @@ _NON_NEGATIVE_OPS = frozenset(
         "HardSigmoid",
         "Shape",
         "Size",
+        # bool outputs (0 or 1 once cast): an attention mask's ``ids != pad``
+        "Equal",
+        "Greater",
+        "GreaterOrEqual",
+        "Less",
+        "LessOrEqual",
+        "Not",
+        "And",
+        "Or",
+        "Xor",
+        "IsNaN",
+        "IsInf",
     }
 )
 _KEEPS_NON_NEGATIVE = {
@@ -78,6 +90,7 @@ _KEEPS_NON_NEGATIVE = {
     "MaxPool": 1,
     "Tile": 1,
     "Flatten": 1,
+    "CumSum": 1,  # a running sum of values >= 0: position ids counted from a mask
 }
 
 
@@ -123,6 +136,8 @@ class ValueAnalysis:
             return self.non_negative(node.input[1], depth + 1)  # a lower bound >= 0
         if op == "Max":
             return any(self.non_negative(i, depth + 1) for i in node.input if i)
+        if op == "Where" and len(node.input) == 3:
+            return all(self.non_negative(i, depth + 1) for i in node.input[1:])  # either branch is >= 0
         return False
 
     def computed_on_qnn(self, name: str) -> bool:
