@@ -27,22 +27,33 @@ def _roberta() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.RobertaModel(cfg), ids
 
 
-FAMILIES = {"roberta": _roberta}
+def _siglip_vision() -> tuple[torch.nn.Module, torch.Tensor]:
+    """SigLIP's vision tower (PaliGemma's, SmolVLM's) embeds patches with ``Conv2d(padding="valid")``, which ATen
+    receives as one padding value for both spatial dims."""
+    import transformers
+
+    cfg = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
+    return transformers.SiglipVisionModel(cfg), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+FAMILIES = {"roberta": _roberta, "siglip_vision": _siglip_vision}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_runs_wholly_on_qnn_with_eagers_outputs(family: str) -> None:
     """The family's forward is one graph on the NPU with no node on the CPU EP and eager's last hidden state."""
     torch.manual_seed(0)
-    model, ids = FAMILIES[family]()
+    model, x = FAMILIES[family]()
     model.eval()
     with torch.no_grad():
-        ref = model(ids).last_hidden_state
+        ref = model(x).last_hidden_state
     torch._dynamo.reset()
     qnnx_backend.clear_compile_reports()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = torch.compile(lambda t: model(t).last_hidden_state, backend="qnn", options=NPU_RAW)(ids)
+        out = torch.compile(lambda t: model(t).last_hidden_state, backend="qnn", options=NPU_RAW)(x)
     reports = list(qnnx_backend.compile_reports())
     assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
     assert_close_fp16(out, ref, rel=2e-2, cos=0.999)

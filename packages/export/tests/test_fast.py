@@ -163,6 +163,9 @@ EXAMPLES: dict[str, Example] = {
         _M(lambda: nn.Conv2d(4, 8, 3, padding=2, dilation=2, groups=2, bias=False)), (1, 4, 8, 8)
     ),
     "conv2d_depthwise": _case(_M(lambda: nn.Conv2d(6, 6, 3, padding=1, groups=6)), (1, 6, 7, 7)),
+    # ATen gets padding=[0] for every spatial dim: SigLIP's patch embedding.
+    "conv2d_padding_valid": _case(_M(lambda: nn.Conv2d(3, 8, 4, stride=4, padding="valid")), (1, 3, 16, 16)),
+    "conv1d_padding_same": _case(_M(lambda: nn.Conv1d(3, 4, 4, padding="same")), (2, 3, 9)),
     "conv_transpose2d": _case(
         _M(lambda: nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)), (1, 4, 5, 5)
     ),
@@ -726,7 +729,9 @@ def _conv_bn(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     groups = draw(st.sampled_from([1, 1, 2, 3]))
     cin, cout = groups * draw(st.integers(1, 3)), groups * draw(st.integers(1, 3))
     k = draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
-    stride, padding, dilation = draw(st.integers(1, 2)), draw(st.integers(0, 2)), draw(st.integers(1, 2))
+    stride, dilation = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    # A string padding reaches ATen as one value for every spatial dim ("valid": [0]); "same" needs stride 1.
+    padding: int | str = draw(st.sampled_from([0, 1, 2, "valid"] + (["same"] if stride == 1 else [])))
     conv = nn.Conv2d(cin, cout, k, stride, padding, dilation, groups, bias=draw(st.booleans()))
     bn = nn.BatchNorm2d(cout, eps=draw(st.sampled_from([1e-5, 1e-3])), affine=draw(st.booleans()))
     gen = torch.Generator().manual_seed(draw(seeds()))
@@ -735,7 +740,8 @@ def _conv_bn(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor]:
     bn.running_mean.copy_(torch.randn(cout, generator=gen))
     bn.running_var.copy_(torch.rand(cout, generator=gen) * 2 + 0.05)
     layers = [conv, bn] + ([nn.ReLU()] if draw(st.booleans()) else [])
-    reach = [dilation * (kk - 1) + 1 - 2 * padding for kk in k]  # smallest input giving one output
+    pad = 0 if padding == "valid" else (dilation * (max(k) - 1) if padding == "same" else int(padding))
+    reach = [dilation * (kk - 1) + 1 - 2 * pad for kk in k]  # smallest input giving one output
     size = [draw(st.integers(max(1, r), max(1, r) + 6)) for r in reach]
     x = torch.randn(draw(st.integers(1, 2)), cin, *size, generator=gen)
     return nn.Sequential(*layers).eval(), x

@@ -39,10 +39,15 @@ def _convolution(
         raise Declined(f"convolution over {rank} spatial dims")
     if isinstance(padding, str):
         raise Declined("convolution with string padding")
+
+    def per_dim(values: Sequence[int]) -> list[int]:
+        # ATen takes one value for every spatial dim: Conv2d(padding="valid") arrives as padding=[0].
+        return list(values) * rank if len(values) == 1 else list(values)
+
     attrs: dict[str, int | list[int]] = {
-        "strides": list(stride),
-        "pads": list(padding) * 2,
-        "dilations": list(dilation),
+        "strides": per_dim(stride),
+        "pads": per_dim(padding) * 2,
+        "dilations": per_dim(dilation),
         "group": int(groups),
         "kernel_shape": list(fake(w).shape[2:]),
     }
@@ -64,7 +69,7 @@ def _convolution(
         return out
     inputs = [t.value(x), t.value(w)] + ([t.value(b)] if b is not None else [])
     if transposed:
-        attrs["output_padding"] = list(output_padding)
+        attrs["output_padding"] = per_dim(output_padding)
         return t.out("ConvTranspose", inputs, attrs)
     return t.out("Conv", inputs, attrs)
 
