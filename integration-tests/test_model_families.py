@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from integration_helpers import assert_close_fp16
+from integration_models import randomize_batchnorm
 
 import qnnx_backend
 
@@ -38,7 +39,26 @@ def _siglip_vision() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.SiglipVisionModel(cfg), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
-FAMILIES = {"roberta": _roberta, "siglip_vision": _siglip_vision}
+def _mobilevit_v2() -> tuple[torch.nn.Module, torch.Tensor]:
+    """MobileViT-v2 cuts feature maps into patches with ``F.unfold`` and puts them back with ``F.fold`` (kernel =
+    stride), between GroupNorm-ed linear attention blocks; He init and non-trivial BatchNorm statistics keep the
+    random activations at unit scale."""
+    import transformers
+
+    cfg = transformers.MobileViTV2Config(image_size=64, width_multiplier=0.25, patch_size=2)
+    model = transformers.MobileViTV2Model(cfg)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(module.weight)
+    return randomize_batchnorm(model), torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+
+
+FAMILIES = {"mobilevit_v2": _mobilevit_v2, "roberta": _roberta, "siglip_vision": _siglip_vision}
+# max |qnn - eager| / max |eager| allowed per family: fp16 error grows through depth, and MobileViT-v2's 30 convs
+# with random BatchNorm statistics reach 3.1e-2 (cosine 0.99936) on QNN with either exporter (eager PyTorch in
+# float16: 8.9e-3); the first-call check's default limit is 5e-2.
+REL = {"mobilevit_v2": 5e-2}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -56,4 +76,4 @@ def test_family_runs_wholly_on_qnn_with_eagers_outputs(family: str) -> None:
         out = torch.compile(lambda t: model(t).last_hidden_state, backend="qnn", options=NPU_RAW)(x)
     reports = list(qnnx_backend.compile_reports())
     assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
-    assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
+    assert_close_fp16(out, ref, rel=REL.get(family, 2e-2), cos=0.999)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from integration_helpers import assert_close_fp16
 
@@ -181,6 +181,33 @@ def test_rank_sweep_axis_patterns(shape: tuple[int, ...], name: str, data: st.Da
         warnings.simplefilter("ignore")  # var/std over one element warn in eager
         ref = call(x)
     _assert_as_eager(_compile_run(call, x, verify=False), ref)
+
+
+@_sweep_settings
+@given(
+    batch=_dims,
+    groups=st.sampled_from([1, 2, 4]),
+    per_group=st.sampled_from([1, 2, 3, 8]),
+    spatial=st.lists(_dims, max_size=3),
+    affine=st.booleans(),
+)
+def test_rank_sweep_group_norm(batch: int, groups: int, per_group: int, spatial: list[int], affine: bool) -> None:
+    """GroupNorm (and instance norm: one channel per group) over ``[N, C, *]`` of rank 2-5, unit dims included,
+    with and without its affine weight and bias, on the translator's InstanceNormalization form: eager's answer with
+    the first-call guard off."""
+    # A group of one element normalizes to its bias (eager refuses it at batch 1): 1/sqrt(eps) amplifies fp16
+    # rounding there to about 4e-4 absolute, a degenerate case left out.
+    assume(per_group * math.prod(spatial) > 1)
+    c = groups * per_group
+    x = 3.0 * torch.randn(batch, c, *spatial, generator=torch.Generator().manual_seed(c + len(spatial)))
+    w, b = (torch.linspace(0.5, 1.5, c), torch.linspace(-1, 1, c)) if affine else (None, None)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return F.group_norm(t, groups, w, b, 1e-5)
+
+    with torch.no_grad():
+        ref = fn(x)
+    _assert_as_eager(_compile_run(fn, x, verify=False), ref)
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,10 @@ EXAMPLES: dict[str, Example] = {
         _M(lambda: nn.Conv2d(4, 8, 3, padding=2, dilation=2, groups=2, bias=False)), (1, 4, 8, 8)
     ),
     "conv2d_depthwise": _case(_M(lambda: nn.Conv2d(6, 6, 3, padding=1, groups=6)), (1, 6, 7, 7)),
+    "group_norm": _case(_M(lambda: nn.GroupNorm(2, 6)), (2, 6, 3, 5)),
+    "group_norm_no_affine_rank3": _case(_M(lambda: nn.GroupNorm(3, 6, affine=False)), (2, 6, 7)),
+    "group_norm_one_group_rank5": _case(_M(lambda: nn.GroupNorm(1, 4)), (1, 4, 2, 3, 2)),
+    "instance_norm_as_groups": _case(_M(lambda: nn.GroupNorm(4, 4)), (2, 4, 5, 5)),
     # ATen gets padding=[0] for every spatial dim: SigLIP's patch embedding.
     "conv2d_padding_valid": _case(_M(lambda: nn.Conv2d(3, 8, 4, stride=4, padding="valid")), (1, 3, 16, 16)),
     "conv1d_padding_same": _case(_M(lambda: nn.Conv1d(3, 4, 4, padding="same")), (2, 3, 9)),
@@ -206,6 +210,10 @@ EXAMPLES: dict[str, Example] = {
     "gather": _case(lambda x, i: torch.gather(x, 1, i), (3, 6), _ints(3, 4, high=6)),
     "index_select": _case(lambda x, i: x.index_select(1, i), (3, 6), _ints(4, high=6)),
     "cat": _case(lambda x, y: torch.cat([x, y, x], dim=1), (2, 3), (2, 4)),
+    # MobileViT-v2's patches: unfold and fold with the kernel as the stride are layout changes of rank <= 5.
+    "unfold_fold_patches": _case(
+        lambda x: F.fold(F.unfold(x, (2, 3), stride=(2, 3)) * 2, (4, 9), (2, 3), stride=(2, 3)), (2, 3, 4, 9)
+    ),
     "split": _case(lambda x: [a * (i + 1) for i, a in enumerate(x.split(2, dim=1))], (2, 7)),
     "unbind": _case(lambda x: [a * (i + 1) for i, a in enumerate(x.unbind(1))], (2, 3, 4)),
     "unsafe_split": _case(lambda x: [a.relu() + i for i, a in enumerate(x.unsafe_split(2, dim=-1))], (2, 5)),
@@ -368,6 +376,8 @@ _INDEX_DECLINES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], str]] = {
         "non-adjacent",
     ),
     "int_bitwise_and": (lambda i, j: i & j, (torch.tensor([6, 3]), torch.tensor([3, 5])), "non-bool"),
+    "unfold_overlapping": (lambda x: F.unfold(x, 3, padding=1), (torch.randn(1, 2, 5, 5),), "non-overlapping"),
+    "fold_remainder": (lambda x: F.fold(x, (5, 4), 2, stride=2), (torch.randn(1, 8, 4),), "does not divide"),
 }
 
 
@@ -780,3 +790,28 @@ def test_constant_gather_indices_are_made_non_negative() -> None:
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     (gather,) = [n for n in model.graph.node if n.op_type == "Gather"]
     assert consts[gather.input[1]].tolist() == [5, 0, 3]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(1, 4),
+    kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    grid=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+)
+def test_unfold_and_fold_of_whole_patches_match_eager(
+    n: int, c: int, kernel: tuple[int, int], grid: tuple[int, int]
+) -> None:
+    """F.unfold and F.fold with the kernel as the stride, over random batch, channels, kernels and patch grids, are
+    translated (no torch.onnx fallback) and equal eager exactly: a layout change, no arithmetic."""
+    size = (grid[0] * kernel[0], grid[1] * kernel[1])
+    x = torch.randn(n, c, *size, generator=torch.Generator().manual_seed(n * 100 + c))
+
+    def fn(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cols = F.unfold(t, kernel, stride=kernel)
+        return cols, F.fold(cols * 2 - 1, size, kernel, stride=kernel)
+
+    backend = Capture(cpu_session, FAST)
+    out = compile_and_run(fn, (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    _assert_matches(out, fn(x), 0.0)

@@ -232,6 +232,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.native_layer_norm.default": _ex(
         lambda x, w, b: aten.native_layer_norm.default(x, [4], w, b, 1e-5)[0], (2, 3, 4), params=[(4,), (4,)]
     ),
+    "aten.native_group_norm.default": _ex(
+        lambda x, w, b: aten.native_group_norm.default(x, w, b, 2, 6, 15, 3, 1e-5)[0], (2, 6, 3, 5), params=[(6,), (6,)]
+    ),
+    "aten.im2col.default": _ex(lambda x: aten.im2col.default(x, [2, 3], [1, 1], [0, 0], [2, 3]), (2, 3, 4, 9)),
+    "aten.col2im.default": _ex(lambda x: aten.col2im.default(x, [4, 9], [2, 3], [1, 1], [0, 0], [2, 3]), (2, 18, 6)),
     "aten.max_pool2d_with_indices.default": _ex(
         lambda x: aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[0], _NCHW
     ),

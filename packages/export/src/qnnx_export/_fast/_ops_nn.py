@@ -39,15 +39,11 @@ def _convolution(
         raise Declined(f"convolution over {rank} spatial dims")
     if isinstance(padding, str):
         raise Declined("convolution with string padding")
-
-    def per_dim(values: Sequence[int]) -> list[int]:
-        # ATen takes one value for every spatial dim: Conv2d(padding="valid") arrives as padding=[0].
-        return list(values) * rank if len(values) == 1 else list(values)
-
+    # One value stands for every spatial dim: Conv2d(padding="valid") reaches ATen as padding=[0].
     attrs: dict[str, int | list[int]] = {
-        "strides": per_dim(stride),
-        "pads": per_dim(padding) * 2,
-        "dilations": per_dim(dilation),
+        "strides": _ntuple(stride, rank),
+        "pads": _ntuple(padding, rank) * 2,
+        "dilations": _ntuple(dilation, rank),
         "group": int(groups),
         "kernel_shape": list(fake(w).shape[2:]),
     }
@@ -69,7 +65,7 @@ def _convolution(
         return out
     inputs = [t.value(x), t.value(w)] + ([t.value(b)] if b is not None else [])
     if transposed:
-        attrs["output_padding"] = per_dim(output_padding)
+        attrs["output_padding"] = _ntuple(output_padding, rank)
         return t.out("ConvTranspose", inputs, attrs)
     return t.out("Conv", inputs, attrs)
 
@@ -149,6 +145,40 @@ def _layer_norm(
     out = t.emit1(
         "LayerNormalization", inputs, {"axis": -n, "epsilon": float(eps)}, dtype=val.dtype, shape=tuple(val.shape)
     )
+    return (out, None, None)
+
+
+@handles(aten.native_group_norm.default)
+def _group_norm(
+    t: Translator,
+    node: Node,
+    x: Node,
+    w: Node | None,
+    b: Node | None,
+    n: int,
+    c: int,
+    hw: int,
+    groups: int,
+    eps: float,
+) -> tuple[ir.Value, None, None]:
+    """GroupNorm as torch.onnx writes it: ``[N, C, *]`` viewed as ``[N, groups, C/groups * prod(*)]``, an
+    InstanceNormalization (unit scale, zero bias) over its last axis, viewed back, then the per-channel weight and
+    bias broadcast over the spatial dims."""
+    if not only_first_output_used(node):
+        raise Declined("group norm with its mean/rstd used")
+    val = node.meta["val"][0]
+    shape, dtype = tuple(val.shape), val.dtype
+    grouped = (n, groups, (c // groups) * hw)
+    view = t.emit1("Reshape", [t.value(x), t.ints(grouped)], dtype=dtype, shape=grouped)
+    unit = t.initializer(torch.ones(groups, dtype=dtype), "gn_unit_scale")
+    zero = t.initializer(torch.zeros(groups, dtype=dtype), "gn_zero_bias")
+    normed = t.emit1("InstanceNormalization", [view, unit, zero], {"epsilon": float(eps)}, dtype=dtype, shape=grouped)
+    out = t.emit1("Reshape", [normed, t.ints(shape)], dtype=dtype, shape=shape)
+    per_channel = (c,) + (1,) * (len(shape) - 2)
+    for arg, op in ((w, "Mul"), (b, "Add")):
+        if arg is not None:
+            factor = t.emit1("Reshape", [t.value(arg), t.ints(per_channel)], dtype=dtype, shape=per_channel)
+            out = t.emit1(op, [out, factor], dtype=dtype, shape=shape)
     return (out, None, None)
 
 

@@ -158,3 +158,68 @@ def _constant_pad(t: Translator, node: Node, x: Node, pad: Sequence[int], value:
         begins[d], ends[d] = pad[2 * i], pad[2 * i + 1]
     dtype = node.meta["val"].dtype
     return t.out("Pad", [t.value(x), t.ints(begins + ends, "pads"), t.scalar(value, dtype)], {"mode": "constant"})
+
+
+def _patch_grid(
+    shape: tuple[int, ...],
+    kernel: Sequence[int],
+    dilation: Sequence[int],
+    padding: Sequence[int],
+    stride: Sequence[int],
+) -> tuple[int, int, int, int, int, int]:
+    """``(N, C, rows, kh, cols, kw)`` of an ``[N, C, H, W]`` image cut into whole, non-overlapping patches: what
+    ``F.unfold``/``F.fold`` do when the kernel equals the stride (MobileViT's patches), a pure layout change.
+
+    Raises:
+        Declined: overlapping or dilated windows, padding, or a size the kernel does not divide.
+    """
+    kh, kw = kernel
+    if list(stride) != [kh, kw] or list(dilation) != [1, 1] or any(padding) or len(shape) != 4:
+        raise Declined("unfold/fold other than whole non-overlapping patches of a batched image")
+    n, c, h, w = shape
+    if h % kh or w % kw:
+        raise Declined(f"unfold/fold of {h}x{w} by a {kh}x{kw} kernel that does not divide it")
+    return n, c, h // kh, kh, w // kw, kw
+
+
+@handles(aten.im2col.default)
+def _im2col(
+    t: Translator,
+    node: Node,
+    x: Node,
+    kernel_size: Sequence[int],
+    dilation: Sequence[int],
+    padding: Sequence[int],
+    stride: Sequence[int],
+) -> ir.Value:
+    """``F.unfold`` into whole patches: ``[N, C, H, W]`` -> ``[N*C, rows, kh, cols, kw]`` -> patch-major
+    ``[N*C, kh, kw, rows, cols]`` -> ``[N, C*kh*kw, rows*cols]``, every tensor of rank <= 5 (HTP's limit)."""
+    n, c, rows, kh, cols, kw = _patch_grid(tuple(fake(x).shape), kernel_size, dilation, padding, stride)
+    dtype = fake(x).dtype
+    grid = (n * c, rows, kh, cols, kw)
+    cut = t.emit1("Reshape", [t.value(x), t.ints(grid)], dtype=dtype, shape=grid)
+    moved = (n * c, kh, kw, rows, cols)
+    patches = t.emit1("Transpose", [cut], {"perm": [0, 2, 4, 1, 3]}, dtype=dtype, shape=moved)
+    return t.out("Reshape", [patches, t.ints(out_shape(node))])
+
+
+@handles(aten.col2im.default)
+def _col2im(
+    t: Translator,
+    node: Node,
+    x: Node,
+    output_size: Sequence[int],
+    kernel_size: Sequence[int],
+    dilation: Sequence[int],
+    padding: Sequence[int],
+    stride: Sequence[int],
+) -> ir.Value:
+    """``F.fold`` of whole patches (no window overlaps another, so nothing is summed): the inverse of
+    :func:`_im2col`'s layout change."""
+    n, c, rows, kh, cols, kw = _patch_grid(out_shape(node), kernel_size, dilation, padding, stride)
+    dtype = fake(x).dtype
+    moved = (n * c, kh, kw, rows, cols)
+    patches = t.emit1("Reshape", [t.value(x), t.ints(moved)], dtype=dtype, shape=moved)
+    grid = (n * c, rows, kh, cols, kw)
+    image = t.emit1("Transpose", [patches], {"perm": [0, 3, 1, 4, 2]}, dtype=dtype, shape=grid)
+    return t.out("Reshape", [image, t.ints(out_shape(node))])
