@@ -417,6 +417,27 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "creation (the node was claimed by the QNN EP and not selected); test_maxpool_2d_ceil (its last window "
         "starts inside the input) is right",
     }
+    p["einsum_equation"] = {
+        "status": "unsupported",
+        "kind": "rejected",
+        "ops": ["Einsum"],
+        "reason": "the QNN EP translates an Einsum only when its equation is already a MatMul (plain, with the "
+        "right operand transposed, or two 4-D forms); it declines any other equation when the session is built.",
+        "fix": "write the contraction as Transpose + Reshape + MatMul (qnnx-export's einsum_as_matmul pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-03: ij,jk->ik, bij,bjk->bik, bhqd,bhkd->bhqk, id,jd->ij, "
+        "bij,bkj->bik, bchq,bkhc->bkhq and bhwc,hkc->bhwk ran within 4.7e-4 of the CPU EP; bind,bjnd->bnij (XLNet, "
+        "Funnel), ij,jk->k and i,j->ij were declined at session creation",
+    }
+    p["einsum_diagonal"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Einsum"],
+        "reason": "an Einsum with a letter repeated within one term (a diagonal, ii,ij->ij) is taken by the QNN EP "
+        "as a MatMul and computed as one: silently wrong.",
+        "fix": "take the diagonal first (torch.diagonal) and write the product without repeated letters",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-03: ii,ij->ij off by 4.8, ij,jj->ij by 1.0 and bii,bij->bij by "
+        "2.5 of the output's max, each built and run without an error; ik,kj->ij right (5.1e-4)",
+    }
     p["nonfinite_constant"] = {
         "status": "unsupported",
         "kind": "wrong_result",

@@ -183,3 +183,15 @@ def avgpool(
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], ir_version=10)
     x = np.random.default_rng(seed).standard_normal(tuple(shape))
     return model, {"x": x.astype(onnx.helper.tensor_dtype_to_np_dtype(dtype))}
+
+
+def einsum(
+    equation: str, shapes: Sequence[Sequence[int]], seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """One Einsum of two float graph inputs ``a`` and ``b``, and feeds for them."""
+    rng = np.random.default_rng(seed)
+    inputs = [(name, TensorProto.FLOAT, shape) for name, shape in zip("ab", shapes, strict=True)]
+    node = h.make_node("Einsum", ["a", "b"], ["y"], equation=equation)
+    model = make_model([node], inputs, [("y", TensorProto.FLOAT, None)], {})
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in zip("ab", shapes, strict=True)}
+    return model, feeds

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import pytest
-from export_onnx_builders import avgpool, make_model, to_bytes, to_ir
+from export_onnx_builders import avgpool, einsum, make_model, to_bytes, to_ir
 from export_qnn_helpers import cpu_session, qnn_session
 from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
@@ -324,6 +324,41 @@ def test_avgpool_whole_windows_shape_classes(
     _check(model, feeds, ("avgpool_whole_windows",), _cpu_reference)
 
 
+# ------------------------------------------------------------------------------------------------------ Einsum
+
+
+@st.composite
+def _einsum_equations(draw: st.DrawFn) -> tuple[str, list[tuple[int, ...]]]:
+    """Two-operand equations over operands of rank 1-4: batch, free, contracted and summed-alone letters, any
+    output order."""
+    letters = "".join(draw(st.permutations("bhijkn")))
+    sizes = {c: draw(st.one_of(st.just(1), st.integers(2, 9))) for c in letters}
+    a = draw(st.lists(st.sampled_from(letters), min_size=1, max_size=4, unique=True))
+    b = draw(st.lists(st.sampled_from(letters), min_size=1, max_size=4, unique=True))
+    present = sorted(set(a) | set(b))
+    out = draw(st.permutations(present))[: draw(st.integers(1, min(4, len(present))))]
+    return f"{''.join(a)},{''.join(b)}->{''.join(out)}", [tuple(sizes[c] for c in a), tuple(sizes[c] for c in b)]
+
+
+@_examples
+@given(case=_einsum_equations(), seed=st.integers(0, 99))
+def test_einsum_as_matmul_shape_classes(case: tuple[str, list[tuple[int, ...]]], seed: int) -> None:
+    """Any two-operand Einsum, rewritten as ReduceSum, Transpose, Reshape and one MatMul at rank 3, runs on QNN
+    within fp16 tolerance of the Einsum (XLNet's ``bind,bjnd->bnij`` among them)."""
+    equation, shapes = case
+    model, feeds = einsum(equation, shapes, seed)
+    _check(model, feeds, ("einsum_as_matmul",))
+
+
+@pytest.mark.parametrize("equation", ["bind,bjnd->bnij", "binh,tnh->bnit", "bnij,bjnd->bind", "bind,snd->bnis"])
+def test_einsum_as_matmul_relative_attention(equation: str) -> None:
+    """XLNet's and Funnel's relative-attention equations (the QNN EP declines them as Einsum) run on QNN."""
+    sizes = {"b": 2, "i": 8, "j": 8, "n": 4, "d": 16, "h": 16, "t": 16, "s": 2}
+    terms = equation.split("->")[0].split(",")
+    model, feeds = einsum(equation, [tuple(sizes[c] for c in t) for t in terms])
+    _check(model, feeds, ("einsum_as_matmul",))
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -333,6 +368,7 @@ COVERED_HERE = frozenset(
         "fold_gather_scale",
         "gather_runtime_indices_as_rows",
         "avgpool_whole_windows",
+        "einsum_as_matmul",
         *_ELEMENTWISE,
     }
 )

@@ -12,6 +12,7 @@ import pytest
 from export_onnx_builders import (
     add_layernorm,
     avgpool,
+    einsum,
     erf_gelu,
     gathernd,
     gathernd_runtime,
@@ -272,6 +273,48 @@ def test_int64_inputs_to_int32() -> None:
     np.testing.assert_array_equal(before[0], now[0])
     np.testing.assert_array_equal(before[1], now[1])
     assert now[1].dtype == np.int64
+
+
+@given(steps=st.lists(st.sampled_from(["Transpose", "Reshape", "Unsqueeze", "Slice", "Add"]), max_size=4))
+def test_int64_indices_reach_gather_as_int32_through_layout_ops(steps: list[str]) -> None:
+    """Token ids that reach a Gather's indices through ops that only move elements (XLNet transposes its ids) are
+    int32 all the way, no Cast; any arithmetic on the way keeps one Cast back to int64; the gathered values are the
+    same either way."""
+    from export_onnx_builders import make_model
+    from onnx import helper as h
+
+    nodes, shape, name = [], [2, 3], "ids"
+    inits: dict[str, np.ndarray] = {"table": np.arange(20, dtype=np.float32).reshape(10, 2)}
+    for k, op in enumerate(steps):
+        out = f"v{k}"
+        if op == "Transpose":
+            nodes.append(h.make_node("Transpose", [name], [out], perm=list(reversed(range(len(shape))))))
+            shape = list(reversed(shape))
+        elif op == "Reshape":
+            inits[f"s{k}"] = np.array([-1], np.int64)
+            nodes.append(h.make_node("Reshape", [name, f"s{k}"], [out]))
+            shape = [int(np.prod(shape))]
+        elif op == "Unsqueeze":
+            inits[f"a{k}"] = np.array([0], np.int64)
+            nodes.append(h.make_node("Unsqueeze", [name, f"a{k}"], [out]))
+            shape = [1, *shape]
+        elif op == "Slice":
+            inits[f"b{k}"], inits[f"e{k}"], inits[f"x{k}"] = (np.array([v], np.int64) for v in (0, 2, -1))
+            nodes.append(h.make_node("Slice", [name, f"b{k}", f"e{k}", f"x{k}"], [out]))
+            shape = [*shape[:-1], min(shape[-1], 2)]
+        else:
+            inits[f"one{k}"] = np.array(1, np.int64)
+            nodes.append(h.make_node("Add", [name, f"one{k}"], [out]))
+        name = out
+    nodes.append(h.make_node("Gather", ["table", name], ["emb"], axis=0))
+    model = make_model(nodes, [("ids", TensorProto.INT64, [2, 3])], [("emb", TensorProto.FLOAT, None)], inits)
+    after, changed, _ = _apply(model, "int64_to_int32")
+    assert changed
+    assert _ops(after).count("Cast") == (1 if "Add" in steps else 0)
+    ids = np.array([[5, 0, 2], [1, 3, 4]], np.int64)
+    before = _run(model.SerializeToString(), {"ids": ids})
+    now = _run(after, {"ids": ids.astype(np.int32)})
+    np.testing.assert_array_equal(before[0], now[0])
 
 
 def test_default_pipeline_is_noop_on_clean_graph() -> None:
@@ -721,3 +764,60 @@ def test_avgpool_whole_windows_property(
     if changed:
         _assert_whole_windows(after)
     _assert_pool_equal(model.SerializeToString(), after, feeds)
+
+
+# XLNet's and Funnel's relative attention, a plain batched matmul, a transposed one, a contraction over two letters,
+# a letter summed in one operand only, an outer product.
+_EINSUMS = {
+    "bind,bjnd->bnij": [(2, 5, 3, 4), (2, 6, 3, 4)],
+    "binh,tnh->bnit": [(2, 5, 3, 4), (7, 3, 4)],
+    "bnij,bjnd->bind": [(2, 3, 5, 6), (2, 6, 3, 4)],
+    "bij,bjk->bik": [(3, 4, 5), (3, 5, 2)],
+    "bhqd,bhkd->bhqk": [(1, 2, 4, 8), (1, 2, 6, 8)],
+    "abcd,cdf->abf": [(2, 3, 4, 5), (4, 5, 6)],
+    "ij,jk->k": [(3, 4), (4, 5)],
+    "i,j->ij": [(3,), (4,)],
+}
+
+
+@pytest.mark.parametrize("equation", sorted(_EINSUMS))
+def test_einsum_as_matmul_keeps_results(equation: str) -> None:
+    """Each equation becomes MatMul, Transpose, Reshape (and ReduceSum) with the Einsum's results on the CPU EP."""
+    model, feeds = einsum(equation, _EINSUMS[equation])
+    after, changed, _ = _apply(model, "einsum_as_matmul")
+    assert changed and "Einsum" not in _ops(after) and "MatMul" in _ops(after)
+    _assert_same(model.SerializeToString(), after, feeds, exact=False)
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [("ii,ij->j", [(3, 3), (3, 4)]), ("...ij,jk->...ik", [(2, 3, 4), (4, 5)]), ("ij,jk", [(3, 4), (4, 5)])],
+)
+def test_einsum_as_matmul_leaves_what_it_does_not_take(equation: str, shapes: list[tuple[int, ...]]) -> None:
+    """A diagonal, an ellipsis and an implicit output are left to the Einsum node."""
+    model, _ = einsum(equation, shapes)
+    _, changed, _ = _apply(model, "einsum_as_matmul")
+    assert not changed
+
+
+@st.composite
+def _einsum_cases(draw: st.DrawFn) -> tuple[str, list[tuple[int, ...]]]:
+    letters = draw(st.permutations("abcdefg"))[: draw(st.integers(2, 7))]
+    sizes = {c: draw(st.integers(1, 4)) for c in letters}
+    a = draw(st.lists(st.sampled_from(letters), min_size=1, max_size=4, unique=True))
+    b = draw(st.lists(st.sampled_from(letters), min_size=1, max_size=4, unique=True))
+    present = sorted(set(a) | set(b))
+    out = draw(st.permutations(present))[: draw(st.integers(0, len(present)))]
+    equation = f"{''.join(a)},{''.join(b)}->{''.join(out)}"
+    return equation, [tuple(sizes[c] for c in a), tuple(sizes[c] for c in b)]
+
+
+@given(case=_einsum_cases(), seed=seeds(999))
+def test_einsum_as_matmul_property(case: tuple[str, list[tuple[int, ...]]], seed: int) -> None:
+    """Any two-operand equation over random letters (batch, free, contracted, summed-alone; any output order, a
+    scalar output too) is rewritten without an Einsum and computes the Einsum's values on the CPU EP."""
+    equation, shapes = case
+    model, feeds = einsum(equation, shapes, seed)
+    after, changed, _ = _apply(model, "einsum_as_matmul")
+    assert changed and "Einsum" not in _ops(after)
+    _assert_same(model.SerializeToString(), after, feeds, exact=False)

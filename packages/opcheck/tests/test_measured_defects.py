@@ -251,3 +251,72 @@ def test_the_live_simulator_agrees_on_gathernd(data_shape: tuple[int, ...], inde
     feeds = {"ids": rng.integers(0, data_shape[0], size=index_shape).astype(np.int64)}
     error = _qnn_error(m, feeds)
     assert (error > 0.1) == (_verdict(m, "gathernd").status == "unsupported"), error
+
+
+def _einsum(equation: str, sizes: dict[str, int]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    terms = equation.split("->")[0].split(",")
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation, name="einsum")
+    inputs = {n: (TensorProto.FLOAT, tuple(sizes[c] for c in t)) for n, t in zip("ab", terms, strict=True)}
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, (_, s) in inputs.items()}
+    return _model([node], inputs, {}), feeds
+
+
+_SIZES = {c: 2 + i for i, c in enumerate("bhijkmnqwcd")}
+EINSUMS = [
+    # (equation, refused): the MatMul forms onnxruntime-qnn translates, and others it declines
+    ("ij,jk->ik", False),
+    ("bij,bjk->bik", False),
+    ("bhqd,bhkd->bhqk", False),
+    ("bij,bkj->bik", False),
+    ("bchq,bkhc->bkhq", False),
+    ("bhwc,hkc->bhwk", False),
+    ("bind,bjnd->bnij", True),
+    ("binh,tnh->bnit", True),
+    ("ij,jk->k", True),
+    ("i,j->ij", True),
+    ("ii,ij->ij", True),
+    ("ij,jj->ij", True),
+]
+
+
+@pytest.mark.parametrize(("equation", "refused"), EINSUMS)
+def test_einsum_is_vouched_for_only_in_the_matmul_forms_the_ep_translates(equation: str, refused: bool) -> None:
+    """An Einsum whose equation is not one of the EP's MatMul forms (XLNet's bind,bjnd->bnij) is refused with the
+    fix; the MatMul forms are vouched for."""
+    sizes = {**_SIZES, "t": 5, "s": 3}
+    v = _verdict(_einsum(equation, sizes)[0], "einsum")
+    assert (v.status == "unsupported") is refused, v.reason
+    diagonal = any(len(set(t)) != len(t) for t in equation.split("->")[0].split(","))
+    if refused and not diagonal:
+        assert "einsum_as_matmul" in v.reason or "einsum_as_matmul" in str(getattr(v, "fix", "")), v
+
+
+@given(
+    letters=st.permutations("bhijkn"),
+    split=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)),
+    data=st.data(),
+)
+def test_a_vouched_einsum_runs_right_on_the_simulator(
+    letters: list[str], split: tuple[int, int, int], data: st.DataObject
+) -> None:
+    """Over random two-operand equations: whenever opcheck vouches for the Einsum, the live simulator builds it and
+    matches the CPU EP within fp16 tolerance (never a vouched refusal or wrong result)."""
+    a = "".join(data.draw(st.permutations(letters))[: split[0]])
+    b = "".join(data.draw(st.permutations(letters))[: split[1]])
+    present = sorted(set(a) | set(b))
+    out = "".join(data.draw(st.permutations(present))[: min(split[2], len(present))])
+    m, feeds = _einsum(f"{a},{b}->{out}", _SIZES)
+    if _verdict(m, "einsum").status == "supported":
+        assert _qnn_error(m, feeds) < 1e-2
+
+
+@pytest.mark.parametrize("equation", ["ii,ij->ij", "ij,jj->ij", "bii,bij->bij"])
+def test_an_einsum_diagonal_is_wrong_on_the_simulator_and_refused(equation: str) -> None:
+    """The QNN EP builds an Einsum with a repeated letter as a MatMul and runs it without an error, silently wrong:
+    opcheck refuses it as a wrong result."""
+    sizes = {"b": 2, "i": 3, "j": 4}
+    m, feeds = _einsum(equation, sizes)
+    assert _qnn_error(m, feeds) > 0.5
+    v = _verdict(m, "einsum")
+    assert (v.status, v.kind) == ("unsupported", "wrong_result"), v

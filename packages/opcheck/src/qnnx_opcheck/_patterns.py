@@ -385,6 +385,28 @@ class Patterns:
                 return True
         return False
 
+    @rule("einsum_equation")
+    def _is_einsum_beyond_matmul(self, index: int, node: NodeView) -> bool:
+        """An Einsum whose equation is not one of the MatMul forms the QNN EP translates: ``...mk,...kn->...mn``,
+        ``...mk,...nk->...mn`` (batch letters shared in place), ``bkhm,bnhk->bnhm`` (4-D, transposed throughout)
+        and ``bhmk,hnk->bhmn``; any other equation is declined when the session is built."""
+        text = str(self.view.attr(node, "equation") or "").replace(" ", "")
+        lhs, arrow, out = text.partition("->")
+        terms = lhs.split(",")
+        if not arrow or len(terms) != 2 or any(len(t) < 2 or not t.isalpha() or not t.islower() for t in terms):
+            return True
+        if len(out) < 2 or not out.isalpha() or not out.islower():
+            return True
+        if _einsum_has_diagonal(text):
+            return False  # einsum_diagonal's class
+        return not _einsum_is_matmul(terms[0], terms[1], out)
+
+    @rule("einsum_diagonal")
+    def _is_einsum_diagonal(self, index: int, node: NodeView) -> bool:
+        """An Einsum with a letter repeated within one term (a diagonal, ``ii,ij->ij``): the QNN EP reads it as a
+        MatMul and computes something else."""
+        return _einsum_has_diagonal(str(self.view.attr(node, "equation") or "").replace(" ", ""))
+
     @rule("nonfinite_constant")
     def _uses_nonfinite_constant(self, index: int, node: NodeView) -> bool:
         """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
@@ -504,3 +526,26 @@ class Patterns:
 
 #: Every registered rule, in definition order.
 PATTERN_RULES: tuple[PatternRule, ...] = tuple(_RULES)
+
+
+def _einsum_has_diagonal(equation: str) -> bool:
+    """Whether a term of ``equation`` (before ``->``) repeats a letter."""
+    terms = equation.partition("->")[0].split(",")
+    return any(len(set(t)) != len(t) for t in terms if "." not in t)
+
+
+def _einsum_is_matmul(a: str, b: str, out: str) -> bool:
+    """Whether ``a,b->out`` is one of the MatMul forms of onnxruntime-qnn's Einsum translation (its parser reads
+    the last two letters of each term and the batch letters position by position)."""
+    n = len(a)
+    if len(b) == n and len(out) == n and all(a[i] == b[i] == out[i] for i in range(n - 2)):
+        m, k = a[-2], a[-1]
+        if out[-2] == m and b[-2] == k and b[-1] == out[-1]:
+            return True  # plain MatMul
+        if out[-2] == m and b[-1] == k and b[-2] == out[-1]:
+            return True  # the right operand transposed
+    four = n == 4 and len(out) == 4
+    if four and len(b) == 4 and a[0] == b[0] == out[0] and a[3] == out[3] and a[1] == b[3] and b[1] == out[1]:
+        return True  # transposed throughout
+    # a shared weight over the second axis, transposed
+    return four and len(b) == 3 and a[:3] == out[:3] and a[3] == b[2] and b[1] == out[3] and b[0] == out[1]

@@ -22,6 +22,27 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 _INDEX_INPUTS = {("Gather", 1), ("GatherElements", 1)}
+# Ops that only move elements (their input 0): int32 indices stay exact through them.
+_MOVES_ELEMENTS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Expand", "Identity"})
+
+
+def _index_chain(value: ir.Value, depth: int = 0) -> list[ir.Value] | None:
+    """The values between ``value`` and the Gather indices it feeds when every use reaches those indices through
+    ops that only move elements (XLNet's ``input_ids.transpose(0, 1)``), or None: such a chain can carry int32."""
+    uses = list(value.uses())
+    if not uses or value.is_graph_output() or depth > 16:
+        return None
+    chain: list[ir.Value] = []
+    for use in uses:
+        if (use.node.op_type, use.idx) in _INDEX_INPUTS:
+            continue
+        if use.node.op_type not in _MOVES_ELEMENTS or use.idx != 0 or len(use.node.outputs) != 1:
+            return None
+        rest = _index_chain(use.node.outputs[0], depth + 1)
+        if rest is None:
+            return None
+        chain += [use.node.outputs[0], *rest]
+    return chain
 
 
 @register(order=170)
@@ -32,8 +53,8 @@ class Int64InputsToInt32(QnnPass):
     not fit (Add of two 2.0e9 int64 values returned 2147483647, onnxruntime-qnn 2.7.0), silently.
     After this pass the ONNX input is int32 and :meth:`GraphSignature.onnx_inputs` casts the int64
     argument with a range check that raises instead of saturating. An input used only as Gather
-    indices (token ids) is consumed as int32 directly; otherwise a Cast back to int64 keeps the graph
-    typed as before. int64 initializers are left alone; values outside int32 are reported (logged)
+    indices (token ids), directly or through ops that only move elements (a transpose, a view, a slice),
+    is consumed as int32 directly; otherwise a Cast back to int64 keeps the graph typed as before. int64 initializers are left alone; values outside int32 are reported (logged)
     because QNN would saturate them.
     """
 
@@ -51,9 +72,11 @@ class Int64InputsToInt32(QnnPass):
             if value.dtype != ir.DataType.INT64 or value.is_graph_output():
                 continue  # an input returned as is keeps its dtype (Dynamo never emits that)
             uses = list(value.uses())
-            index_only = bool(uses) and all((u.node.op_type, u.idx) in _INDEX_INPUTS for u in uses)
+            chain = _index_chain(value)
             value.type = ir.TensorType(ir.DataType.INT32)
-            if not index_only:
+            for moved in chain or ():
+                moved.type = ir.TensorType(ir.DataType.INT32)
+            if chain is None:
                 cast_out = new_value(names(cast(str, value.name)), ir.DataType.INT64, static_shape(value))
                 cast_node = ir.Node(
                     "", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.INT64)], outputs=[cast_out]

@@ -1,10 +1,11 @@
 """Shape and layout rewrites: batch tiling, rank <= 5 transposes, GatherND, Gather by runtime indices, int64
-Unsqueeze, empty Concat inputs."""
+Unsqueeze, empty Concat inputs, Einsum as MatMul."""
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -24,6 +25,7 @@ from qnnx_export._passes._graph import (
 
 __all__ = [
     "DropEmptyConcatInputs",
+    "EinsumAsMatMul",
     "FoldHighRankTranspose",
     "GatherNDToGather",
     "GatherRuntimeIndicesAsRows",
@@ -503,3 +505,126 @@ class UnsqueezeInt64ToReshape(QnnPass):
         if unknown:
             log.warning("unsqueeze_int64_to_reshape: output shape unknown for %s; left unchanged", unknown)
         return changed
+
+
+# ------------------------------------------------------------------------------------ Einsum as a MatMul
+
+
+@dataclass(frozen=True)
+class EinsumPlan:
+    """How :class:`EinsumAsMatMul` writes one two-operand Einsum: the axes each operand sums away alone (letters
+    in neither the other operand nor the output), the letters left in each operand, and the output's letters split
+    into batch (in both operands), free (in one) and contracted (in both operands, not in the output)."""
+
+    sums: tuple[tuple[int, ...], tuple[int, ...]]
+    terms: tuple[str, str]
+    batch: str
+    left: str
+    right: str
+    contracted: str
+    output: str
+    sizes: dict[str, int]
+
+
+def plan_einsum(equation: str, shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> EinsumPlan | None:
+    """The matmul form of ``equation`` over operands of static ``shapes``, or None for what it does not take:
+    ellipses, an implicit output, a letter repeated within a term (a diagonal), a letter whose sizes differ."""
+    text = equation.replace(" ", "")
+    if "..." in text or "->" not in text:
+        return None
+    lhs, out = text.split("->")
+    terms = lhs.split(",")
+    if len(terms) != 2 or not all(t.isalpha() for t in terms) or not (out.isalpha() or not out):
+        return None
+    a, b = terms
+    if any(len(set(t)) != len(t) for t in (a, b, out)) or any(len(t) != len(s) for t, s in zip(terms, shapes)):
+        return None
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        for letter, size in zip(term, shape):
+            if sizes.setdefault(letter, size) != size:
+                return None
+    if any(c not in sizes for c in out):
+        return None
+    kept = (set(out) | set(b), set(out) | set(a))
+    sums = tuple(tuple(i for i, c in enumerate(t) if c not in keep) for t, keep in zip(terms, kept))
+    reduced = tuple("".join(c for c in t if c in keep) for t, keep in zip(terms, kept))
+    return EinsumPlan(
+        sums=(sums[0], sums[1]),
+        terms=(reduced[0], reduced[1]),
+        batch="".join(c for c in out if c in a and c in b),
+        left="".join(c for c in out if c in a and c not in b),
+        right="".join(c for c in out if c in b and c not in a),
+        contracted="".join(c for c in a if c in b and c not in out),
+        output=out,
+        sizes=sizes,
+    )
+
+
+@register(order=75)
+class EinsumAsMatMul(QnnPass):
+    """Write a two-operand ``Einsum`` as ``ReduceSum`` of the letters only one operand has, ``Transpose`` +
+    ``Reshape`` of each operand to ``[batch, M, K]`` and ``[batch, K, N]``, one ``MatMul`` and the way back to the
+    output's layout.
+
+    The QNN EP takes an Einsum only when its equation is already a MatMul (optionally with the right operand
+    transposed, or one 4-D form transposed throughout); any other equation, such as XLNet's and Funnel's relative
+    attention (``bind,bjnd->bnij``, ``binh,tnh->bnit``), made it decline the node and the graph could not run wholly
+    on QNN. The rewrite computes the same sums of products in another order of operations: exact up to float
+    rounding. Static shapes only; ellipses, diagonals and broadcast letters are left as they are.
+    """
+
+    name = "einsum_as_matmul"
+    defect = "the QNN EP declines an Einsum whose equation is not already a MatMul (XLNet, Funnel relative attention)"
+
+    def match(self, node: ir.Node) -> EinsumPlan | None:
+        if not is_op(node, "Einsum") or len(node.inputs) != 2:
+            return None
+        shapes = tuple(static_shape(v) for v in node.inputs)
+        if shapes[0] is None or shapes[1] is None:
+            return None
+        return plan_einsum(node.attributes.get_string("equation", ""), (shapes[0], shapes[1]))
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def as_matmul(names: UniqueNames, node: ir.Node, plan: EinsumPlan) -> tuple[list[ir.Node], ir.Value]:
+            nodes: list[ir.Node] = []
+            dtype = node.outputs[0].dtype
+
+            def emit(op: str, inputs: list[ir.Value], shape: list[int], attrs: list[ir.Attr] | None = None) -> ir.Value:
+                out = new_value(names(op.lower()), dtype, shape)
+                nodes.append(ir.Node("", op, inputs, attributes=attrs or [], outputs=[out]))
+                return out
+
+            def ints(values: list[int] | tuple[int, ...]) -> ir.Value:
+                return add_initializer(graph, names("ints"), np.array(values, dtype=np.int64))
+
+            def dims(letters: str) -> list[int]:
+                return [plan.sizes[c] for c in letters]
+
+            def laid_out(x: ir.Value, have: str, want: str) -> ir.Value:
+                if have == want:
+                    return x
+                return emit("Transpose", [x], dims(want), [ir.AttrInt64s("perm", [have.index(c) for c in want])])
+
+            def flat(x: ir.Value, *groups: str) -> ir.Value:
+                return emit(
+                    "Reshape", [x, ints([math.prod(dims(g)) for g in groups])], [math.prod(dims(g)) for g in groups]
+                )
+
+            layouts = (plan.batch + plan.left + plan.contracted, plan.batch + plan.contracted + plan.right)
+            operands = []
+            for k in (0, 1):
+                x = cast(ir.Value, node.inputs[k])
+                if plan.sums[k]:
+                    keep = [ir.AttrInt64("keepdims", 0)]
+                    x = emit("ReduceSum", [x, ints(plan.sums[k])], dims(plan.terms[k]), keep)
+                operands.append(laid_out(x, plan.terms[k], layouts[k]))
+            lhs = flat(operands[0], plan.batch, plan.left, plan.contracted)
+            rhs = flat(operands[1], plan.batch, plan.contracted, plan.right)
+            sizes = [math.prod(dims(g)) for g in (plan.batch, plan.left, plan.right)]
+            product = emit("MatMul", [lhs, rhs], sizes)
+            order = plan.batch + plan.left + plan.right
+            result = emit("Reshape", [product, ints(dims(order))], dims(order))
+            return nodes, laid_out(result, order, plan.output)
+
+        return self.replace_matched(graph, "qnnx_einsum", as_matmul)
