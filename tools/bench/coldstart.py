@@ -1,6 +1,7 @@
 """Cold first call: qnnx's own host work, stage by stage, in CPU seconds over fresh processes.
 
-Usage: ``python tools/bench/coldstart.py [--models mlp,bert@1] [--reps 3] [--out docs] [--write] [--profile DIR]``.
+Usage: ``python tools/bench/coldstart.py [--models mlp,bert@1] [--reps 3] [--out docs] [--write] [--profile DIR]
+[--against DIR]``.
 
 Each measurement is run.py's *qnnx cold* child (``_child.py``: empty context cache, ``device="npu"``, ``strict``,
 ``soc_model=60``) in a fresh process under ``python -X importtime``; the repetitions go round all model x batch in
@@ -14,13 +15,18 @@ run, do not count. Imports are placed in their stage by marks the child writes i
 creation and the first run: what qnnx itself does in a cold first call (the figure of ``docs/benchmarks.md``'s
 stage table, here in CPU seconds, with the collector's pauses inside it counted in, not left out). With ``--write``
 the section between the coldstart markers of ``<out>/benchmarks.md`` is replaced; ``--profile DIR`` writes a
-cProfile of each first call there (those runs' figures then include cProfile's own cost). Nothing asserts a time.
+cProfile of each first call there (those runs' figures then include cProfile's own cost). ``--against DIR`` measures
+another version of the qnnx packages in the same run (``DIR`` holds its ``packages/*/src``, e.g. from
+``git archive <commit> packages | tar -x -C DIR``): each repetition runs both versions' children back to back, in
+alternating order, and a second table gives the paired differences, which a busy machine disturbs much less than
+two runs apart. Nothing asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -146,14 +152,17 @@ def stage_seconds(res: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _run_child(spec: dict[str, Any], work: Path, tag: str) -> dict[str, Any]:
+def _run_child(spec: dict[str, Any], work: Path, tag: str, against: Path | None = None) -> dict[str, Any]:
     result = work / "results" / f"{tag}.json"
     log = work / "logs" / f"{tag}.log"
     result.parent.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-X", "importtime", str(HERE / "_child.py"), json.dumps(spec), str(result)]
+    env = child_environment(work)
+    if against is not None:  # the other version's packages come first on the path
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in sorted(against.glob("packages/*/src")))
     with open(log, "wb") as err:
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, env=child_environment(work), cwd=ROOT, check=False)
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT, check=False)
     if not result.exists():
         return {"spec": spec, "ok": False, "error": log.read_text(errors="replace")[-1500:]}
     res = json.loads(result.read_text())
@@ -172,45 +181,58 @@ def _plan(models: tuple[str, ...], batches: tuple[int, ...]) -> list[tuple[str, 
     return plan
 
 
-def measure(plan: list[tuple[str, int]], reps: int, work: Path, profile: Path | None) -> list[dict[str, Any]]:
+def measure(
+    plan: list[tuple[str, int]], reps: int, work: Path, profile: Path | None, against: Path | None = None
+) -> list[dict[str, Any]]:
     precompile(work)
     warm_bytecode(work)
+    if against is not None:
+        _run_child(_spec("mlp", 1, -1, work / "warmup-against"), work, "warmup-against", against)
+    versions: list[Path | None] = [None] if against is None else [None, against]
     results = []
     for rep in range(reps):
         order = plan[rep % len(plan) :] + plan[: rep % len(plan)]
         for model, batch in order:
-            tag = f"r{rep}-{model}-b{batch}"
-            spec: dict[str, Any] = {
-                "backend": "qnnx",
-                "variant": "qnnx",
-                "phase": "cold",
-                "model": model,
-                "batch": batch,
-                "run": rep,
-                "cache_dir": str(work / tag / "cache"),
-            }
-            if profile is not None:
-                spec["profile"] = str(profile / f"{tag}.prof")
-            res = _run_child(spec, work, tag)
-            results.append(res)
-            if res.get("ok"):
-                st = res["stages"]
-                print(
-                    f"{tag}: host {st['host']:.3f} s (export {st['export']:.3f}, imports {st['imports']:.3f}, "
-                    f"gc in host {st['gc_host']:.3f}), first call {st['first_call']:.3f} s cpu",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                print(f"{tag}: FAILED {res.get('error', '?')[-300:]}", file=sys.stderr, flush=True)
+            for version in versions if rep % 2 == 0 else versions[::-1]:
+                which = "against" if version is not None else "this"
+                tag = f"r{rep}-{model}-b{batch}" + ("-against" if version is not None else "")
+                spec = _spec(model, batch, rep, work / tag)
+                spec["version"] = which
+                if profile is not None:
+                    spec["profile"] = str(profile / f"{tag}.prof")
+                res = _run_child(spec, work, tag, version)
+                results.append(res)
+                if res.get("ok"):
+                    st = res["stages"]
+                    print(
+                        f"{tag}: host {st['host']:.3f} s (export {st['export']:.3f}, imports {st['imports']:.3f}, "
+                        f"gc in host {st['gc_host']:.3f}), first call {st['first_call']:.3f} s cpu",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                else:
+                    print(f"{tag}: FAILED {res.get('error', '?')[-300:]}", file=sys.stderr, flush=True)
     return results
 
 
-def medians(results: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
-    """The median of each stage over the repetitions, per (model, batch)."""
+def _spec(model: str, batch: int, rep: int, folder: Path) -> dict[str, Any]:
+    """run.py's qnnx cold child for ``model`` at ``batch``, its context cache in ``folder``."""
+    return {
+        "backend": "qnnx",
+        "variant": "qnnx",
+        "phase": "cold",
+        "model": model,
+        "batch": batch,
+        "run": rep,
+        "cache_dir": str(folder / "cache"),
+    }
+
+
+def medians(results: list[dict[str, Any]], version: str = "this") -> dict[tuple[str, int], dict[str, float]]:
+    """The median of each stage over the repetitions, per (model, batch), of one version's children."""
     by: dict[tuple[str, int], list[dict[str, float]]] = {}
     for res in results:
-        if res.get("ok"):
+        if res.get("ok") and res["spec"].get("version", "this") == version:
             by.setdefault((res["spec"]["model"], res["spec"]["batch"]), []).append(res["stages"])
     return {
         key: {k: statistics.median(st[k] for st in runs) for k in runs[0]} | {"n": len(runs)}
@@ -222,6 +244,8 @@ def top_imports(results: list[dict[str, Any]], n: int = 8) -> list[tuple[str, fl
     """The slowest top-level imports inside qnnx's host work (median seconds over the processes that import them)."""
     seen: dict[str, list[float]] = {}
     for res in results:
+        if res.get("spec", {}).get("version", "this") != "this":
+            continue
         for event, name, sec in res.get("imports", ()):
             if event in _HOST_EVENTS:
                 seen.setdefault(name, []).append(sec)
@@ -257,10 +281,48 @@ def section(results: list[dict[str, Any]], started: str, minutes: float, loadavg
             "",
             f"qnnx host work <= 0.15 s on {met} of {len(hosts)} model x batch (largest {max(hosts):.3f} s).",
         ]
+    lines += _comparison(results)
     imports = top_imports(results)
     if imports:
         lines += ["", "Slowest imports inside the host work: " + ", ".join(f"`{n}` {s:.3f} s" for n, s in imports)]
     return "\n".join(lines)
+
+
+_COMPARED = (("host", "qnnx host"), ("export", "export"), ("imports", "imports in qnnx host"))
+
+
+def _comparison(results: list[dict[str, Any]]) -> list[str]:
+    """The table of paired differences against the other version (``--against``), or nothing."""
+    pairs: dict[tuple[str, int], list[tuple[dict[str, float], dict[str, float]]]] = {}
+    done: dict[tuple[str, int, int, str], dict[str, float]] = {}
+    for res in results:
+        if res.get("ok"):
+            s = res["spec"]
+            done[(s["model"], s["batch"], s["run"], s.get("version", "this"))] = res["stages"]
+    for (model, batch, rep, version), stages in done.items():
+        other = done.get((model, batch, rep, "against"))
+        if version == "this" and other is not None:
+            pairs.setdefault((model, batch), []).append((other, stages))
+    if not pairs:
+        return []
+    head = " | ".join(f"{label}: against / this / change" for _, label in _COMPARED)
+    lines = [
+        "",
+        "Against the other version (`--against`), the same processes' pairs: medians of each, and the median of "
+        "the paired changes (negative: this version does less).",
+        "",
+        f"| model | batch | pairs | {head} |",
+        "|---|---|---|" + "---|" * len(_COMPARED),
+    ]
+    for (model, batch), got in pairs.items():
+        cells = []
+        for key, _ in _COMPARED:
+            before = statistics.median(a[key] for a, _ in got)
+            after = statistics.median(b[key] for _, b in got)
+            change = statistics.median(b[key] - a[key] for a, b in got)
+            cells.append(f"{before:.3f} / {after:.3f} / {change:+.3f}")
+        lines.append(f"| {model} | {batch} | {len(got)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,11 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="replace the coldstart section of benchmarks.md")
     parser.add_argument("--profile", type=Path, help="write a cProfile of each first call into this folder")
     parser.add_argument("--work-dir", type=Path, help="caches and logs (default: a temporary folder, deleted)")
+    parser.add_argument("--against", type=Path, help="a folder with another version's packages/*/src to compare")
     args = parser.parse_args(argv)
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     bad = [m for m in models if m.partition("@")[0] not in MODEL_NAMES]
     if bad or args.reps < 1:
         parser.error(f"unknown model(s) {bad} (known: {', '.join(MODEL_NAMES)}) or --reps < 1 ({args.reps})")
+    if args.against is not None and not list(args.against.glob("packages/*/src")):
+        parser.error(
+            f"--against {args.against}: no packages/*/src there; e.g. git archive HEAD~1 packages | tar -x -C DIR"
+        )
     plan = _plan(models, tuple(int(b) for b in args.batches.split(",")))
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -284,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     loadavg = tuple(float(x) for x in Path("/proc/loadavg").read_text().split()[:3])
     started, t0 = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), time.perf_counter()
     try:
-        results = measure(plan, args.reps, work, args.profile)
+        results = measure(plan, args.reps, work, args.profile, args.against)
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
