@@ -212,7 +212,7 @@ class QnnGraph(SerializableCallable):
         timings: dict[str, float] = {}
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         with compile_progress(graph_id, timings, shapes):
-            program, report = _chain.place(
+            program, report, reference = _chain.place(
                 gm,
                 args,
                 self._options,
@@ -225,7 +225,9 @@ class QnnGraph(SerializableCallable):
             )
             if program is None:
                 return Eager(gm, report)
-            return QnnVariant(self._options, self._compile, gm, args, program, report, exclude, calibration)
+            return QnnVariant(
+                self._options, self._compile, gm, args, program, report, exclude, calibration, reference=reference
+            )
 
     # -- quantized graphs --------------------------------------------------------------------------------------
 
