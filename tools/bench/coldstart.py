@@ -166,10 +166,23 @@ def _run_child(spec: dict[str, Any], work: Path, tag: str, against: Path | None 
     if not result.exists():
         return {"spec": spec, "ok": False, "error": log.read_text(errors="replace")[-1500:]}
     res = json.loads(result.read_text())
+    return _staged(res, log)
+
+
+def _staged(res: dict[str, Any], log: Path) -> dict[str, Any]:
+    """A child's result with its imports (from its importtime log) and its stages."""
     if res.get("ok"):
         res["imports"] = imports_by_event(log.read_text(errors="replace"))
         res["stages"] = stage_seconds(res)
     return res
+
+
+def rebuild(work: Path) -> list[dict[str, Any]]:
+    """The results a finished or interrupted run left in ``work`` (its ``results/`` and ``logs/``)."""
+    results = []
+    for path in sorted((work / "results").glob("r*.json")):
+        results.append(_staged(json.loads(path.read_text()), work / "logs" / f"{path.stem}.log"))
+    return results
 
 
 def _plan(models: tuple[str, ...], batches: tuple[int, ...]) -> list[tuple[str, int]]:
@@ -335,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, help="write a cProfile of each first call into this folder")
     parser.add_argument("--work-dir", type=Path, help="caches and logs (default: a temporary folder, deleted)")
     parser.add_argument("--against", type=Path, help="a folder with another version's packages/*/src to compare")
+    parser.add_argument("--rebuild", action="store_true", help="no measurement: the tables from --work-dir's results")
     args = parser.parse_args(argv)
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     bad = [m for m in models if m.partition("@")[0] not in MODEL_NAMES]
@@ -347,15 +361,28 @@ def main(argv: list[str] | None = None) -> int:
     plan = _plan(models, tuple(int(b) for b in args.batches.split(",")))
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="qnnx-coldstart-"))
-    loadavg = tuple(float(x) for x in Path("/proc/loadavg").read_text().split()[:3])
-    started, t0 = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), time.perf_counter()
-    try:
-        results = measure(plan, args.reps, work, args.profile, args.against)
-    finally:
-        if args.work_dir is None:
-            shutil.rmtree(work, ignore_errors=True)
-    text = section(results, started, (time.perf_counter() - t0) / 60, loadavg)
+    if args.rebuild:
+        if args.work_dir is None or not (args.work_dir / "meta.json").exists():
+            parser.error("--rebuild needs the --work-dir of an earlier run (with its meta.json)")
+        meta = json.loads((args.work_dir / "meta.json").read_text())
+        results = rebuild(args.work_dir)
+        minutes = (max(p.stat().st_mtime for p in (args.work_dir / "results").glob("r*.json")) - meta["t0"]) / 60
+    else:
+        work = args.work_dir or Path(tempfile.mkdtemp(prefix="qnnx-coldstart-"))
+        work.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "loadavg": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
+            "t0": time.time(),
+        }
+        (work / "meta.json").write_text(json.dumps(meta))
+        try:
+            results = measure(plan, args.reps, work, args.profile, args.against)
+        finally:
+            if args.work_dir is None:
+                shutil.rmtree(work, ignore_errors=True)
+        minutes = (time.time() - meta["t0"]) / 60
+    text = section(results, meta["started"], minutes, tuple(meta["loadavg"]))
     print(text)
     if args.write:
         kept = [{k: v for k, v in r.items() if k in ("spec", "ok", "stages", "error")} for r in results]
