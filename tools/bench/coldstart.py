@@ -61,6 +61,7 @@ COLUMNS = (
     ("imports", "imports in qnnx host"),
     ("gc_host", "GC in qnnx host"),
     ("gc_dynamo", "GC in Dynamo"),
+    ("gc_first_run", "GC in first run"),
     ("host", "qnnx host (<= 0.15)"),
 )
 
@@ -276,17 +277,16 @@ def section(results: list[dict[str, Any]], started: str, minutes: float, loadavg
         f"`python tools/bench/coldstart.py`: run.py's qnnx cold child (empty context cache) in {reps} fresh "
         "processes per model x batch, medians. Seconds of CPU time of the calling thread (the QNN simulator's "
         "threads excluded), which other jobs on the cores change much less than wall-clock time. *probe, analyze, "
-        "key*: from the compile's start to the export (lazy imports, device probe, graph analysis, fingerprint, "
-        "cache lookup); *export* includes the rewrite passes and the faithfulness run on the CPU EP; *opcheck, split, "
-        "staging*: from the export to the session; *store, program*: publishing the context and building the program; *imports in qnnx host*: top-level imports "
-        "inside the host work (`-X importtime`, wall clock); *GC*: the garbage collector's pauses. *qnnx host*: "
-        "the first call without Dynamo's trace, the ORT+QNN session and the first run, GC pauses included.",
+        "key*: from the compile's start to the export (lazy imports, device probe, graph analysis, the float16 "
+        "range check's eager run, fingerprint, cache lookup); *export*: the ATen trace, the translation and the "
+        "rewrite passes; *opcheck, split, staging*: from the export to the session; *store, program*: publishing "
+        "the context and building the program; *first run*: the first QNN run and the accuracy guard; *imports in "
+        "qnnx host*: top-level imports inside the host work (`-X importtime`, wall clock); *GC*: the garbage "
+        "collector's pauses. *qnnx host*: the first call without Dynamo's trace, the ORT+QNN session and the first "
+        "run, GC pauses included.",
         "",
-        "| model | batch | " + " | ".join(label for _, label in COLUMNS) + " |",
-        "|---|---|" + "---|" * len(COLUMNS),
     ]
-    for (model, batch), m in table.items():
-        lines.append(f"| {model} | {batch} | " + " | ".join(f"{m[k]:.3f}" for k, _ in COLUMNS) + " |")
+    lines += _stage_table(table)
     hosts = [m["host"] for m in table.values()]
     if hosts:
         met = sum(h <= 0.15 for h in hosts)
@@ -294,11 +294,24 @@ def section(results: list[dict[str, Any]], started: str, minutes: float, loadavg
             "",
             f"qnnx host work <= 0.15 s on {met} of {len(hosts)} model x batch (largest {max(hosts):.3f} s).",
         ]
+    other = medians(results, "against")
+    if other:
+        lines += ["", "The other version (`--against`), measured in the same run:", "", *_stage_table(other)]
     lines += _comparison(results)
     imports = top_imports(results)
     if imports:
         lines += ["", "Slowest imports inside the host work: " + ", ".join(f"`{n}` {s:.3f} s" for n, s in imports)]
     return "\n".join(lines)
+
+
+def _stage_table(table: dict[tuple[str, int], dict[str, float]]) -> list[str]:
+    lines = [
+        "| model | batch | " + " | ".join(label for _, label in COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    for (model, batch), m in table.items():
+        lines.append(f"| {model} | {batch} | " + " | ".join(f"{m[k]:.3f}" for k, _ in COLUMNS) + " |")
+    return lines
 
 
 _COMPARED = (("host", "qnnx host"), ("export", "export"), ("imports", "imports in qnnx host"))
