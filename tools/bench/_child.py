@@ -67,25 +67,36 @@ _MISSING_HOOKS: list[str] = []
 # holds torch takes 0.1-0.2 s and lands wherever an allocation crosses the collector's threshold, so a stage's
 # figure can include one by chance: the report shows them apart.
 _GC_PAUSES: list[tuple[float, float]] = []
-_GC_STARTED: list[float] = []
+_GC_STARTED: list[tuple[float, float]] = []
+# The same pauses in CPU seconds of the collecting thread, with the generation collected: (start, end, generation).
+_GC_PAUSES_CPU: list[tuple[float, float, int]] = []
+# CPU seconds of the calling thread at each event of _EVENTS (same order). On 2 cores shared with other jobs,
+# wall-clock spans of single-threaded host work grow with the load, its CPU time much less; the thread's (not the
+# process's) because the QNN simulator's threads keep spinning after each session and run.
+_EVENTS_CPU: list[float] = []
 
 
 def _gc_callback(phase: str, info: dict[str, Any]) -> None:
     if not _TRACKING[0]:
         return
     if phase == "start":
-        _GC_STARTED.append(time.perf_counter())
+        _GC_STARTED.append((time.perf_counter(), time.thread_time()))
     elif _GC_STARTED:
-        _GC_PAUSES.append((_GC_STARTED.pop(), time.perf_counter()))
+        (wall, cpu), now = _GC_STARTED.pop(), time.thread_time()
+        _GC_PAUSES.append((wall, time.perf_counter()))
+        _GC_PAUSES_CPU.append((cpu, now, int(info.get("generation", -1))))
 
 
 def _event(name: str) -> None:
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.thread_time()
     rss = hwm = None
     if _TRACKING[0]:
         rss, hwm = _rss_hwm_kib()
         _reset_peak_rss()
     _EVENTS.append((name, t, rss, hwm))
+    _EVENTS_CPU.append(cpu)
+    if "importtime" in sys._xoptions:  # marks in -X importtime's stream, so that coldstart.py can place each import
+        print(f"@@event {name}", file=sys.stderr, flush=True)
 
 
 def _wrap(owner: Any, attr: str, label: str) -> None:
@@ -570,17 +581,33 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     res["maxrss_before_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     import gc
 
+    profiler = None
+    if spec.get(
+        "profile"
+    ):  # coldstart.py --profile: cProfile of the first call (its figures then include cProfile's cost)
+        import cProfile
+
+        profiler = cProfile.Profile()
     gc.callbacks.append(_gc_callback)
     with torch.no_grad():
         _event("call_start")
+        if profiler is not None:
+            profiler.enable()
         out = compiled(*inputs)
+        if profiler is not None:
+            profiler.disable()
         _event("call_end")
     _TRACKING[0] = False
+    if profiler is not None:
+        profiler.dump_stats(spec["profile"])
     gc.callbacks.remove(_gc_callback)
     t0 = _EVENTS[0][1]
     res["first_call_s"] = _EVENTS[-1][1] - t0
     res["events"] = [(name, t - t0, rss, hwm) for name, t, rss, hwm in _EVENTS]
     res["gc_pauses"] = [(a - t0, b - t0) for a, b in _GC_PAUSES]
+    c0 = _EVENTS_CPU[0]
+    res["events_cpu"] = [(name, c - c0) for (name, *_), c in zip(_EVENTS, _EVENTS_CPU, strict=True)]
+    res["gc_pauses_cpu"] = [(a - c0, b - c0, gen) for a, b, gen in _GC_PAUSES_CPU]
     res["maxrss_after_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     base = _EVENTS[0][2]
     if res["peak_reset"] and base is not None:

@@ -20,6 +20,7 @@ import torch
 from qnnx_backend import _report
 from qnnx_backend._build import build_program, build_quantized
 from qnnx_backend._calibrate import Calibration
+from qnnx_backend._compare import EagerReference
 from qnnx_backend._export import CompileContext, analyze
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._program import Program
@@ -40,10 +41,11 @@ def place(
     shapes: tuple[tuple[int, ...], ...],
     bucket: tuple[int, ...] | None = None,
     calibration: Calibration | None = None,
-) -> tuple[Program | None, _report.CompileReport]:
-    """The program of ``gm`` on the first device of the chain that takes it, and the graph's compile report (which
-    is recorded); no program when the graph runs in eager PyTorch. Raises under ``strict`` what a fallback would
-    hide."""
+) -> tuple[Program | None, _report.CompileReport, EagerReference | None]:
+    """The program of ``gm`` on the first device of the chain that takes it, the graph's compile report (which
+    is recorded), and the eager outputs the compile computed on ``args`` (for the first call's accuracy guard; None
+    when it ran none); no program when the graph runs in eager PyTorch. Raises under ``strict`` what a fallback
+    would hide."""
     import qnnx_detection
 
     start = time.perf_counter()
@@ -57,7 +59,7 @@ def place(
 
     def eager(
         reason: str, attempts: Sequence[_report.Attempt] = (), *, warn: bool
-    ) -> tuple[None, _report.CompileReport]:
+    ) -> tuple[None, _report.CompileReport, None]:
         timings["total"] = time.perf_counter() - start
         rep = _report.CompileReport(device="eager", reason=reason, attempts=tuple(attempts), timings=timings, **base)
         _report.record(rep)
@@ -66,7 +68,7 @@ def place(
                 f"qnn backend: {reason}; running the original PyTorch graph.", QnnFallbackWarning, stacklevel=3
             )
         logger.info("%s", rep.summary())
-        return None, rep
+        return None, rep, None
 
     # A quick probe (no backend initialized): the session built below is the real test of the device, and its
     # failure carries the true cause. Devices known to be unusable (QNN missing or disabled, no library, no
@@ -138,7 +140,7 @@ def place(
         )
         _report.record(rep)
         logger.info("%s", rep.summary())
-        return program, rep
+        return program, rep, ctx.memo.eager
     reasons = "; ".join(f"{a.device}: {a.reason}" for a in attempts) or "no QNN device was tried"
     if opts.strict:  # device='auto' with strict: no device of the chain took the graph
         raise QnnDeviceError(device, f"no QNN device could take the graph ({reasons})")

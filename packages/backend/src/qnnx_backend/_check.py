@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from qnnx_backend._compare import EagerReference
 from qnnx_backend._export import CompilableModel, CompileContext
 from qnnx_backend._options import OPCHECK_BACKEND, BackendOptions
 from qnnx_backend._session import DeviceRejected, placement_counts
@@ -105,6 +106,7 @@ def fp16_range_refusal(ctx: CompileContext) -> str | None:
     t = time.perf_counter()
     with torch.no_grad():
         outputs = ctx.gm(*ctx.args)
+    memo.eager = EagerReference(ctx.args, outputs)
     leaves = torch.utils._pytree.tree_leaves(outputs)
     for k, value in enumerate(leaves):
         if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:

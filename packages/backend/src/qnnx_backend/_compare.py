@@ -1,10 +1,11 @@
 """How a result is compared with eager PyTorch (private): the exact-but-for-rounding check of an ONNX model on the
-CPU EP and of padded buckets (:func:`compare_outputs`), and the fp16-level accuracy guard of a first QNN call
-(:func:`mismatch`)."""
+CPU EP and of padded buckets (:func:`compare_outputs`), the fp16-level accuracy guard of a first QNN call
+(:func:`mismatch`), and the eager outputs the compile computed, kept for that guard (:class:`EagerReference`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -77,3 +78,33 @@ def mismatch(got: torch.Tensor, ref: torch.Tensor, rtol: float, min_cosine: floa
     if rel <= rtol and cos >= min_cosine:
         return None
     return f"max|err|/max|ref| = {rel:.3g} (limit {rtol:g}), cosine = {cos:.6f} (limit {min_cosine:g})"
+
+
+class EagerReference:
+    """Eager PyTorch's outputs of a graph for one list of arguments, kept so that a later check on the same
+    arguments need not run the graph again.
+
+    The compile runs the graph in eager PyTorch once (HTP's float16 range check) on the arguments of the call that
+    compiles it; the accuracy guard of that same call compares the first QNN run with eager PyTorch on those
+    arguments. It reads the outputs kept here instead of a second eager run when :meth:`matches` says the arguments
+    are still what they were: the same tensor objects at the same version counters (no in-place write since), the
+    same other values. Anything else runs eager again.
+    """
+
+    __slots__ = ("_args", "outputs")
+
+    def __init__(self, args: Sequence[object], outputs: Any) -> None:
+        self.outputs = outputs
+        self._args = tuple((a, a._version if isinstance(a, torch.Tensor) else None) for a in args)
+
+    def matches(self, args: Sequence[object]) -> bool:
+        """Whether ``args`` are the arguments the outputs were computed from, unchanged."""
+        if len(args) != len(self._args):
+            return False
+        for a, (kept, version) in zip(args, self._args, strict=True):
+            if isinstance(kept, torch.Tensor):
+                if a is not kept or a._version != version:
+                    return False
+            elif isinstance(a, torch.Tensor) or type(a) is not type(kept) or a != kept:
+                return False
+        return True

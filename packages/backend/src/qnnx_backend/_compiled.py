@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from qnnx_backend import _aot, _aot_load, _buckets, _chain, _report
+from qnnx_backend import _buckets, _chain, _report
 from qnnx_backend._calibrate import HOW_TO, Calibration, active_session
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._progress import compile_progress
@@ -78,11 +78,15 @@ class QnnGraph(SerializableCallable):
     @classmethod
     def serialize_compile_artifacts(cls, fn: QnnGraph) -> bytes:
         """The saved form of ``fn`` (``save_compiled_function``): compiled contexts, frozen model, call plan."""
+        from qnnx_backend import _aot  # saving only: a compile does not import it
+
         return _aot.serialize(fn)
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> Any:
         """The callable saved by :meth:`serialize_compile_artifacts`, loaded without Dynamo, export or opcheck."""
+        from qnnx_backend import _aot_load
+
         return _aot_load.deserialize(data)
 
     def __call__(self, *args: object) -> Any:
@@ -208,7 +212,7 @@ class QnnGraph(SerializableCallable):
         timings: dict[str, float] = {}
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         with compile_progress(graph_id, timings, shapes):
-            program, report = _chain.place(
+            program, report, reference = _chain.place(
                 gm,
                 args,
                 self._options,
@@ -221,7 +225,9 @@ class QnnGraph(SerializableCallable):
             )
             if program is None:
                 return Eager(gm, report)
-            return QnnVariant(self._options, self._compile, gm, args, program, report, exclude, calibration)
+            return QnnVariant(
+                self._options, self._compile, gm, args, program, report, exclude, calibration, reference=reference
+            )
 
     # -- quantized graphs --------------------------------------------------------------------------------------
 

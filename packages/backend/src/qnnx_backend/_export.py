@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from qnnx_backend._calibrate import Calibration
+from qnnx_backend._compare import EagerReference
 from qnnx_backend._faithful import check_on_cpu
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._quantize import QuantizedModel, QuantizeFailed, failure, quantize_model
@@ -46,7 +47,9 @@ class ExportMemo:
     """What the compile of one graph computes once, for whichever device asks first.
 
     A failure is kept as its one-line cause, not as the exception: the device that met it raised it with its
-    traceback, and every later device of the chain is refused with the same cause without trying again.
+    traceback, and every later device of the chain is refused with the same cause without trying again. ``eager``
+    is the float16 range check's run of the graph in eager PyTorch, which the first call's accuracy guard reads
+    instead of running the graph again.
     """
 
     exported: Any = None
@@ -56,6 +59,7 @@ class ExportMemo:
     quantize_refusal: str | None = None
     range_checked: bool = False
     range_refusal: str | None = None
+    eager: EagerReference | None = None  # the range check's eager outputs, for the first call's accuracy guard
 
 
 @attrs.frozen(eq=False)

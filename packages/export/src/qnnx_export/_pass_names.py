@@ -26,11 +26,41 @@ def declared_passes(folder: Path = _PASSES_DIR) -> tuple[str, ...]:
     """The ``name`` of every class declared with ``@register(order=N)`` in the modules of ``folder``, by ``order``."""
     declared: list[tuple[int, str]] = []
     for path in sorted(folder.glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and (order := _declared_order(node)) is not None:
-                declared.append((order, _declared_name(node, path)))
+        for snippet in _declarations(path.read_text(encoding="utf-8")):
+            tree = ast.parse(snippet, filename=str(path))
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef) and (order := _declared_order(node)) is not None:
+                    declared.append((order, _declared_name(node, path)))
     return tuple(name for _, name in sorted(declared))
+
+
+def _declarations(source: str) -> list[str]:
+    """Each ``@register`` declaration of a module's source, from its decorator to the class's ``name = ...`` line
+    (or to the class's end when it has none), as text that parses on its own.
+
+    Parsing only these heads, not the passes' whole modules, is what keeps the first use cheap: the full parse of
+    the pass modules took about 20 ms, once per process, inside every cold compile (the cache key names the
+    passes). The class heads are what the declaration is; a misreading cannot go unseen, since the registry
+    refuses to import when this reading and the registered classes differ.
+    """
+    lines = source.splitlines()
+    found: list[str] = []
+    for start, line in enumerate(lines):
+        if not (line.startswith("@") and "register(" in line):
+            continue
+        end, in_class = len(lines), False
+        for k in range(start + 1, len(lines)):
+            text = lines[k]
+            if not in_class:  # the decorator's own lines, then the class statement
+                in_class = text.startswith("class ")
+            elif text.startswith("    name") and text[8:].lstrip()[:1] in (":", "="):
+                end = k + 1  # the name: the rest of the class is not needed
+                break
+            elif text[:1] not in ("", " ", "\t", "#", ")"):
+                end = k  # the next top-level statement: the class ended
+                break
+        found.append("\n".join(lines[start:end]) + "\n")
+    return found
 
 
 def _declared_order(cls: ast.ClassDef) -> int | None:
