@@ -1,0 +1,106 @@
+"""A graph QNN fails to finalize still runs on the NPU: the failure is narrowed to the smallest failing run of nodes
+(sessions of parts built in child processes), that run's op types run on ONNX Runtime's CPU EP in the same session,
+and the report names the island and why; ``strict`` and ``partition="whole"`` keep whole-graph placement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from integration_helpers import assert_close_fp16
+from torch import nn
+
+import qnnx_backend
+import qnnx_detection
+from qnnx_backend.errors import QnnDeviceError
+
+pytestmark = pytest.mark.skipif(not qnnx_detection.is_available("npu"), reason="needs the QNN HTP backend")
+
+NPU = {"soc_model": 60, "device": "npu"}
+
+
+class _HeadsOfSix(nn.Module):
+    """LayerNorm -> Linear projections split into 4 heads of 6 -> attention -> residual. QNN HTP (onnxruntime-qnn
+    2.7.0, simulator) fails to finalize the exported Reshape -> Gemm -> Reshape -> Reshape of a projection into
+    heads at these sizes (QNN_COMMON_ERROR_MEM_ALLOC), as in a tiny MobileViT."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.q, self.k = nn.LayerNorm(24), nn.Linear(24, 24), nn.Linear(24, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        q = self.q(h).view(4, 4, 4, 6).transpose(1, 2)
+        k = self.k(h).view(4, 4, 4, 6).transpose(1, 2)
+        attention = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return (attention @ q).transpose(1, 2).reshape(4, 4, 24) + x
+
+
+def _compile(model: nn.Module, x: torch.Tensor, **options: object) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        return model(x), torch.compile(model, backend="qnn", options={**NPU, **options})(x)
+
+
+def test_finalize_failure_is_narrowed_to_a_cpu_island() -> None:
+    """The failing projection's Gemm runs on the CPU EP, every other node on QNN, and the output is eager's."""
+    model, x = _HeadsOfSix().eval(), torch.randn(4, 4, 24)
+    ref, out = _compile(model, x)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "npu", report.summary()
+    assert set(report.cpu_nodes) == {"n_addmm"}, report.cpu_nodes
+    why = report.cpu_nodes["n_addmm"]
+    assert why.startswith("QNN graph finalize failed: ") and "QNN_COMMON_ERROR_MEM_ALLOC" in why, why
+    assert "narrowed to 4 node(s)" in why and "every Gemm node (2) runs on the CPU EP" in why, why
+    assert report.placement.get("CPUExecutionProvider") == 2, report.placement
+    assert report.placement.get("QNNExecutionProvider", 0) > 2, report.placement
+    assert "pinned for a QNN finalize failure" in report.summary()
+    assert_close_fp16(out, ref)
+
+
+@pytest.mark.parametrize("options", [{"strict": True}, {"partition": "whole"}])
+def test_whole_graph_placement_keeps_the_finalize_failure(options: dict[str, object]) -> None:
+    """strict raises, and partition='whole' runs the graph in PyTorch, both naming the failure and why no island."""
+    model, x = _HeadsOfSix().eval(), torch.randn(4, 4, 24)
+    if options.get("strict"):
+        with pytest.raises(QnnDeviceError, match=r"failed to finalize.*strict=True keeps the graph wholly on QNN"):
+            _compile(model, x, **options)
+        return
+    ref, out = _compile(model, x, **options)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "eager" and "partition='whole' keeps the graph wholly on QNN" in (report.reason or "")
+    assert torch.equal(out, ref)
+
+
+def test_tiny_mobilevit_runs_on_qnn_with_a_named_island() -> None:
+    """A tiny MobileViT (heads of 4 and 6 channels), whose whole graph QNN fails to finalize, runs on QNN with its
+    Gemm nodes (the attention projections) on the CPU EP, named in the report, within fp16 of eager."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MobileViTConfig(
+        image_size=64,
+        hidden_sizes=[16, 24, 32],
+        neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32],
+        num_attention_heads=4,
+    )
+    model = transformers.MobileViTModel(config).eval()
+    for module in model.modules():  # HF's init shrinks activations to ~1e-6 (below fp16): keep them at unit scale
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(module.weight, mode="fan_in", nonlinearity="linear")
+        elif isinstance(module, nn.BatchNorm2d):
+            nn.init.ones_(module.weight)
+
+    class _Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return self.model(pixels).last_hidden_state
+
+    ref, out = _compile(_Last().eval(), torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)))
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "npu", report.summary()
+    reasons = set(report.cpu_nodes.values())
+    assert reasons and all("QNN graph finalize failed" in why and "every Gemm node" in why for why in reasons)
+    assert report.placement["QNNExecutionProvider"] > 4 * report.placement["CPUExecutionProvider"], report.placement
+    # fp16 through 20 layers: the same model with 2 heads (wholly on QNN, no island) is 3.3% off, cosine 0.9994.
+    assert_close_fp16(out, ref, rel=5e-2)
