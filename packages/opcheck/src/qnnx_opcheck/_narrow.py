@@ -111,7 +111,7 @@ def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
 
 
-class _Parts:
+class Parts:
     """Runs of a graph's nodes written as models of their own."""
 
     def __init__(self, model: onnx.ModelProto, folder: Path) -> None:
@@ -195,7 +195,7 @@ def narrow_failure(
     }
     trials = 0
     with tempfile.TemporaryDirectory(prefix="qnnx-opcheck-narrow-") as tmp:
-        parts = _Parts(proto, Path(tmp))
+        parts = Parts(proto, Path(tmp))
         count = len(parts.nodes)
         fails: dict[tuple[int, int], str | None] = {}
 
