@@ -58,14 +58,14 @@ def _chain(ops: list[str], head_split: bool = False) -> onnx.ModelProto:
 
 def test_narrows_a_finalize_failure_to_the_projection() -> None:
     """A 25-node graph whose finalize fails is narrowed to the failing projection's run, in at most
-    2*ceil(log2(25)) trials, naming QNN's error; the run's computing op type is Gemm."""
+    2 + 2*ceil(log2(25)) trials, naming QNN's error; the run's computing op type is Gemm."""
     model = _chain(["Relu", "Sigmoid", "Neg", "Abs"] * 5, head_split=True)
     seen: list[int] = []
     report = narrow_failure(model, soc_model=60, on_trial=lambda k, _what: seen.append(k))
     assert report.error is not None and "QNN_COMMON_ERROR_MEM_ALLOC" in report.error, report
     assert "project" in report.nodes and set(report.nodes) <= {"abs_11", "to_rows", "project", "to_3d", "to_heads"}
     assert report.computing_op_types == ("Gemm",) and report.minimal
-    assert report.trials == len(seen) <= 1 + 2 * math.ceil(math.log2(len(model.graph.node))), report.trials
+    assert report.trials == len(seen) <= 2 + 2 * math.ceil(math.log2(len(model.graph.node))), report.trials
     assert "narrowed to" in report.describe() and "Gemm" in report.describe()
 
 
@@ -84,11 +84,25 @@ def test_every_run_is_a_valid_model_of_its_own(ops: list[str], data: st.DataObje
     start = data.draw(st.integers(0, len(ops) - 1))
     stop = data.draw(st.integers(start + 1, len(ops)))
     parts = Parts(model, Path(tmp_path_factory.mktemp("parts")))
-    path = parts.write(start, stop)
+    path = parts.write(range(start, stop))
     assert path is not None
     part = onnx.load(str(path))
     onnx.checker.check_model(part, full_check=True)
     assert [n.name for n in part.graph.node] == [n.name for n in model.graph.node[start:stop]]
     assert [i.name for i in part.graph.input] == ["x" if start == 0 else f"v{start - 1}"]
     assert [o.name for o in part.graph.output] == [f"v{stop - 1}"]
-    assert parts.movement_only(start, stop) == all(op in MOVEMENT_OPS for op in ops[start:stop])
+    assert parts.movement_only(range(start, stop)) == all(op in MOVEMENT_OPS for op in ops[start:stop])
+
+
+@given(ops=st.lists(st.sampled_from(_OPS), min_size=2, max_size=10), data=st.data())
+def test_joined_nodes_leave_out_another_branch(ops: list[str], data: st.DataObject, tmp_path_factory) -> None:
+    """Within a run, the nodes joined to its last node are all of a chain's nodes, and never a side branch that only
+    shares the run's input."""
+    model = _chain(ops)
+    side = onnx.helper.make_node("Relu", [model.graph.node[0].input[0]], ["side"], name="side_branch")
+    model.graph.node.insert(1, side)
+    model.graph.output.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, [4, 4, 24]))
+    parts = Parts(model, Path(tmp_path_factory.mktemp("parts")))
+    stop = data.draw(st.integers(3, len(model.graph.node)))
+    run = tuple(range(0, stop))
+    assert parts.connected_to_last(run) == tuple(k for k in run if k != 1)

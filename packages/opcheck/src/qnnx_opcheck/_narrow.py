@@ -8,11 +8,14 @@ process (``qnnx_opcheck._live``'s child: a trial may stop the process natively),
    its length (about ``log2(nodes)`` trials);
 2. the shortest run of nodes ending at that prefix's last node whose session still fails: a binary search over its
    start (about as many again).
+3. within that run, the nodes joined to its last node through values the run computes, when they fail without
+   the others (one trial): a contiguous run can hold nodes of another branch of the graph.
 
 A part is the run of nodes as a model of its own: the values it reads from earlier nodes become its inputs, the
 values later nodes (or the graph's outputs) read become its outputs, and it keeps the initializers it uses. A part
-made only of data-movement nodes (Reshape, Identity and the like) is never built: QNN fails to finalize such a part
-by itself (measured on the HTP simulator, onnxruntime-qnn 2.7.0), which says nothing of the graph.
+made only of data-movement nodes (Reshape, Identity and the like) is never built and counts as building: the run
+searched for is one that computes something, which a caller can move to another EP (moving every Reshape of a
+graph would cut it into pieces), and the skipped trials are saved.
 
 The search assumes that a failing part still fails when nodes are added before or after it. The run it returns is
 where the failure shows, not a proof that every other part builds: the caller builds the graph again without it.
@@ -35,7 +38,7 @@ from qnnx_opcheck._live import signal_name
 
 __all__ = ["NarrowReport", "narrow_failure"]
 
-# Ops that only move or relabel data: a part made of these alone fails to finalize by itself on QNN HTP.
+# Ops that only move or relabel data: a part made of these alone is not searched for (see the module doc).
 MOVEMENT_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Constant", "Dropout"})
 
 
@@ -121,35 +124,52 @@ class Parts:
         self.folder = folder
         self.infos = _value_infos(model)
         self.initializers = {i.name: i for i in self.graph.initializer}
-        self.last_use: dict[str, int] = {}
-        for k, node in enumerate(self.nodes):
-            for name in node.input:
-                self.last_use[name] = k
-        for out in self.graph.output:
-            self.last_use[out.name] = len(self.nodes)
         self.written = 0
 
-    def movement_only(self, start: int, stop: int) -> bool:
-        return all(n.op_type in MOVEMENT_OPS for n in self.nodes[start:stop])
+    def movement_only(self, indices: Sequence[int]) -> bool:
+        """Every node of the part only moves data (``MOVEMENT_OPS``)."""
+        return all(self.nodes[k].op_type in MOVEMENT_OPS for k in indices)
 
-    def write(self, start: int, stop: int) -> Path | None:
-        """The model of nodes ``[start, stop)``; None when a boundary value has no known type."""
-        run = self.nodes[start:stop]
-        produced = {out for n in run for out in n.output if out}
+    def connected_to_last(self, indices: Sequence[int]) -> tuple[int, ...]:
+        """The nodes of ``indices`` joined to its last node through values the part computes itself (the others
+        only share its inputs, or nothing, with it)."""
+        producer = {out: k for k in indices for out in self.nodes[k].output if out}
+        links: dict[int, set[int]] = {k: set() for k in indices}
+        for k in indices:
+            for name in self.nodes[k].input:
+                j = producer.get(name)
+                if j is not None:
+                    links[k].add(j)
+                    links[j].add(k)
+        seen, todo = {indices[-1]}, [indices[-1]]
+        while todo:
+            for j in links[todo.pop()] - seen:
+                seen.add(j)
+                todo.append(j)
+        return tuple(k for k in indices if k in seen)
+
+    def write(self, indices: Sequence[int]) -> Path | None:
+        """The model of the nodes at ``indices`` (in graph order); None when an input of it has no known type."""
+        run = [self.nodes[k] for k in indices]
+        produced = {out: k for k in indices for out in self.nodes[k].output if out}
         inputs: list[str] = []
         for n in run:
             for name in n.input:
                 if name and name not in produced and name not in self.initializers and name not in inputs:
                     inputs.append(name)
-        outputs = [name for n in run for name in n.output if name and self.last_use.get(name, -1) >= stop]
-        if not outputs:  # nothing leaves the run: its last node's outputs keep it alive
+        # A value leaves the part when a node after it, or outside it, or the graph's outputs read it.
+        members = set(indices)
+        read_outside = {name for k, n in enumerate(self.nodes) if k not in members for name in n.input}
+        read_outside |= {out.name for out in self.graph.output}
+        outputs = [name for name in produced if name in read_outside]
+        if not outputs:  # nothing leaves the part: its last node's outputs keep it alive
             outputs = [name for name in run[-1].output if name]
         if any(name not in self.infos or not self.infos[name].type.HasField("tensor_type") for name in inputs):
             return None
         used = [self.initializers[name] for n in run for name in n.input if name in self.initializers]
         graph = onnx.helper.make_graph(
             run,
-            f"part_{start}_{stop}",
+            f"part_{indices[0]}_{indices[-1]}",
             [self.infos[name] for name in inputs],
             [self.infos.get(name) or onnx.helper.make_empty_tensor_value_info(name) for name in outputs],
             initializer=list({i.name: i for i in used}.values()),
@@ -197,33 +217,38 @@ def narrow_failure(
     with tempfile.TemporaryDirectory(prefix="qnnx-opcheck-narrow-") as tmp:
         parts = Parts(proto, Path(tmp))
         count = len(parts.nodes)
-        fails: dict[tuple[int, int], str | None] = {}
+        fails: dict[tuple[int, ...], str | None] = {}
 
-        def failure(start: int, stop: int) -> str | None:
+        def failure(indices: tuple[int, ...]) -> str | None:
             nonlocal trials
-            if (start, stop) in fails:
-                return fails[(start, stop)]
-            if parts.movement_only(start, stop):
-                return None  # not built: such a part fails by itself (module doc)
-            path = parts.write(start, stop)
+            if indices in fails:
+                return fails[indices]
+            if parts.movement_only(indices):
+                return None  # not searched for (module doc)
+            path = parts.write(indices)
             if path is None:
                 return None
             trials += 1
             if on_trial is not None:
-                on_trial(trials, f"nodes {start}-{stop - 1} of {count}")
-            fails[(start, stop)] = _trial(path, request, timeout)
-            return fails[(start, stop)]
+                span = f"nodes {indices[0]}-{indices[-1]}"
+                some = "" if len(indices) == indices[-1] - indices[0] + 1 else f" ({len(indices)} of them)"
+                on_trial(trials, f"{span}{some} of {count}")
+            fails[indices] = _trial(path, request, timeout)
+            return fails[indices]
+
+        def run(start: int, stop: int) -> tuple[int, ...]:
+            return tuple(range(start, stop))
 
         if error is None:
-            error = failure(0, count)
+            error = failure(run(0, count))
             if error is None:
                 return NarrowReport(error=None, trials=trials)
-        fails[(0, count)] = error
+        fails[run(0, count)] = error
         # 1. the shortest failing prefix: prefix [0, hi) fails, [0, lo) builds.
         lo, hi = 0, count
         while hi - lo > 1 and trials < max_trials:
             mid = (lo + hi) // 2
-            if failure(0, mid) is not None:
+            if failure(run(0, mid)) is not None:
                 hi = mid
             else:
                 lo = mid
@@ -232,20 +257,25 @@ def narrow_failure(
         lo_s, hi_s = 0, hi
         while hi_s - lo_s > 1 and trials < max_trials:
             mid = (lo_s + hi_s) // 2
-            if failure(mid, hi) is not None:
+            if failure(run(mid, hi)) is not None:
                 lo_s = mid
             else:
                 hi_s = mid
         minimal = minimal and hi_s - lo_s <= 1
         if (lo_s, hi) == (0, count) and not minimal:
             return NarrowReport(error=error, trials=trials, minimal=False)
-        run = parts.nodes[lo_s:hi]
-        names = tuple(n.name or f"n{lo_s + k}" for k, n in enumerate(run))
+        # 3. within the run, the nodes joined to its last one, when they fail without the others (one trial).
+        found = run(lo_s, hi)
+        joined = parts.connected_to_last(found)
+        if joined != found and trials < max_trials and failure(joined) is not None:
+            found = joined
+        nodes = [parts.nodes[k] for k in found]
+        names = tuple(n.name or f"n{k}" for k, n in zip(found, nodes))
         return NarrowReport(
             error=error,
             nodes=names,
-            op_types=tuple(sorted({n.op_type for n in run})),
+            op_types=tuple(sorted({n.op_type for n in nodes})),
             trials=trials,
             minimal=minimal,
-            part_error=fails.get((lo_s, hi), error),
+            part_error=fails.get(found, error),
         )
