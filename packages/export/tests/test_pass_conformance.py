@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import pytest
-from export_onnx_builders import make_model, to_bytes, to_ir
+from export_onnx_builders import make_model, projection_into_heads, to_bytes, to_ir
 from export_qnn_helpers import qnn_session
 from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
@@ -289,6 +289,24 @@ def test_elementwise_fusions_shape_classes(shape: tuple[int, ...], name: str, sc
     _check(model, feeds, (name,))
 
 
+@_examples
+@given(
+    lead=st.sampled_from([(4, 4), (1, 16), (2, 8), (8, 8), (1, 4, 4)]),
+    heads=st.sampled_from([2, 4]),
+    head_dim=st.sampled_from([4, 6, 8]),
+    bias=st.booleans(),
+    unflatten=st.booleans(),
+)
+def test_linear_heads_as_matmul_shape_classes(
+    lead: tuple[int, ...], heads: int, head_dim: int, bias: bool, unflatten: bool
+) -> None:
+    """A Linear split into heads, rewritten at the input's rank, builds and is right on QNN, also where the exported
+    Reshape -> Gemm -> Reshape fails graph finalize ([4, 4, K] into 4 heads)."""
+    k = heads * head_dim
+    model, feeds = projection_into_heads(lead, k, heads, head_dim, bias=bias, trans_b=True, unflatten=unflatten, seed=0)
+    _check(model, feeds, ("linear_heads_as_matmul",))
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -297,6 +315,7 @@ COVERED_HERE = frozenset(
         "logsoftmax_unit_axis",
         "fold_gather_scale",
         "gather_runtime_indices_as_rows",
+        "linear_heads_as_matmul",
         *_ELEMENTWISE,
     }
 )

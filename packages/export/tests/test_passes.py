@@ -14,6 +14,7 @@ from export_onnx_builders import (
     gathernd,
     gathernd_runtime,
     make_model,
+    projection_into_heads,
     rmsnorm,
     to_bytes,
     to_ir,
@@ -550,3 +551,44 @@ def test_fold_gather_scale_exact(
     if changed:
         assert "Mul" not in _ops(after)
     _assert_same(model.SerializeToString(), after, feeds)
+
+
+@given(
+    lead=st.lists(st.integers(1, 5), min_size=2, max_size=3),
+    k=st.integers(1, 12),
+    heads=st.integers(2, 4),
+    head_dim=st.integers(1, 6),
+    bias=st.booleans(),
+    trans_b=st.booleans(),
+    unflatten=st.booleans(),
+    seed=seeds(999),
+)
+def test_linear_heads_as_matmul_keeps_results(
+    lead: list[int], k: int, heads: int, head_dim: int, bias: bool, trans_b: bool, unflatten: bool, seed: int
+) -> None:
+    """A flattened projection split into heads becomes a MatMul (+ Add) at the input's rank, with no Gemm left and
+    the same result to float rounding."""
+    model, feeds = projection_into_heads(
+        lead, k, heads, head_dim, bias=bias, trans_b=trans_b, unflatten=unflatten, seed=seed
+    )
+    after, changed, _ = _apply(model, "linear_heads_as_matmul")
+    assert changed and "Gemm" not in _ops(after)
+    assert _ops(after)[:2] == ["MatMul", "Add"] if bias else _ops(after)[0] == "MatMul"
+    _assert_same(model.SerializeToString(), after, feeds, exact=False)
+
+
+@pytest.mark.parametrize("what", ["one head", "no split", "rank 2"])
+def test_linear_heads_as_matmul_leaves_other_projections(what: str) -> None:
+    """A projection into one head, one not split into heads, or one on a rank-2 input is left as it is."""
+    if what == "rank 2":
+        model, _ = projection_into_heads([6], 8, 2, 4, bias=True, trans_b=True, unflatten=False, seed=0)
+    else:
+        model, _ = projection_into_heads(
+            [2, 3], 8, 1 if what == "one head" else 2, 4, bias=True, trans_b=True, unflatten=True, seed=0
+        )
+        if what == "no split":
+            graph = model.graph
+            graph.node.pop()  # drop the split: the output is the unflattened [2, 3, 8]
+            graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("g3", TensorProto.FLOAT, [2, 3, 8]))
+    _after, changed, _ = _apply(model, "linear_heads_as_matmul")
+    assert not changed
