@@ -512,23 +512,23 @@ class UnsqueezeInt64ToReshape(QnnPass):
 
 @register(order=35)
 class LinearIntoHeadsAsMatMul(QnnPass):
-    """Compute a projection split into heads at the input's rank: ``Reshape(x[..., K] -> [M, K]) -> Gemm(W, b) ->
-    Reshape -> [..., N]`` whose result is reshaped into heads ``[..., H, N/H]`` becomes ``MatMul(x, W) + b`` on
-    ``x`` as it is.
+    """Compute a projection split into as many heads as its input's two leading dims at the input's rank:
+    ``Reshape(x[A, A, K] -> [A*A, K]) -> Gemm(W, b) -> Reshape -> [A, A, N]`` reshaped into ``[A, A, A, N/A]``
+    becomes ``MatMul(x, W) + b`` on ``x`` as it is.
 
-    That flattened form is how a Linear on a rank-3+ input is exported (``view -> addmm -> view``). QNN HTP fails to
-    finalize it (``QNN_COMMON_ERROR_MEM_ALLOC``) when the projection is then split into heads, for some shapes: in
-    a tiny MobileViT (``x[4, 4, 24]`` into 4 heads of 6), and alone as ``[4, 4, K] -> [4, 4, 4, K/4]`` for K = 16,
-    24, 32, with or without the bias, with a MatMul in place of the Gemm too; ``[1, 16, K]``, ``[2, 8, K]``,
-    ``[8, 8, K]`` and 2 heads build (onnxruntime-qnn 2.7.0, soc_model 60). The MatMul at the input's rank (as
-    torch.onnx exports a Linear) builds for all of them, and the whole MobileViT then builds. Same products and
-    sums, so the result is the Gemm's to float rounding.
+    That flattened form is how a Linear on a rank-3 input is exported (``view -> addmm -> view``). QNN HTP fails to
+    finalize it (``QNN_COMMON_ERROR_MEM_ALLOC``) when the split output is ``[A, A, A, D]``: measured for A = 2, 3,
+    4, 8 and D = 4 to 32, with or without the bias, with a MatMul in place of the Gemm too, as in a tiny MobileViT
+    (``x[4, 4, 24]`` into 4 heads of 6); ``[4, 4, 8, 4]``, ``[4, 4, 3, 8]``, ``[2, 4, 4, 6]``, ``[4, 8, 4, 6]``,
+    ``[1, 16, 4, 6]`` and ``[4, 4, 4, 1]`` build (onnxruntime-qnn 2.7.0, soc_model 60). The MatMul at the input's
+    rank (as torch.onnx exports a Linear) builds for all of them, and the whole MobileViT then builds. Same
+    products and sums, so the result is the Gemm's to float rounding.
     """
 
     name = "linear_heads_as_matmul"
     defect = (
-        "Reshape -> Gemm -> Reshape of a Linear on a rank-3 input, split into heads, fails QNN graph finalize with "
-        "QNN_COMMON_ERROR_MEM_ALLOC for some shapes (a tiny MobileViT)"
+        "Reshape -> Gemm -> Reshape of a Linear on x[A, A, K] split into [A, A, A, D] fails QNN graph finalize with "
+        "QNN_COMMON_ERROR_MEM_ALLOC (a tiny MobileViT)"
     )
 
     def match(self, node: ir.Node) -> tuple[ir.Value, np.ndarray, ir.Value | None, ir.Node, bool] | None:
@@ -549,7 +549,7 @@ class LinearIntoHeadsAsMatMul(QnnPass):
         flatten = input_producer(node, 0)
         x = flatten.inputs[0] if is_op(flatten, "Reshape") and flatten is not None else None
         lead = static_shape(x)
-        if x is None or lead is None or len(lead) < 3 or lead[-1] != k:
+        if x is None or lead is None or len(lead) != 3 or lead[-1] != k:
             return None
         if static_shape(node.inputs[0]) != (math.prod(lead[:-1]), k):
             return None
@@ -591,11 +591,13 @@ class LinearIntoHeadsAsMatMul(QnnPass):
 
 
 def _splits_heads(lead: tuple[int, ...], n: int, shape: tuple[int, ...] | None) -> bool:
-    """``shape`` is ``[*lead, heads, n / heads]`` with more than one head."""
+    """``shape`` is ``[A, A, A, n / A]`` for ``lead == (A, A)``, ``A > 1``, with more than one channel per head (the
+    class QNN HTP fails to finalize)."""
     return (
         shape is not None
-        and len(shape) == len(lead) + 2
-        and shape[: len(lead)] == lead
-        and shape[-2] > 1
-        and shape[-2] * shape[-1] == n
+        and len(lead) == 2
+        and shape == (*lead, lead[0], n // lead[0])
+        and lead[0] == lead[1] > 1
+        and n % lead[0] == 0
+        and n // lead[0] > 1
     )
