@@ -75,6 +75,22 @@ def test_finalize_failure_is_narrowed_to_a_cpu_island() -> None:
     assert_close_fp16(out, ref)
 
 
+def test_the_island_comes_back_from_the_context_cache(tmp_path) -> None:
+    """With cache=True the compiled split context is stored: a second compile is a hit that neither narrows nor
+    builds again, keeps the Gather on the CPU EP with its reason, and gives the same output."""
+    model, x = _UnfoldInTheMiddle().eval(), torch.randn(5, 5, 5, 5)
+    options = {"cache": True, "cache_dir": str(tmp_path)}
+    _ref, first = _compile(model, x, **options)
+    torch._dynamo.reset()
+    _ref, second = _compile(model, x, **options)
+    miss, hit = qnnx_backend.compile_reports()
+    assert (miss.cache, hit.cache) == ("miss", "hit"), (miss.summary(), hit.summary())
+    assert "narrow_npu" in miss.timings and "narrow_npu" not in hit.timings
+    assert dict(hit.cpu_nodes) == dict(miss.cpu_nodes) and len(hit.cpu_nodes) == 1
+    assert hit.placement.get("CPUExecutionProvider") == 1, hit.placement
+    assert torch.equal(first, second)
+
+
 def test_the_rewrite_keeps_the_graph_wholly_on_qnn() -> None:
     """With the passes on, the same graph is rewritten (MatMul at the input's rank) and runs wholly on QNN."""
     model, x = _HeadsOfSix().eval(), torch.randn(4, 4, 24)
