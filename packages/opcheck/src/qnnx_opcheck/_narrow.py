@@ -233,7 +233,11 @@ def narrow_failure(
                 span = f"nodes {indices[0]}-{indices[-1]}"
                 some = "" if len(indices) == indices[-1] - indices[0] + 1 else f" ({len(indices)} of them)"
                 on_trial(trials, f"{span}{some} of {count}")
-            fails[indices] = _trial(path, request, timeout)
+            try:
+                fails[indices] = _trial(path, request, timeout)
+            finally:  # a part holds its share of the weights: keep at most one on disk
+                for written in path.parent.glob(f"{path.name}*"):
+                    written.unlink(missing_ok=True)
             return fails[indices]
 
         def run(start: int, stop: int) -> tuple[int, ...]:
