@@ -63,6 +63,7 @@ def _timed_session(
 
 
 _ISLAND_ROUNDS = 3
+_QDQ_TYPES = frozenset({"QuantizeLinear", "DequantizeLinear"})
 """How many finalize failures one graph may narrow: each round pins the op types of one failing run."""
 
 
@@ -115,7 +116,9 @@ def _session_with_islands(
             finally:
                 ctx.timings.pop("narrow_trial", None)
                 ctx.timings[f"narrow_{device}"] = ctx.timings.get(f"narrow_{device}", 0.0) + time.perf_counter() - t
-            pinned = [op for op in narrowed.computing_op_types if op not in plan.op_types]
+            # A Q/DQ type is not pinned: the QNN EP moves a QDQ unit with its op, and pinning the type would move
+            # every unit of the graph (see _split's unit members).
+            pinned = [op for op in narrowed.computing_op_types if op not in plan.op_types and op not in _QDQ_TYPES]
             if not narrowed.found or not pinned:
                 raise DeviceRejected(f"{exc.cause}; {narrowed.describe()}") from exc
             plan = with_island(plan, structure, narrowed, pinned)
