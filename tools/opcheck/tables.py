@@ -521,6 +521,22 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "[16, 2]); a Reshape between Gather and Mul does not help; int64 ids, a runtime table, a vector factor, "
         "Add/Sub/Div: right",
     }
+    p["flat_projection_into_heads"] = {
+        "status": "unsupported",
+        "kind": "finalize_error",
+        "ops": ["Gemm", "MatMul"],
+        "reason": "QNN HTP fails to finalize a projection of x[A, A, K] computed flat (Reshape to [A*A, K], then "
+        "Gemm or MatMul) whose result is reshaped into [A, A, A, D] (as many heads as each leading dim, D > 1): "
+        "QNN_COMMON_ERROR_MEM_ALLOC, the whole graph lost.",
+        "fix": "compute the projection at the input's rank, MatMul(x, W) + b (qnnx-export's linear_heads_as_matmul "
+        "pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-03: Reshape -> Gemm (bias or not, or a MatMul) -> Reshape from "
+        "[2, 2, 16] to [2, 2, 2, 8], [3, 3, 24] to [3, 3, 3, 8], [4, 4, K] to [4, 4, 4, K/4] (K = 16, 24, 32, 128), "
+        "[8, 8, 64] to [8, 8, 8, 8]: finalize_error (QNN_COMMON_ERROR_MEM_ALLOC), also through an unflattening "
+        "Reshape to [4, 4, K] first, as a tiny MobileViT exports its attention; [4, 4, 8, 4], [4, 4, 3, 8], "
+        "[2, 4, 4, 6], [4, 8, 4, 6], [8, 4, 4, 6], [1, 4, 4, 6], [4, 4, 4, 1] and a flat input [16, K]: built; "
+        "MatMul(x, W) + b at rank 3: built for every one",
+    }
     p["conv_defects"] = {
         "status": "unsupported",
         "kind": "wrong_result",

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import qnnx_opcheck
-from qnnx_backend._split import CpuPlan, context_cpu_types, misplaced, plan_cpu_nodes
+from qnnx_backend._split import CpuPlan, context_cpu_types, misplaced, plan_cpu_nodes, with_island
 
 # Float ops opcheck vouches for on HTP, and ops it refuses: Erf alone (the QNN EP declines it), Cosh (not in the
 # table), Floor (fp16 rounding of its input changes the result by a whole step).
@@ -239,3 +239,37 @@ def test_a_topk_follows_its_producer_to_the_cpu(floor_branch: bool) -> None:
     assert {"relu_floor", "floor", "topk"} <= set(plan.nodes)
     assert "relu_topk (Relu)" in plan.nodes["topk"]
     assert "TopK" in plan.op_types and "Relu" in plan.op_types
+
+
+@given(
+    ops=st.lists(st.sampled_from(_VOUCHED + _REFUSED), min_size=1, max_size=8),
+    data=st.data(),
+)
+def test_a_finalize_island_moves_every_node_of_its_types_and_names_its_run(ops: list[str], data: st.DataObject) -> None:
+    """Adding a narrowed run's op types to a plan moves every node of those types to the CPU (the counts still add
+    up to the placed nodes), keeps the plan's own pins, and gives the run's nodes of those types the finalize
+    reason, naming the run and the op types that moved whole."""
+    model = _chain(ops)
+    plan = _plan(model)
+    start = data.draw(st.integers(0, len(ops) - 1))
+    stop = data.draw(st.integers(start + 1, len(ops)))
+    run = [n for n in model.graph.node[start:stop]]
+    pinned = sorted({n.op_type for n in run})
+    narrowed = qnnx_opcheck.NarrowReport(
+        error="the QNN HTP backend failed to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC)",
+        nodes=tuple(n.name for n in run),
+        op_types=tuple(pinned),
+        trials=7,
+    )
+    island = with_island(plan, model, narrowed, pinned)
+    total = plan.on_qnn + plan.on_cpu if plan else len(ops)
+    assert island.on_qnn + island.on_cpu == total
+    assert island.on_cpu == sum(n.op_type in island.op_types for n in model.graph.node)
+    assert set(island.op_types) == set(plan.op_types) | set(pinned)
+    assert {k: v for k, v in island.nodes.items() if k in plan.nodes} == dict(plan.nodes)
+    new = set(island.nodes) - set(plan.nodes)
+    assert new == {n.name for n in run if n.op_type not in plan.op_types and n.name not in plan.nodes}
+    for name in new:
+        why = island.nodes[name]
+        assert why.startswith("QNN graph finalize failed: ") and "by 7 trials" in why, why
+        assert f"narrowed to {len(run)} node(s)" in why and "runs on the CPU EP" in why, why

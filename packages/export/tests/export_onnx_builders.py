@@ -195,3 +195,36 @@ def einsum(
     model = make_model([node], inputs, [("y", TensorProto.FLOAT, None)], {})
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in zip("ab", shapes, strict=True)}
     return model, feeds
+
+
+def projection_into_heads(
+    lead: Sequence[int], k: int, heads: int, head_dim: int, *, bias: bool, trans_b: bool, unflatten: bool, seed: int
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A Linear on ``x[*lead, k]`` as exported (``Reshape -> Gemm -> Reshape``), split into ``heads`` heads of
+    ``head_dim``: through the unflattened ``[*lead, n]`` when ``unflatten``, else straight from the Gemm."""
+    rng = np.random.default_rng(seed)
+    n, rows = heads * head_dim, int(np.prod(lead))
+    weight = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    inits = {
+        "w": weight,
+        "flat": np.array([rows, k], np.int64),
+        "back": np.array([*lead, n], np.int64),
+        "split": np.array([*lead, heads, head_dim], np.int64),
+    }
+    gemm_inputs = ["x2", "w"]
+    if bias:
+        inits["b"] = rng.standard_normal(n).astype(np.float32)
+        gemm_inputs.append("b")
+    nodes = [
+        h.make_node("Reshape", ["x", "flat"], ["x2"]),
+        h.make_node("Gemm", gemm_inputs, ["g"], transB=int(trans_b)),
+    ]
+    if unflatten:
+        nodes += [h.make_node("Reshape", ["g", "back"], ["g3"]), h.make_node("Reshape", ["g3", "split"], ["y"])]
+    else:
+        nodes.append(h.make_node("Reshape", ["g", "split"], ["y"]))
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    model = make_model(
+        nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, (*lead, heads, head_dim))], inits
+    )
+    return model, {"x": x}

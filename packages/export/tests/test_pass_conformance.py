@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import pytest
-from export_onnx_builders import avgpool, einsum, make_model, to_bytes, to_ir
+from export_onnx_builders import avgpool, einsum, make_model, projection_into_heads, to_bytes, to_ir
 from export_qnn_helpers import cpu_session, qnn_session
 from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
@@ -359,6 +359,23 @@ def test_einsum_as_matmul_relative_attention(equation: str) -> None:
     _check(model, feeds, ("einsum_as_matmul",))
 
 
+@_examples
+@given(
+    side=st.sampled_from([2, 3, 4, 8]),
+    head_dim=st.sampled_from([2, 4, 6, 32]),
+    bias=st.booleans(),
+    unflatten=st.booleans(),
+)
+def test_linear_heads_as_matmul_shape_classes(side: int, head_dim: int, bias: bool, unflatten: bool) -> None:
+    """A Linear of x[A, A, K] split into [A, A, A, D], rewritten at the input's rank, builds and is right on QNN,
+    where the exported Reshape -> Gemm -> Reshape fails graph finalize."""
+    k = side * head_dim
+    model, feeds = projection_into_heads(
+        [side, side], k, side, head_dim, bias=bias, trans_b=True, unflatten=unflatten, seed=0
+    )
+    _check(model, feeds, ("linear_heads_as_matmul",))
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -369,6 +386,7 @@ COVERED_HERE = frozenset(
         "gather_runtime_indices_as_rows",
         "avgpool_whole_windows",
         "einsum_as_matmul",
+        "linear_heads_as_matmul",
         *_ELEMENTWISE,
     }
 )

@@ -17,6 +17,7 @@ from export_onnx_builders import (
     gathernd,
     gathernd_runtime,
     make_model,
+    projection_into_heads,
     rmsnorm,
     to_bytes,
     to_ir,
@@ -821,3 +822,41 @@ def test_einsum_as_matmul_property(case: tuple[str, list[tuple[int, ...]]], seed
     after, changed, _ = _apply(model, "einsum_as_matmul")
     assert changed and "Einsum" not in _ops(after)
     _assert_same(model.SerializeToString(), after, feeds, exact=False)
+
+
+@given(
+    side=st.integers(2, 6),
+    k=st.integers(1, 12),
+    head_dim=st.integers(2, 6),
+    bias=st.booleans(),
+    trans_b=st.booleans(),
+    unflatten=st.booleans(),
+    seed=seeds(999),
+)
+def test_linear_heads_as_matmul_keeps_results(
+    side: int, k: int, head_dim: int, bias: bool, trans_b: bool, unflatten: bool, seed: int
+) -> None:
+    """A flattened projection of x[A, A, K] split into [A, A, A, D] becomes a MatMul (+ Add) at the input's rank,
+    with no Gemm left and the same result to float rounding."""
+    model, feeds = projection_into_heads(
+        [side, side], k, side, head_dim, bias=bias, trans_b=trans_b, unflatten=unflatten, seed=seed
+    )
+    after, changed, _ = _apply(model, "linear_heads_as_matmul")
+    assert changed and "Gemm" not in _ops(after)
+    assert _ops(after)[:2] == (["MatMul", "Add"] if bias else ["MatMul", "Reshape"])
+    _assert_same(model.SerializeToString(), after, feeds, exact=False)
+
+
+@pytest.mark.parametrize(
+    ("lead", "heads", "head_dim"),
+    [([4, 4], 8, 4), ([4, 4], 3, 8), ([2, 4], 4, 6), ([4, 8], 4, 6), ([1, 16], 4, 6), ([4, 4], 4, 1), ([6], 2, 4)],
+)
+@pytest.mark.parametrize("unflatten", [True, False])
+def test_linear_heads_as_matmul_leaves_the_shapes_qnn_builds(
+    lead: list[int], heads: int, head_dim: int, unflatten: bool
+) -> None:
+    """Projections QNN builds as they are (other head counts, unequal leading dims, one channel per head, a rank-2
+    input) are left alone."""
+    model, _ = projection_into_heads(lead, 8, heads, head_dim, bias=True, trans_b=True, unflatten=unflatten, seed=0)
+    _after, changed, _ = _apply(model, "linear_heads_as_matmul")
+    assert not changed

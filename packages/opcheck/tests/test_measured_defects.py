@@ -320,3 +320,57 @@ def test_an_einsum_diagonal_is_wrong_on_the_simulator_and_refused(equation: str)
     assert _qnn_error(m, feeds) > 0.5
     v = _verdict(m, "einsum")
     assert (v.status, v.kind) == ("unsupported", "wrong_result"), v
+
+
+def _projection_into_heads(
+    lead: tuple[int, int], k: int, heads: int, head_dim: int, unflatten: bool
+) -> onnx.ModelProto:
+    """A Linear on x[*lead, k] as exported (Reshape -> Gemm -> Reshape), split into ``heads`` of ``head_dim``."""
+    n = heads * head_dim
+    inits = {
+        "w": np.random.default_rng(0).standard_normal((n, k)).astype(np.float32),
+        "b": np.zeros(n, np.float32),
+        "flat": np.array([lead[0] * lead[1], k], np.int64),
+        "back": np.array([*lead, n], np.int64),
+        "split": np.array([*lead, heads, head_dim], np.int64),
+    }
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+        helper.make_node("Gemm", ["x2", "w", "b"], ["g"], name="project", transB=1),
+    ]
+    if unflatten:
+        nodes += [
+            helper.make_node("Reshape", ["g", "back"], ["g3"]),
+            helper.make_node("Reshape", ["g3", "split"], ["y"]),
+        ]
+    else:
+        nodes.append(helper.make_node("Reshape", ["g", "split"], ["y"]))
+    return _model(nodes, {"x": (TensorProto.FLOAT, (*lead, k))}, inits)
+
+
+@given(
+    a=st.integers(1, 5),
+    b=st.integers(1, 5),
+    heads=st.integers(1, 5),
+    head_dim=st.integers(1, 4),
+    unflatten=st.booleans(),
+)
+def test_a_flat_projection_into_heads_refusal_follows_its_class(
+    a: int, b: int, heads: int, head_dim: int, unflatten: bool
+) -> None:
+    """The flattened Gemm is refused (finalize_error, naming the rewrite) exactly when x[A, A, K] is split into
+    [A, A, A, D] with A > 1 and D > 1."""
+    v = _verdict(_projection_into_heads((a, b), 8, heads, head_dim, unflatten), "project")
+    refused = a == b == heads > 1 and head_dim > 1
+    assert (v.status == "unsupported") == refused, v
+    if refused:
+        assert v.kind == "finalize_error" and "linear_heads_as_matmul" in (v.reason or ""), v
+
+
+@pytest.mark.parametrize(("lead", "heads", "head_dim", "refused"), [((4, 4), 4, 6, True), ((4, 4), 2, 12, False)])
+def test_the_live_simulator_agrees_on_flat_projections(
+    lead: tuple[int, int], heads: int, head_dim: int, refused: bool
+) -> None:
+    """On the HTP simulator the refused projection fails graph finalize and the vouched neighbour builds."""
+    report = oc.live_check(_projection_into_heads(lead, 24, heads, head_dim, True), soc_model=60, fallback=False)
+    assert (report.session_error is not None and "MEM_ALLOC" in report.session_error) == refused, report.summary()

@@ -8,6 +8,7 @@ checks it against float eager PyTorch. A device that cannot take the graph raise
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import warnings
@@ -20,17 +21,20 @@ import torch
 
 from qnnx_backend import _session
 from qnnx_backend._calibrate import HOW_TO
-from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, with_plan
+from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, minority, with_plan
 from qnnx_backend._export import CompileContext, export_once
 from qnnx_backend._parts import PartedModel, stage_parts
 from qnnx_backend._program import NoSessionProgram, Program, QnnProgram, SessionSource, Target, output_dtypes
 from qnnx_backend._quantize import QuantizeFailed, measure
 from qnnx_backend._report import QuantizationReport
 from qnnx_backend._session import DeviceRejected, StagedModel
+from qnnx_backend._split import CpuPlan, with_island
 from qnnx_backend.errors import QnnFallbackWarning, QuantizationError
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
+
+logger = logging.getLogger(__name__)
 
 
 def _timed(ctx: CompileContext, device: str, create: Callable[[Callable[[int, int], None]], Any]) -> Any:
@@ -56,6 +60,73 @@ def _timed_session(
     model: StagedModel | PartedModel | str, device: str, kwargs: Mapping[str, Any], ctx: CompileContext
 ) -> Any:
     return _timed(ctx, device, lambda on_part: _session.create_for_device(model, device, kwargs, on_part))
+
+
+_ISLAND_ROUNDS = 3
+_QDQ_TYPES = frozenset({"QuantizeLinear", "DequantizeLinear"})
+"""How many finalize failures one graph may narrow: each round pins the op types of one failing run."""
+
+
+def _session_with_islands(
+    staged: StagedModel,
+    structure: Any,
+    device: str,
+    ctx: CompileContext,
+    plan: CpuPlan,
+    kwargs_for: Callable[[CpuPlan], Mapping[str, Any]],
+    provider_options: Mapping[str, Any],
+) -> tuple[Any, CpuPlan, Mapping[str, Any]]:
+    """The session of ``staged`` with ``plan``; when QNN fails to finalize the graph (and the partition allows a
+    split), the smallest failing run of nodes is found by qnnx-opcheck's ``narrow_failure`` (sessions of parts of
+    the graph built in child processes), its op types that compute are pinned to the CPU EP beside ``plan``'s and the
+    session is built again, up to ``_ISLAND_ROUNDS`` times. Returns the session, the plan it keeps and its kwargs."""
+    import qnnx_opcheck
+
+    kwargs = kwargs_for(plan)
+    for round_ in range(_ISLAND_ROUNDS + 1):
+        try:
+            return _timed_session(staged, device, kwargs, ctx), plan, kwargs
+        except DeviceRejected as exc:
+            mode = ctx.options.resolved_partition
+            if "finalize" not in exc.cause or device != "npu":
+                raise
+            if mode == "whole":
+                how = "strict=True keeps" if ctx.options.strict else "partition='whole' keeps"
+                raise DeviceRejected(
+                    f"{exc.cause}; {how} the graph wholly on QNN, so the failing part is not moved to the CPU EP "
+                    "(partition='auto' narrows the failure and runs that part on ONNX Runtime's CPU EP)"
+                ) from exc
+            if round_ == _ISLAND_ROUNDS:
+                raise DeviceRejected(f"{exc.cause}, still after {_ISLAND_ROUNDS} islands on the CPU EP") from exc
+            t = time.perf_counter()
+
+            def on_trial(k: int, what: str) -> None:
+                ctx.timings["narrow_trial"] = k
+                logger.info("qnn backend: narrowing the finalize failure, trial %d: %s", k, what)
+
+            try:
+                narrowed = qnnx_opcheck.narrow_failure(
+                    staged.path,  # with its weights: a part's session needs them
+                    soc_model=int(kwargs["soc_model"]),
+                    provider_options=provider_options,
+                    cpu_op_types=plan.op_types,
+                    error=exc.cause,
+                    on_trial=on_trial,
+                )
+            finally:
+                ctx.timings.pop("narrow_trial", None)
+                ctx.timings[f"narrow_{device}"] = ctx.timings.get(f"narrow_{device}", 0.0) + time.perf_counter() - t
+            # A Q/DQ type is not pinned: the QNN EP moves a QDQ unit with its op, and pinning the type would move
+            # every unit of the graph (see _split's unit members).
+            pinned = [op for op in narrowed.computing_op_types if op not in plan.op_types and op not in _QDQ_TYPES]
+            if not narrowed.found or not pinned:
+                raise DeviceRejected(f"{exc.cause}; {narrowed.describe()}") from exc
+            plan = with_island(plan, structure, narrowed, pinned)
+            logger.info("qnn backend: %s; pinning %s to the CPU EP", narrowed.describe(), ", ".join(pinned))
+            if mode == "auto" and not plan.keeps_majority():
+                raise DeviceRejected(minority(plan.on_qnn, plan.on_cpu, plan)) from exc
+            kwargs = kwargs_for(plan)
+    raise AssertionError("unreachable")
 
 
 def _timed_compile_parts(parts: PartedModel, device: str, kwargs: Mapping[str, Any], ctx: CompileContext) -> Any:
@@ -119,7 +190,15 @@ def build_program(ctx: CompileContext, device: str) -> Program:
     if isinstance(source, PartedModel):
         session, source, kwargs = _parts_from_contexts(source, staged, device, kwargs, setup, plan, ctx)
     else:
-        session = _timed_session(source, device, kwargs, ctx)
+        session, plan, kwargs = _session_with_islands(
+            staged,
+            model.structure,
+            device,
+            ctx,
+            plan,
+            lambda p: with_plan(setup.session_kwargs, p),
+            setup.provider_options,
+        )
         check_share(session, plan, ctx.options)
     return QnnProgram(
         session=session,
@@ -238,7 +317,15 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
         if isinstance(source, PartedModel):  # a large graph: one compiling session at a time, loaded below
             check_share(_timed_compile_parts(source, device, writing, ctx), plan, opts)
         else:
-            session = _timed_session(source, device, writing, ctx)
+            session, plan, _kwargs = _session_with_islands(
+                staged,
+                model.structure,
+                device,
+                ctx,
+                plan,
+                lambda p: {**with_plan(setup.session_kwargs, p), "session_config": _session.context_config(staging)},
+                setup.provider_options,
+            )
             staged.keep_for(session)
             check_share(session, plan, opts)
             built["session"] = session

@@ -49,16 +49,17 @@ def check_ops(model: CompilableModel, device: str, soc: int, ctx: CompileContext
         raise err
     plan = plan_cpu_nodes(model.structure, report)
     if plan and mode == "auto" and not plan.keeps_majority():
-        raise DeviceRejected(_minority(plan.on_qnn, plan.on_cpu, plan))
+        raise DeviceRejected(minority(plan.on_qnn, plan.on_cpu, plan))
     if plan:
         logger.info("qnn backend: partition=%r: %s", opts.partition, plan.describe())
     return plan
 
 
-def _minority(on_qnn: int, on_cpu: int, plan: CpuPlan) -> str:
+def minority(on_qnn: int, on_cpu: int, plan: CpuPlan) -> str:
+    """Why a split that leaves QNN half of the nodes or fewer runs in PyTorch under partition='auto'."""
     return (
         f"QNN would keep only {on_qnn} of {on_qnn + on_cpu} ONNX nodes once the nodes qnnx-opcheck does not vouch "
-        f"for are pinned to ONNX Runtime's CPU EP (by op type); with half or less on QNN the graph runs in "
+        f"for (or that fail QNN's graph finalize) are pinned to ONNX Runtime's CPU EP (by op type); with half or less on QNN the graph runs in "
         f"PyTorch, or pass partition='mixed' to split it anyway. {plan.describe()}"
     )
 
@@ -81,7 +82,7 @@ def check_share(session: Any, plan: CpuPlan, opts: BackendOptions) -> None:
     on_qnn = counts.get(qnnx_detection.EP_NAME, 0)
     on_cpu = sum(counts.values()) - on_qnn
     if on_qnn <= on_cpu:
-        raise DeviceRejected(_minority(on_qnn, on_cpu, plan).replace("would keep", "kept", 1))
+        raise DeviceRejected(minority(on_qnn, on_cpu, plan).replace("would keep", "kept", 1))
 
 
 FP16_MAX = 65504.0

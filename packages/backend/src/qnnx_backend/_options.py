@@ -399,9 +399,10 @@ class BackendOptions:
     partition: str = attrs.field(
         default="auto", converter=_partition, metadata=keyed(lambda o: {"partition": o.resolved_partition})
     )
-    """``"auto"``: a graph with nodes qnnx-opcheck does not vouch for still runs on QNN, with those nodes' op types
-    pinned to ONNX Runtime's CPU EP in the same session, when QNN keeps more than half of the graph's nodes (else it
-    runs in PyTorch); under ``strict`` it is ``"whole"``. ``"whole"``: a graph runs wholly on QNN or not at all.
+    """``"auto"``: a graph with nodes qnnx-opcheck does not vouch for (or a part QNN fails to finalize, found by
+    narrowing) still runs on QNN, with those nodes' op types pinned to ONNX Runtime's CPU EP in the same session,
+    when QNN keeps more than half of the graph's nodes (else it runs in PyTorch); under ``strict`` it is
+    ``"whole"``. ``"whole"``: a graph runs wholly on QNN or not at all.
     ``"mixed"``: split whatever share stays on QNN. See the README's *Where it runs*."""
 
     disable_passes: tuple[str, ...] = attrs.field(

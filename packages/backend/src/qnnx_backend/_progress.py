@@ -38,6 +38,8 @@ def stage(timings: Mapping[str, float]) -> str:
             current = following
     if "building_part" in timings and "parts" in timings:  # a graph too large for one context
         current = f"building the QNN session, part {int(timings['building_part'])} of {int(timings['parts'])}"
+    if "narrow_trial" in timings:  # QNN failed to finalize the graph: finding the part that fails
+        current = f"narrowing a QNN graph finalize failure, trial {int(timings['narrow_trial'])}"
     return current
 
 

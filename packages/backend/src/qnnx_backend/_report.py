@@ -17,6 +17,10 @@ DEVICE_LABELS = {
 }
 
 
+FINALIZE_ISLAND = "QNN graph finalize failed: "
+"""How the reason of a node pinned for a QNN graph finalize failure begins (see ``CompileReport.cpu_nodes``)."""
+
+
 @attrs.frozen(kw_only=True)
 class Attempt:
     """One device the chain tried for a graph."""
@@ -109,8 +113,9 @@ class CompileReport:
     placement: Mapping[str, int] = attrs.field(factory=dict)
     """ONNX nodes per ONNX Runtime execution provider, from ORT's own assignment record (e.g. ``{"QNNExecutionProvider": 12}``)."""
     cpu_nodes: Mapping[str, str] = attrs.field(factory=dict)
-    """The nodes qnnx-opcheck does not vouch for, pinned to ONNX Runtime's CPU EP (by op type, so other nodes of
-    those types run there too), each with opcheck's reason; empty when the graph runs wholly on QNN."""
+    """The nodes pinned to ONNX Runtime's CPU EP (by op type, so other nodes of those types run there too), each
+    with its reason: qnnx-opcheck's, or the QNN graph finalize failure they were narrowed to (``"QNN graph finalize
+    failed: ...; narrowed to N node(s) (...) by K trials; ..."``); empty when the graph runs wholly on QNN."""
     input_shapes: tuple[tuple[int, ...], ...] = ()
     bucket: tuple[int, ...] | None = None
     """The padded sizes this static graph was compiled for, when it serves a length bucket (see the ``buckets``
@@ -139,7 +144,11 @@ class CompileReport:
             if self.cpu_nodes:
                 pinned = ", ".join(list(self.cpu_nodes)[:4])
                 more = f" and {len(self.cpu_nodes) - 4} more" if len(self.cpu_nodes) > 4 else ""
-                split = f" ({on_cpu} of them on the ORT CPU EP; pinned for qnnx-opcheck: {pinned}{more})"
+                finalize = sum(why.startswith(FINALIZE_ISLAND) for why in self.cpu_nodes.values())
+                why = "pinned for qnnx-opcheck" if not finalize else "pinned for qnnx-opcheck or a QNN finalize failure"
+                if finalize == len(self.cpu_nodes):
+                    why = "pinned for a QNN finalize failure"
+                split = f" ({on_cpu} of them on the ORT CPU EP; {why}: {pinned}{more})"
             detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes{split}, cache {self.cache}"
         else:
             detail = f"{where}: {self.reason}"

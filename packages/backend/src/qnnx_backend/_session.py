@@ -231,8 +231,10 @@ def _create_mixed(
     """A session split between QNN and ORT's CPU EP (see _split): the op types of the nodes qnnx-opcheck does not
     vouch for are pinned to the CPU with the EP's op_affinity file, so the QNN EP's own capability check never
     decides for them; nodes QNN declines by itself also run on the CPU. A compiled context keeps its plain nodes
-    on the CPU. A failure at QNN graph finalize is not rescued by ORT's fallback (onnxruntime-qnn 2.7.0), so the
-    session is built again with half of the remaining op types pinned as well (at most 4 retries). The placement
+    on the CPU. A failure at QNN graph finalize is not rescued by ORT's fallback (onnxruntime-qnn 2.7.0): a compile
+    (which hands its plan in ``cpu_types``) narrows it to the failing nodes itself (``_build``); a model planned here
+    (a saved graph rebuilt) is built again with half of the remaining op types pinned as well (at most 4
+    retries, op types chosen blindly, which the compile's narrowing replaces). The placement
     ORT records is then checked: a node meant for the CPU found on QNN, or fused away before placement, fails the
     session."""
     import onnx
@@ -245,6 +247,7 @@ def _create_mixed(
         else onnx.load(os.fspath(model), load_external_data=False)
     )
     context_types = context_cpu_types(proto)
+    retries = 0 if cpu_types is not None and context_types is None else _MIXED_RETRIES
     if context_types is not None:
         cpu_types = context_types
     elif cpu_types is None:  # a model no compile planned here (a saved graph rebuilt): plan it now
@@ -252,7 +255,7 @@ def _create_mixed(
         cpu_types, cpu_nodes = plan.op_types, tuple(plan.nodes)
     excluded = list(cpu_types)
     candidates = sorted({n.op_type for n in proto.graph.node if n.domain in ("", "ai.onnx")} - set(excluded))
-    for attempt in range(_MIXED_RETRIES + 1):
+    for attempt in range(retries + 1):
         extra = dict(kwargs.get("provider_options") or {})
         path = write_affinity(excluded) if excluded else None
         if path is not None:
@@ -261,7 +264,7 @@ def _create_mixed(
             session = qnnx_detection.create_session(model, device, **{**kwargs, "provider_options": extra})
             break
         except qnnx_detection.errors.SessionCreationError:
-            if attempt == _MIXED_RETRIES or not candidates:
+            if attempt == retries or not candidates:
                 raise
             half = candidates[: max(1, len(candidates) // 2)]
             candidates = candidates[len(half) :]

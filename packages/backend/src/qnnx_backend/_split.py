@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from qnnx_backend._options import OPCHECK_BACKEND
+from qnnx_backend._report import FINALIZE_ISLAND
 
 # Table outcomes that run on QNN: opcheck vouches for them (hazards with a documented caveat included, as in
 # whole-graph placement). Anything else is pinned to the CPU EP.
@@ -318,3 +319,27 @@ def opcheck(structure: Any, device: str, soc: int) -> Any:
     import qnnx_opcheck
 
     return qnnx_opcheck.check_model(structure, OPCHECK_BACKEND[device], soc_model=soc)
+
+
+def with_island(plan: CpuPlan, structure: Any, narrowed: Any, op_types: Iterable[str]) -> CpuPlan:
+    """``plan`` with a finalize failure's island added: ``narrowed`` (qnnx-opcheck's ``NarrowReport``) names the
+    smallest failing run of nodes, and ``op_types`` (its types that compute) are pinned to the CPU EP. Since
+    onnxruntime-qnn pins op types, every node of those types moves, and each of the run's nodes pinned says so."""
+    graph = structure.graph
+    names = [_node_name(n, i) for i, n in enumerate(graph.node)]
+    new = sorted(set(op_types) - set(plan.op_types))
+    counts = {t: sum(n.op_type == t for n in graph.node) for t in new}
+    moved = sum(1 for name, n in zip(names, graph.node) if n.op_type in counts and name not in plan.nodes)
+    run = ", ".join(narrowed.nodes[:6]) + (f" and {len(narrowed.nodes) - 6} more" if len(narrowed.nodes) > 6 else "")
+    whole_types = "; ".join(f"every {t} node ({counts[t]}) runs on the CPU EP" for t in new)
+    why = (
+        f"{FINALIZE_ISLAND}{narrowed.error}; narrowed to {len(narrowed.nodes)} node(s) ({run}) by "
+        f"{narrowed.trials} trials; onnxruntime-qnn pins op types, not nodes: {whole_types}"
+    )
+    island = {name: why for name, n in zip(names, graph.node) if name in narrowed.nodes and n.op_type in counts}
+    return CpuPlan(
+        nodes={**plan.nodes, **island},
+        op_types=tuple(sorted({*plan.op_types, *new})),
+        on_qnn=(plan.on_qnn if plan else len(names)) - moved,
+        on_cpu=plan.on_cpu + moved,
+    )

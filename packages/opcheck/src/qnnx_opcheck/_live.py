@@ -3,7 +3,8 @@
 :func:`live_check` runs this module as a child process (QNN may stop a process natively): it builds the session on
 the QNN EP (the NPU on a device, the HTP simulator on x86_64), records ONNX Runtime's node assignment, runs
 generated inputs and compares the outputs with the CPU EP. The only module of qnnx-opcheck that uses onnxruntime,
-and only in that child: the static check needs none.
+and only in that child: the static check needs none. ``narrow_failure`` (``_narrow.py``) starts the same child to
+only build a session (:func:`build_only`).
 """
 
 from __future__ import annotations
@@ -124,6 +125,41 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def build_only(request: dict[str, Any]) -> dict[str, Any]:
+    """Build the QNN session of ``request["model"]`` (the child's work); its error. The CPU fallback is off, unless
+    ``request["cpu_op_types"]`` pins op types to the CPU EP (with onnxruntime-qnn's ``op_affinity`` file)."""
+    import os
+
+    import onnxruntime as ort
+    import onnxruntime_qnn as oq
+
+    ort.set_default_logger_severity(3)
+    if not any(d.ep_name == _EP for d in ort.get_ep_devices()):
+        ort.register_execution_provider_library(_EP, oq.get_library_path())
+    device = next(d for d in ort.get_ep_devices() if d.ep_name == _EP)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    cpu_op_types = list(request.get("cpu_op_types") or ())
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "0" if cpu_op_types else "1")
+    options = {"backend_path": oq.get_qnn_htp_path(), "soc_model": str(request["soc_model"])}
+    options.update({str(k): str(v) for k, v in request.get("provider_options", {}).items()})
+    if cpu_op_types:
+        affinity = request["model"] + ".affinity.json"
+        with open(affinity, "w") as fh:
+            json.dump({"op_type": dict.fromkeys(cpu_op_types, "cpu")}, fh)
+        options["op_affinity"] = affinity
+    so.add_provider_for_devices([device], options)
+    try:
+        ort.InferenceSession(request["model"], sess_options=so)
+    except Exception as exc:
+        text = str(exc).strip()
+        return {"error": " ".join(text.split())[:800] if text else type(exc).__name__}
+    finally:
+        if cpu_op_types:
+            os.unlink(options["op_affinity"])
+    return {"error": None}
+
+
 @attrs.frozen(kw_only=True)
 class LiveReport:
     """What the installed QNN EP did with a model.
@@ -188,7 +224,8 @@ class LiveReport:
         return out
 
 
-def _signal_name(code: int) -> str:
+def signal_name(code: int) -> str:
+    """How a child process ended, from its return code (a signal's name, or the exit status)."""
     try:
         return signal.Signals(-code).name if code < 0 else f"exit status {code}"
     except ValueError:
@@ -256,7 +293,7 @@ def live_check(
         if proc.returncode != 0 or not res.exists():
             tail = (proc.stderr or "").strip().splitlines()[-1:] or [""]
             return LiveReport(
-                soc_model=soc_model, fallback=fallback, crashed=f"{_signal_name(proc.returncode)} {tail[0]}".strip()
+                soc_model=soc_model, fallback=fallback, crashed=f"{signal_name(proc.returncode)} {tail[0]}".strip()
             )
         found = json.loads(res.read_text())
     return LiveReport(
@@ -272,4 +309,5 @@ def live_check(
 
 if __name__ == "__main__":
     request_file, result_file = sys.argv[1:3]
-    Path(result_file).write_text(json.dumps(run(json.loads(Path(request_file).read_text()))))
+    request = json.loads(Path(request_file).read_text())
+    Path(result_file).write_text(json.dumps(build_only(request) if request.get("build_only") else run(request)))

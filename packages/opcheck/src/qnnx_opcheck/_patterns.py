@@ -485,6 +485,33 @@ class Patterns:
                 return True
         return False
 
+    @rule("flat_projection_into_heads")
+    def _is_flat_projection_into_heads(self, index: int, node: NodeView) -> bool:
+        """A Gemm or MatMul of x[A, A, K] reshaped to [A*A, K] whose result is reshaped (directly, or through a
+        Reshape back to [A, A, N]) into [A, A, A, N/A] with A > 1 and N/A > 1."""
+        if not node.input or not node.output:
+            return False
+        flatten = self.view.producer(node.input[0])
+        if flatten is None or flatten.op_type != "Reshape" or not flatten.input:
+            return False
+        lead = self._static_dims(flatten.input[0])
+        out = self._static_dims(node.output[0])
+        if lead is None or out is None or len(lead) != 3 or len(out) != 2 or lead[0] != lead[1] or lead[0] < 2:
+            return False
+        side, n = lead[0], out[1]
+        if out[0] != side * side or n % side or n // side < 2:
+            return False
+        heads = (side, side, side, n // side)
+        todo = [node.output[0]]
+        for _depth in range(2):  # the split, or the unflattening Reshape and then the split
+            following = [c for name in todo for c in self.view.consumer_nodes(name) if c.op_type == "Reshape"]
+            if any(self._static_dims(c.output[0]) == heads for c in following if c.output):
+                return True
+            todo = [c.output[0] for c in following if c.output and self._static_dims(c.output[0]) == (side, side, n)]
+            if not todo:
+                return False
+        return False
+
     @rule("conv_defects")
     def _is_conv_defect(self, index: int, node: NodeView) -> bool:
         """A Conv with one output channel and a stride >= 3, or with padding on an axis whose one output window

@@ -1,5 +1,5 @@
 """Shape and layout rewrites: batch tiling, rank <= 5 transposes, GatherND, Gather by runtime indices, int64
-Unsqueeze, empty Concat inputs, Einsum as MatMul."""
+Unsqueeze, empty Concat inputs, Einsum as MatMul, a flattened projection into heads."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from qnnx_export._passes._graph import (
     add_initializer,
     const_array,
     fresh_names,
+    input_producer,
     is_op,
     new_value,
     replace_value,
@@ -29,6 +30,7 @@ __all__ = [
     "FoldHighRankTranspose",
     "GatherNDToGather",
     "GatherRuntimeIndicesAsRows",
+    "LinearIntoHeadsAsMatMul",
     "TileLayerNormBroadcast",
     "UnsqueezeInt64ToReshape",
 ]
@@ -628,3 +630,99 @@ class EinsumAsMatMul(QnnPass):
             return nodes, laid_out(result, order, plan.output)
 
         return self.replace_matched(graph, "qnnx_einsum", as_matmul)
+
+
+# ----------------------------------------------------------------- a flattened projection split into heads
+
+
+@register(order=35)
+class LinearIntoHeadsAsMatMul(QnnPass):
+    """Compute a projection split into as many heads as its input's two leading dims at the input's rank:
+    ``Reshape(x[A, A, K] -> [A*A, K]) -> Gemm(W, b) -> Reshape -> [A, A, N]`` reshaped into ``[A, A, A, N/A]``
+    becomes ``MatMul(x, W) + b`` on ``x`` as it is.
+
+    That flattened form is how a Linear on a rank-3 input is exported (``view -> addmm -> view``). QNN HTP fails to
+    finalize it (``QNN_COMMON_ERROR_MEM_ALLOC``) when the split output is ``[A, A, A, D]``: measured for A = 2, 3,
+    4, 8 and D = 4 to 32, with or without the bias, with a MatMul in place of the Gemm too, as in a tiny MobileViT
+    (``x[4, 4, 24]`` into 4 heads of 6); ``[4, 4, 8, 4]``, ``[4, 4, 3, 8]``, ``[2, 4, 4, 6]``, ``[4, 8, 4, 6]``,
+    ``[1, 16, 4, 6]`` and ``[4, 4, 4, 1]`` build (onnxruntime-qnn 2.7.0, soc_model 60). The MatMul at the input's
+    rank (as torch.onnx exports a Linear) builds for all of them, and the whole MobileViT then builds. Same
+    products and sums, so the result is the Gemm's to float rounding.
+    """
+
+    name = "linear_heads_as_matmul"
+    defect = (
+        "Reshape -> Gemm -> Reshape of a Linear on x[A, A, K] split into [A, A, A, D] fails QNN graph finalize with "
+        "QNN_COMMON_ERROR_MEM_ALLOC (a tiny MobileViT)"
+    )
+
+    def match(self, node: ir.Node) -> tuple[ir.Value, np.ndarray, ir.Value | None, ir.Node, bool] | None:
+        """``(x, weight [K, N], bias, last reshape, whether that reshape splits the heads itself)``, or None."""
+        if not is_op(node, "Gemm") or len(node.inputs) < 2:
+            return None
+        attrs = {name: attr.value for name, attr in node.attributes.items()}
+        if attrs.get("transA", 0) != 0 or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            return None
+        weight = const_array(node.inputs[1])
+        if weight is None or weight.ndim != 2:
+            return None
+        weight = weight.T if attrs.get("transB", 0) else weight
+        k, n = weight.shape
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and (static_shape(bias) not in ((n,), (1, n))):
+            return None
+        flatten = input_producer(node, 0)
+        x = flatten.inputs[0] if is_op(flatten, "Reshape") and flatten is not None else None
+        lead = static_shape(x)
+        if x is None or lead is None or len(lead) != 3 or lead[-1] != k:
+            return None
+        if static_shape(node.inputs[0]) != (math.prod(lead[:-1]), k):
+            return None
+        out = node.outputs[0]
+        uses = list(out.uses())
+        if out.is_graph_output() or len(uses) != 1 or not is_op(uses[0].node, "Reshape") or uses[0].idx != 0:
+            return None
+        last = uses[0].node
+        shape = static_shape(last.outputs[0])
+        if shape is None:
+            return None
+        if shape == (*lead[:-1], n):  # unflattened: one of its uses splits it into heads
+            split = any(
+                is_op(u.node, "Reshape") and _splits_heads(lead[:-1], n, static_shape(u.node.outputs[0]))
+                for u in last.outputs[0].uses()
+            )
+            return (x, weight, bias, last, False) if split else None
+        return (x, weight, bias, last, True) if _splits_heads(lead[:-1], n, shape) else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = fresh_names(graph, "qnnx_heads")
+        matched = self.matched(graph)
+        for _gemm, (x, weight, bias, last, splits) in matched:
+            lead = cast(tuple[int, ...], static_shape(x))
+            shape = (*lead[:-1], weight.shape[1])
+            w = add_initializer(graph, names("weight"), np.ascontiguousarray(weight))
+            product = new_value(names("matmul"), x.dtype, shape)
+            nodes = [ir.Node("", "MatMul", [x, w], outputs=[product])]
+            result = product
+            if bias is not None:
+                result = new_value(names("biased"), x.dtype, shape)
+                nodes.append(ir.Node("", "Add", [product, bias], outputs=[result]))
+            graph.insert_before(last, nodes)
+            if splits:
+                last.replace_input_with(0, result)
+            else:
+                replace_value(graph, last.outputs[0], result)
+        return bool(matched)
+
+
+def _splits_heads(lead: tuple[int, ...], n: int, shape: tuple[int, ...] | None) -> bool:
+    """``shape`` is ``[A, A, A, n / A]`` for ``lead == (A, A)``, ``A > 1``, with more than one channel per head (the
+    class QNN HTP fails to finalize)."""
+    return (
+        shape is not None
+        and len(lead) == 2
+        and shape == (*lead, lead[0], n // lead[0])
+        and lead[0] == lead[1] > 1
+        and n % lead[0] == 0
+        and n // lead[0] > 1
+    )
