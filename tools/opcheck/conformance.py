@@ -377,8 +377,8 @@ def _shape_class_cases() -> Iterator[Case]:
 
 # ai.onnx.ml's ArrayFeatureExtractor (it picks indices along the last axis): each rank with and without unit dims
 # before the last axis, one index, several (unordered, repeated, more than the axis holds), negative ones (counted
-# from the end, as onnxruntime's CPU kernel reads them), a last axis of one element; constant and runtime indices;
-# float32 everywhere, int32 and int64 on the first shape of each rank.
+# from the end, which onnxruntime's CPU kernel refuses), a last axis of one element, scalar and 2-D indices (ranks
+# 2-4); constant and runtime indices; float32 everywhere, int32 and int64 on the first shape of each rank.
 AFE_SHAPES = {
     1: ((5,),),
     2: ((3, 5), (1, 5)),
@@ -389,8 +389,8 @@ AFE_SHAPES = {
 AFE_INDICES = {"one": (3,), "several": (4, 0, 2, 2, 1, 4, 3), "negative": (-1, 0, -5, 2)}
 
 
-def _afe_case(name: str, x: np.ndarray, idx: tuple[int, ...], runtime: bool) -> Case:
-    y = np.array(idx, np.int64)
+def _afe_case(name: str, x: np.ndarray, idx: tuple[int, ...] | np.ndarray, runtime: bool) -> Case:
+    y = np.asarray(idx, np.int64)
     node = helper.make_node("ArrayFeatureExtractor", ["x", "y"], ["z"], domain="ai.onnx.ml")
     feeds, inits = ({"x": x, "y": y}, {}) if runtime else ({"x": x}, {"y": y})
     return _model(name, [node], feeds, ["z"], inits, opset=20, ml_opset=1)
@@ -407,6 +407,10 @@ def _array_feature_extractor_cases() -> Iterator[Case]:
                     x = np.random.default_rng(rank).integers(-100, 100, shape).astype(dtype)
                     name = f"ArrayFeatureExtractor/r{rank}/{where}/several/{np.dtype(dtype).name}"
                     yield _afe_case(name, x, AFE_INDICES["several"], where == "runtime")
+        for index_shape in ((), (2, 2)) if rank in (2, 3, 4) else ():
+            idx = np.array((3, 0, 4, 4)[: int(np.prod(index_shape))], np.int64).reshape(index_shape)
+            name = f"ArrayFeatureExtractor/r{rank}/{where}/indices_r{len(index_shape)}"
+            yield _afe_case(name, _x(shapes[0], 2.0), idx, where == "runtime")
         for shape in ((3, 1), (2, 3, 1)) if rank == 2 else ():
             for idx in ((0,), (0, 0, 0)):
                 name = f"ArrayFeatureExtractor/unit_last/{where}/{'x'.join(map(str, shape))}/{len(idx)}"

@@ -247,7 +247,8 @@ def _shape_classes(table: Any) -> list[str]:
         "newest measurement, which every table uses). A class key reads `r<rank>` (input rank), `const` / `runtime` "
         "(an input is a constant or computed at run time), `unit_axis` / `unit_last` (the axis has one element), "
         "`leading<=8` (every dim before the normalized axis is at most 8), then the op's own parts (Resize: mode, "
-        "nearest mode, coordinate mode and size change); `{a,b}` stands for either part. A node is vouched for only in a class measured right; the "
+        "nearest mode, coordinate mode and size change; ArrayFeatureExtractor: the data's dtype, `indices_r<n>` for "
+        "indices that are not a vector); `{a,b}` stands for either part. A node is vouched for only in a class measured right; the "
         "checker names the class when it refuses one:",
         "",
         "| op | vouched for (measured right) | refused |",

@@ -66,17 +66,21 @@ def feature_extractor(
     dtype: str = "float32",
     runtime: bool = False,
     declared: bool = True,
+    index_shape: tuple[int, ...] | None = None,
 ) -> onnx.ModelProto:
     """ai.onnx.ml's ArrayFeatureExtractor of ``x[shape]`` (float32, int32 or int64) by int64 indices ``y``: a graph
     input (``runtime``) or a constant. The output's shape is declared as onnxruntime computes it ([1, n] for a 1-D
-    x), or left out (``declared=False``, as ONNX's shape inference leaves it)."""
+    x), or left out (``declared=False``, as ONNX's shape inference leaves it). ``index_shape`` reshapes the indices
+    (a scalar, a matrix); the output is then left to inference."""
     elem = {"float32": F, "int32": TensorProto.INT32, "int64": TensorProto.INT64}[dtype]
     inputs = [helper.make_tensor_value_info("x", elem, list(shape))]
+    y = np.array(indices, np.int64).reshape(index_shape if index_shape is not None else (len(indices),))
+    declared = declared and index_shape is None
     inits = []
     if runtime:
-        inputs.append(helper.make_tensor_value_info("y", TensorProto.INT64, [len(indices)]))
+        inputs.append(helper.make_tensor_value_info("y", TensorProto.INT64, list(y.shape)))
     else:
-        inits.append(numpy_helper.from_array(np.array(indices, np.int64), "y"))
+        inits.append(numpy_helper.from_array(y, "y"))
     out_shape = [1, len(indices)] if len(shape) == 1 else [*shape[:-1], len(indices)]
     node = helper.make_node("ArrayFeatureExtractor", ["x", "y"], ["z"], domain="ai.onnx.ml", name="afe")
     output = helper.make_tensor_value_info("z", elem, out_shape if declared else None)

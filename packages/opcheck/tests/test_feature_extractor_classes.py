@@ -3,6 +3,7 @@ and Shape with start > end (folded by onnxruntime before the QNN EP sees it)."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 from hypothesis import given
@@ -39,6 +40,23 @@ def test_array_feature_extractor_by_class(
     assert (v.status != "unsupported") is supported, v.reason
     if not supported:
         assert f"r{len(shape)}/" in (v.reason or "")
+
+
+@pytest.mark.parametrize(
+    ("shape", "index_shape", "supported"),
+    [((3, 5), (2, 2), True), ((2, 3, 5), (2, 2), True), ((2, 2, 3, 5), (2, 2), False), ((3, 5), (), False)],
+)
+@pytest.mark.parametrize("runtime", [False, True])
+def test_array_feature_extractor_by_index_rank(
+    shape: tuple[int, ...], index_shape: tuple[int, ...], supported: bool, runtime: bool
+) -> None:
+    """Indices of rank 2 are vouched for at data ranks 2-3 (measured right) and refused at rank 4 (the EP refused
+    them); scalar indices, which leave the output's last dim unknown to inference, are refused as measured."""
+    indices = list(range(int(np.prod(index_shape))))
+    v = _verdict(_afe(shape, indices, runtime=runtime, index_shape=index_shape))
+    assert (v.status != "unsupported") is supported, v.reason
+    if not supported:
+        assert v.kind == "rejected" and f"indices_r{len(index_shape)}" in (v.reason or "")
 
 
 @pytest.mark.parametrize("version", ["2.4.0", "2.5.0", "2.6.0"])

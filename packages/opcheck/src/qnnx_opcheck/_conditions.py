@@ -80,8 +80,9 @@ class Conditions:
     def _feature_extractor_key(self, node: NodeView) -> str | None:
         """``r<rank>/<const|runtime>/<dtype>`` for an ArrayFeatureExtractor (indices along the last axis), with
         ``/negative`` when constant indices hold a negative value (onnxruntime's CPU kernel refuses them, so nothing
-        says what they should give) and ``/unit_last`` when the last axis has one element. None when the data's
-        shape or dtype is unknown (the table's cells decide)."""
+        says what they should give), ``/unit_last`` when the last axis has one element and ``/indices_r<n>`` for
+        indices that are not a vector (onnxruntime flattens them). None when the data's shape or dtype is unknown
+        (the table's cells decide)."""
         shape = self.view.shape(node.input[0]) if node.input else None
         dtype = self.view.dtype(node.input[0]) if node.input else None
         if shape is None or dtype is None or len(node.input) < 2:
@@ -93,6 +94,9 @@ class Conditions:
             parts.append("negative")
         if shape and shape[-1] == 1:
             parts.append("unit_last")
+        index_shape = self.view.shape(indices)
+        if index_shape is None or len(index_shape) != 1:
+            parts.append(f"indices_r{'?' if index_shape is None else len(index_shape)}")
         return "/".join(parts)
 
     def _axis_key(self, node: NodeView) -> str | None:
