@@ -111,6 +111,8 @@ def _i64(*v: int) -> np.ndarray:
 
 X = (2, 3, 4)
 FLOATS = ("float32", "float16")
+# The element types of ai.onnx.ml's ArrayFeatureExtractor that the tables hold (its schema adds double and string).
+AFE_DTYPES = ("float32", "int32", "int64")
 UNARY_FLOAT = {
     "Abs": "any",
     "Neg": "any",
@@ -499,6 +501,10 @@ def _variants() -> list[Variant]:
         )
     add(Variant("NLLLoss", "NegativeLogLikelihoodLoss", nll_in, nll, opset=22, dtypes=FLOATS))
     add(Variant("GridSample", "GridSample", (D((1, 2, 4, 4)), D((1, 3, 3, 2), domain="unit"))))
+    # ai.onnx.ml (opset 1 of that domain): the types its schema allows besides double and string. The shape classes
+    # (rank, unit dims, runtime or negative indices) are measured by tools/opcheck/conformance.py.
+    afe = (D((3, 4)), C(_i64(0, 3, 3)))
+    add(Variant("ArrayFeatureExtractor", "ArrayFeatureExtractor", afe, domain="ai.onnx.ml", dtypes=AFE_DTYPES))
     qkv = tuple(D((1, 2, 4, 8)) for _ in range(3))
     add(Variant("Attention", "Attention", qkv, opset=23, qdq=True))
     lstm = (D((3, 2, 4)), CT((1, 16, 4)), CT((1, 16, 4)))
@@ -614,7 +620,7 @@ def build(variant: Variant, dtype: str, seed: int = 0) -> Built | None:
     graph = helper.make_graph(
         nodes, "probe", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outs], inits
     )
-    return _finish(graph, variant.opset, feeds)
+    return _finish(graph, variant.opset, feeds, variant.domain)
 
 
 def has_weights(variant: Variant) -> bool:
@@ -794,8 +800,10 @@ def _build_qdq_node(variant: Variant, dtype: str, rng: np.random.Generator) -> B
     return _finish(graph, variant.opset, feeds)
 
 
-def _finish(graph: onnx.GraphProto, opset: int, feeds: dict[str, np.ndarray]) -> Built | None:
+def _finish(graph: onnx.GraphProto, opset: int, feeds: dict[str, np.ndarray], domain: str = "") -> Built | None:
     opsets = [helper.make_opsetid("", opset)]
+    if domain == "ai.onnx.ml":
+        opsets.append(helper.make_opsetid(domain, 1))
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)

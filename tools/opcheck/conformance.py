@@ -61,9 +61,16 @@ def _model(
     outputs: list[str],
     inits: dict[str, np.ndarray] | None = None,
     opset: int = 20,
+    ml_opset: int | None = None,
 ) -> Case:
-    """A shape-inferred model whose runtime inputs are ``inputs`` (their values are the feeds)."""
-    elem = {np.dtype(np.float32): F, np.dtype(np.int64): I64, np.dtype(np.bool_): TensorProto.BOOL}
+    """A shape-inferred model whose runtime inputs are ``inputs`` (their values are the feeds); ``ml_opset`` also
+    imports the ai.onnx.ml domain."""
+    elem = {
+        np.dtype(np.float32): F,
+        np.dtype(np.int64): I64,
+        np.dtype(np.int32): TensorProto.INT32,
+        np.dtype(np.bool_): TensorProto.BOOL,
+    }
     graph = helper.make_graph(
         nodes,
         name,
@@ -71,7 +78,8 @@ def _model(
         [helper.make_empty_tensor_value_info(o) for o in outputs],
         [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("ai.onnx.ml", ml_opset)] if ml_opset else [])
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     inferred = onnx.shape_inference.infer_shapes(model)
     typed = {o.name: o for o in inferred.graph.output}
     del model.graph.output[:]
@@ -367,6 +375,48 @@ def _shape_class_cases() -> Iterator[Case]:
     yield _model("Div/const_zero/var_of_one", nodes, {"x": _x((4, 1, 5))}, ["y"], inits)
 
 
+# ai.onnx.ml's ArrayFeatureExtractor (it picks indices along the last axis): each rank with and without unit dims
+# before the last axis, one index, several (unordered, repeated, more than the axis holds), negative ones (counted
+# from the end, which onnxruntime's CPU kernel refuses), a last axis of one element, scalar and 2-D indices (ranks
+# 2-4); constant and runtime indices; float32 everywhere, int32 and int64 on the first shape of each rank.
+AFE_SHAPES = {
+    1: ((5,),),
+    2: ((3, 5), (1, 5)),
+    3: ((2, 3, 5), (2, 1, 5)),
+    4: ((2, 2, 3, 5), (1, 2, 1, 5)),
+    5: ((1, 2, 2, 3, 5), (2, 1, 2, 1, 5)),
+}
+AFE_INDICES = {"one": (3,), "several": (4, 0, 2, 2, 1, 4, 3), "negative": (-1, 0, -5, 2)}
+
+
+def _afe_case(name: str, x: np.ndarray, idx: tuple[int, ...] | np.ndarray, runtime: bool) -> Case:
+    y = np.asarray(idx, np.int64)
+    node = helper.make_node("ArrayFeatureExtractor", ["x", "y"], ["z"], domain="ai.onnx.ml")
+    feeds, inits = ({"x": x, "y": y}, {}) if runtime else ({"x": x}, {"y": y})
+    return _model(name, [node], feeds, ["z"], inits, opset=20, ml_opset=1)
+
+
+def _array_feature_extractor_cases() -> Iterator[Case]:
+    for (rank, shapes), where in itertools.product(AFE_SHAPES.items(), ("const", "runtime")):
+        for i, shape in enumerate(shapes):
+            for label, idx in AFE_INDICES.items():
+                x = _x(shape, 2.0, seed=i)
+                yield _afe_case(f"ArrayFeatureExtractor/r{rank}/{where}/{label}#{i}", x, idx, where == "runtime")
+            if i == 0:
+                for dtype in (np.int32, np.int64):
+                    x = np.random.default_rng(rank).integers(-100, 100, shape).astype(dtype)
+                    name = f"ArrayFeatureExtractor/r{rank}/{where}/several/{np.dtype(dtype).name}"
+                    yield _afe_case(name, x, AFE_INDICES["several"], where == "runtime")
+        for index_shape in ((), (2, 2)) if rank in (2, 3, 4) else ():
+            idx = np.array((3, 0, 4, 4)[: int(np.prod(index_shape))], np.int64).reshape(index_shape)
+            name = f"ArrayFeatureExtractor/r{rank}/{where}/indices_r{len(index_shape)}"
+            yield _afe_case(name, _x(shapes[0], 2.0), idx, where == "runtime")
+        for shape in ((3, 1), (2, 3, 1)) if rank == 2 else ():
+            for idx in ((0,), (0, 0, 0)):
+                name = f"ArrayFeatureExtractor/unit_last/{where}/{'x'.join(map(str, shape))}/{len(idx)}"
+                yield _afe_case(name, _x(shape, 2.0), idx, where == "runtime")
+
+
 def all_cases() -> list[Case]:
     """Every case, in a stable order."""
     out: list[Case] = []
@@ -378,6 +428,7 @@ def all_cases() -> list[Case]:
         _magnitude_cases,
         _misc_cases,
         _shape_class_cases,
+        _array_feature_extractor_cases,
     ):
         out.extend(gen())
     out.extend(_runtime_input_cases())

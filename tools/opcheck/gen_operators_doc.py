@@ -168,19 +168,95 @@ def _guards() -> list[str]:
     return lines
 
 
-def _measured(table: Any) -> list[str]:
-    p = table.patterns.get("measured_conditions")
-    if not p:
+# Node-condition keys that name a shape class (rank, runtime or given inputs, axis position) rather than an attribute.
+SHAPE_RULE_KEYS = ("runtime_inputs", "given_inputs", "input_rank", "axis_before_last")
+# Variant conditions that name a shape class.
+SHAPE_WHEN_KEYS = ("rank", "output_rank", "const_inputs", "dynamic_inputs")
+
+
+def _rule_when(rule: dict[str, Any]) -> str:
+    """A node-condition rule's shape condition in words."""
+    words = {
+        "runtime_inputs": "runtime input {}",
+        "given_inputs": "input {} given",
+        "input_rank": "input rank {}",
+        "axis_before_last": "axis before the last",
+    }
+    parts = []
+    for key in SHAPE_RULE_KEYS:
+        if key in rule:
+            value = rule[key]
+            text = "/".join(map(str, value)) if isinstance(value, list) else ""
+            parts.append(words[key].format(text).strip())
+    return ", ".join(parts)
+
+
+def _compact(keys: list[str]) -> list[str]:
+    """Class keys written compactly: keys that differ in one ``/``-part only become one key with the alternatives in
+    braces (``r4/{const,runtime}/float32``), position by position from the last part."""
+    items = [key.split("/") for key in keys]
+    for pos in reversed(range(max((len(p) for p in items), default=0))):
+        groups: dict[tuple[Any, ...], list[list[str]]] = {}
+        for parts in items:
+            rest = (len(parts), *parts[:pos], *parts[pos + 1 :]) if len(parts) > pos else ("whole", *parts)
+            groups.setdefault(rest, []).append(parts)
+        items = []
+        for group in groups.values():
+            merged = list(group[0])
+            if len(group) > 1:
+                merged[pos] = "{" + ",".join(dict.fromkeys(p[pos] for p in group)) + "}"
+            items.append(merged)
+    return ["/".join(p) for p in items]
+
+
+def _shape_classes(table: Any) -> list[str]:
+    """Per op, the shape classes behind its cells, read from the table: the condition classes measured by
+    tools/opcheck/conformance.py (``measured_conditions``), the variants whose condition is a rank or constant /
+    runtime inputs, and the node conditions on runtime inputs, ranks and axis position."""
+    rows: dict[str, tuple[list[str], list[str]]] = {}
+    measured = (table.patterns.get("measured_conditions") or {}).get("ops", {})
+    for op, classes in measured.items():
+        vouched, refused = rows.setdefault(op, ([], []))
+        vouched += [f"`{key}`" for key in _compact([k for k, outcome in classes.items() if outcome == "right"])]
+        for outcome in ("wrong", "crash", "refused"):
+            keys = [f"`{key}`" for key in _compact([k for k, o in classes.items() if o == outcome])]
+            if keys:
+                refused.append(f"{outcome}: {', '.join(keys)}")
+        refused.append("any class not listed: not measured")
+    for entry in table.ops.values():
+        for variant in entry["variants"]:
+            when = variant.get("when") or {}
+            if not any(k in when for k in SHAPE_WHEN_KEYS):
+                continue
+            vouched, refused = rows.setdefault(entry["op_type"], ([], []))
+            label = variant.get("description") or _when(when)
+            ok = sorted(k for k, c in variant["dtypes"].items() if c["status"] == "supported")
+            bad = sorted(k for k, c in variant["dtypes"].items() if c["status"] != "supported")
+            if ok:
+                vouched.append(f"{label} ({', '.join(ok)})")
+            if bad:
+                refused.append(f"{label} ({', '.join(bad)})")
+    for rule in (table.patterns.get("node_conditions") or {}).get("rules", ()):
+        if any(k in rule for k in SHAPE_RULE_KEYS):
+            for op in rule["ops"]:
+                rows.setdefault(op, ([], []))[1].append(f"{rule['kind']}: {_rule_when(rule)}")
+    if not rows:
         return []
     lines = [
-        f"Measured condition classes (onnxruntime-qnn {table.onnxruntime_qnn}; every table uses the newest "
-        "measurement). A node whose class is not listed as `right` is refused:",
+        f"Shape classes behind the cells (onnxruntime-qnn {table.onnxruntime_qnn}; the measured classes are the "
+        "newest measurement, which every table uses). A class key reads `r<rank>` (input rank), `const` / `runtime` "
+        "(an input is a constant or computed at run time), `unit_axis` / `unit_last` (the axis has one element), "
+        "`leading<=8` (every dim before the normalized axis is at most 8), then the op's own parts (Resize: mode, "
+        "nearest mode, coordinate mode and size change; ArrayFeatureExtractor: the data's dtype, `indices_r<n>` for "
+        "indices that are not a vector); `{a,b}` stands for either part. A node is vouched for only in a class measured right; the "
+        "checker names the class when it refuses one:",
         "",
-        "| op | condition class | outcome |",
+        "| op | vouched for (measured right) | refused |",
         "|---|---|---|",
     ]
-    for op, classes in p["ops"].items():
-        lines += [f"| {op} | `{key}` | {outcome} |" for key, outcome in classes.items()]
+    for op in sorted(rows):
+        vouched, refused = rows[op]
+        lines.append(f"| {op} | {'; '.join(vouched) or '-'} | {'; '.join(refused) or '-'} |")
     return lines
 
 
@@ -327,7 +403,7 @@ def render() -> str:
         out += ["", "Failures beyond a plain rejection (these do not fall back to the CPU):", "", *_failures(t)]
         out += ["", "Multi-node hazards and caveats:", "", *_patterns(t)]
         if t.backend == "htp" and t is newest_probed:
-            out += ["", *_measured(t)]
+            out += ["", *_shape_classes(t)]
         if t.notes:
             out += ["", *(f"- {n}" for n in t.notes)]
     return "\n".join(out) + "\n"

@@ -928,8 +928,8 @@ def build_gpu(htp: dict[str, Any], version: str) -> dict[str, Any]:
         if tuple(map(int, v.split("."))) > tuple(map(int, version.split(".")))
         for op in lst
     ]
-    for op in later:
-        ops.pop(f"::{op}", None)
+    for key in [k for k, e in ops.items() if e["op_type"] in later and e["domain"] in ("", "ai.onnx.ml")]:
+        del ops[key]
     patterns = {
         k: copy.deepcopy(htp["patterns"][k])
         for k in ("constant_folded", "dropout_removed", "dynamic_shape", "erf_gelu_fusion")

@@ -58,3 +58,32 @@ def unary(
 ) -> onnx.ModelProto:
     """One unary node on a graph input."""
     return model([node(op, ["x"], ["y"], **attrs)], [inp("x", shape, dtype)], ["y"], opset=opset)
+
+
+def feature_extractor(
+    shape: tuple[int, ...],
+    indices: Sequence[int],
+    dtype: str = "float32",
+    runtime: bool = False,
+    declared: bool = True,
+    index_shape: tuple[int, ...] | None = None,
+) -> onnx.ModelProto:
+    """ai.onnx.ml's ArrayFeatureExtractor of ``x[shape]`` (float32, int32 or int64) by int64 indices ``y``: a graph
+    input (``runtime``) or a constant. The output's shape is declared as onnxruntime computes it ([1, n] for a 1-D
+    x), or left out (``declared=False``, as ONNX's shape inference leaves it). ``index_shape`` reshapes the indices
+    (a scalar, a matrix); the output is then left to inference."""
+    elem = {"float32": F, "int32": TensorProto.INT32, "int64": TensorProto.INT64}[dtype]
+    inputs = [helper.make_tensor_value_info("x", elem, list(shape))]
+    y = np.array(indices, np.int64).reshape(index_shape if index_shape is not None else (len(indices),))
+    declared = declared and index_shape is None
+    inits = []
+    if runtime:
+        inputs.append(helper.make_tensor_value_info("y", TensorProto.INT64, list(y.shape)))
+    else:
+        inits.append(numpy_helper.from_array(y, "y"))
+    out_shape = [1, len(indices)] if len(shape) == 1 else [*shape[:-1], len(indices)]
+    node = helper.make_node("ArrayFeatureExtractor", ["x", "y"], ["z"], domain="ai.onnx.ml", name="afe")
+    output = helper.make_tensor_value_info("z", elem, out_shape if declared else None)
+    graph = helper.make_graph([node], "g", inputs, [output], inits)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("ai.onnx.ml", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)

@@ -1,4 +1,4 @@
-"""Gather and Conv classes QNN HTP computes wrongly: opcheck refuses them, vouches for their right neighbours, and the
+"""Gather, Conv and ArrayFeatureExtractor classes QNN HTP computes wrongly: opcheck refuses them, vouches for their right neighbours, and the
 live simulator agrees on a few of each (the sweeps behind the table's evidence are wider)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from opcheck_graphs import feature_extractor
 
 import qnnx_opcheck as oc
 
@@ -215,6 +216,8 @@ def _qnn_error(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
     so.add_provider_for_devices([device], {"backend_path": oq.get_qnn_htp_path(), "soc_model": "60"})
     got = ort.InferenceSession(m.SerializeToString(), sess_options=so).run(None, feeds)[0]
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    if got.shape != want.shape:  # another shape is wrong, whatever the values (and broadcasting would hide it)
+        return float("inf")
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-6))
 
 
@@ -374,3 +377,22 @@ def test_the_live_simulator_agrees_on_flat_projections(
     """On the HTP simulator the refused projection fails graph finalize and the vouched neighbour builds."""
     report = oc.live_check(_projection_into_heads(lead, 24, heads, head_dim, True), soc_model=60, fallback=False)
     assert (report.session_error is not None and "MEM_ALLOC" in report.session_error) == refused, report.summary()
+
+
+@pytest.mark.parametrize(
+    ("shape", "indices", "runtime", "declared"),
+    [((2, 1, 5), (4, 0, 2, 2), True, False), ((1, 2, 1, 5), (3,), False, True), ((5,), (3,), False, False)],
+)
+def test_the_live_simulator_agrees_on_array_feature_extractor(
+    shape: tuple[int, ...], indices: tuple[int, ...], runtime: bool, declared: bool
+) -> None:
+    """A vouched ArrayFeatureExtractor class is right on the simulator; in the refused rank-1 class, with the output
+    shape left to inference, QNN returns a scalar where onnxruntime's CPU kernel returns [1, 1]."""
+    m = feature_extractor(shape, indices, runtime=runtime, declared=declared)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    if runtime:
+        feeds["y"] = np.array(indices, np.int64)
+    vouched = _verdict(m, "afe").status == "supported"
+    error = _qnn_error(m, feeds)
+    assert (error <= 1e-2) == vouched, error

@@ -43,6 +43,8 @@ class Conditions:
 
     def condition_key(self, node: NodeView) -> str | None:
         """The measured-condition class of a node (see :func:`qnnx_opcheck._check.condition_keys`), or None for ops without one."""
+        if node.domain == "ai.onnx.ml" and node.op_type == "ArrayFeatureExtractor":
+            return self._feature_extractor_key(node)
         if node.domain not in ("", "ai.onnx"):
             return None
         if node.op_type == "Resize":
@@ -74,6 +76,28 @@ class Conditions:
         if shape is None:
             return None
         return "r5" if len(shape) >= 5 else "r1-4"
+
+    def _feature_extractor_key(self, node: NodeView) -> str | None:
+        """``r<rank>/<const|runtime>/<dtype>`` for an ArrayFeatureExtractor (indices along the last axis), with
+        ``/negative`` when constant indices hold a negative value (onnxruntime's CPU kernel refuses them, so nothing
+        says what they should give), ``/unit_last`` when the last axis has one element and ``/indices_r<n>`` for
+        indices that are not a vector (onnxruntime flattens them). None when the data's shape or dtype is unknown
+        (the table's cells decide)."""
+        shape = self.view.shape(node.input[0]) if node.input else None
+        dtype = self.view.dtype(node.input[0]) if node.input else None
+        if shape is None or dtype is None or len(node.input) < 2:
+            return None
+        indices = node.input[1]
+        parts = [f"r{len(shape)}", "const" if self.view.is_const(indices) else "runtime", dtype]
+        value = self.view.const_value(indices)
+        if value is not None and bool((value < 0).any()):
+            parts.append("negative")
+        if shape and shape[-1] == 1:
+            parts.append("unit_last")
+        index_shape = self.view.shape(indices)
+        if index_shape is None or len(index_shape) != 1:
+            parts.append(f"indices_r{'?' if index_shape is None else len(index_shape)}")
+        return "/".join(parts)
 
     def _axis_key(self, node: NodeView) -> str | None:
         """``unit_axis`` or ``axis`` for a Softmax/LogSoftmax (QNN HTP's LogSoftmax over an axis of size 1 returns

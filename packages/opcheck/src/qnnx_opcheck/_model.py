@@ -442,8 +442,11 @@ def read_facts(proto: onnx.ModelProto, notes: tuple[str, ...] = (), source: str 
                 if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                     const_values[node.output[0]] = _small_value(attr.t)
                     values.setdefault(node.output[0], _tensor_facts(attr.t))
-        # ORT does not fold a node that produces a graph output, so such a node is checked as an op.
-        if _folds(node, constants, static_shapes) and not any(o in graph_output_names for o in node.output):
+        # ORT does not fold a node that produces a graph output, so such a node is checked as an op; Shape is the
+        # exception (its own folding step): Shape(x[3, 4, 5]) and Shape(Relu(x), start=2, end=1) as graph outputs
+        # left no Shape node for the QNN EP (onnxruntime 1.32, onnxruntime-qnn 2.7.0, measured).
+        produces_output = any(o in graph_output_names for o in node.output)
+        if _folds(node, constants, static_shapes) and (node.op_type == "Shape" or not produces_output):
             constants.update(o for o in node.output if o)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in inferred.opset_import}
     symbolic: dict[str, tuple[str, ...]] = {}

@@ -164,8 +164,9 @@ class Checker:
         return kind, reason, evidence, dtype
 
     def _shape_free_refusal(self, index: int, node: NodeView, dtype: str | None) -> Decision | None:
-        """The refusals that do not depend on shapes: runtime parameters the EP takes only as constants (the
-        ``runtime_parameters`` pattern and the node conditions on runtime or given inputs)."""
+        """The refusals that hold although an output shape is unknown: runtime parameters the EP takes only as
+        constants (the ``runtime_parameters`` pattern and the node conditions on runtime or given inputs), and a
+        condition class measured wrong, refused or crashing."""
         for rule in PATTERN_RULES:
             p = self.view.pattern(rule.pattern) if rule.pattern == "runtime_parameters" else None
             if p is not None and node.op_type in p.get("ops", ()) and rule.matcher(self.patterns, index, node):
@@ -173,6 +174,10 @@ class Checker:
         condition = self.patterns.node_condition(node, shape_free=True)
         if condition is not None and KIND_STATUS.get(condition[0]) == "unsupported":
             return condition[0], condition[1], condition[2], dtype
+        measured = self.conditions.measured(node)  # a class measured not right (ArrayFeatureExtractor by scalar
+        # indices: the output's last dim is unknown to ONNX's inference, and the EP refuses it)
+        if measured is not None and measured[0] != "unknown_op" and KIND_STATUS.get(measured[0]) == "unsupported":
+            return measured[0], measured[1], measured[2], dtype
         return None
 
     def _removable(self, node: NodeView) -> bool:
