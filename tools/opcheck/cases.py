@@ -208,7 +208,20 @@ BINARY = [
     "Or",
     "Xor",
 ]
-QDQ_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Equal", "Greater", "Less"}
+QDQ_BINARY = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Max",
+    "Min",
+    "Pow",
+    "Equal",
+    "Greater",
+    "Less",
+    "GreaterOrEqual",
+    "LessOrEqual",
+}
 REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2"]
 REDUCE += ["ReduceLogSumExp", "ReduceSumSquare"]
 QDQ_REDUCE = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}
@@ -412,7 +425,7 @@ def _variants() -> list[Variant]:
     add(
         Variant("GroupNormalization_x4", "GroupNormalization", (D((1, 4, 4, 4)), CT((4,)), CT((4,))), {"num_groups": 1})
     )
-    add(Variant("RMSNormalization", "RMSNormalization", (D(X), CT((4,))), {"axis": -1}, opset=23))
+    add(Variant("RMSNormalization", "RMSNormalization", (D(X), CT((4,))), {"axis": -1}, opset=23, qdq=True))
     add(Variant("LpNormalization", "LpNormalization", (D(X),), {"axis": -1, "p": 2}, qdq=True))
     add(Variant("LRN", "LRN", (D((1, 3, 4, 4)),), {"size": 3}))
     pool = {"kernel_shape": [2, 2]}

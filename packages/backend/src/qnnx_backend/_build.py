@@ -322,8 +322,6 @@ def build_quantized(ctx: CompileContext, device: str, graph_id: int) -> tuple[Pr
     figures: dict[str, Any] = {}
     if not calibration.samples:
         reason = f"it was not calibrated. {HOW_TO}"
-    elif ctx.analysis.mutated_indices:
-        reason = "it writes in place into its arguments, which quantization does not support"
     else:
         try:
             program = build_program(ctx, device)
@@ -331,7 +329,7 @@ def build_quantized(ctx: CompileContext, device: str, graph_id: int) -> tuple[Pr
             reason = f"the quantized graph was not compiled ({exc})"
         else:
             t = time.perf_counter()
-            figures = measure(program, gm, args, calibration)
+            figures = measure(program, gm, args, calibration, ctx.analysis.mutated_indices)
             timings["quantize_check"] = time.perf_counter() - t
             sqnr = figures.get("sqnr_db")
             if spec.min_sqnr is None or sqnr is None or sqnr >= spec.min_sqnr:
