@@ -13,7 +13,7 @@ import math
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +111,8 @@ class QuantizedModel:
         self.node_origins = exported.node_origins
         self.exporter = exported.exporter
         self.external_data = exported.external_data
+        self.weight_groups: tuple[str, ...] = ()
+        """The quantized weights by type, op and module (:func:`weight_groups`)."""
 
     @functools.cached_property
     def structure(self) -> Any:
@@ -176,6 +178,13 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         if qnn_preprocess_model(str(source), folder / "pre.onnx", fuse_layernorm=True, save_as_external_data=big):
             source = folder / "pre.onnx"
         nodes = onnx.load(str(source), load_external_data=False).graph.node
+        initializers = {
+            i.name: tuple(i.dims) for i in onnx.load(str(source), load_external_data=False).graph.initializer
+        }
+        overrides = {
+            name: [{**o, "quant_type": getattr(QuantType, _ORT_TYPES[o["quant_type"]])}]
+            for name, o in weight_overrides(nodes, initializers, spec, exported.node_origins).items()
+        }
         config = get_qnn_qdq_config(
             str(source),
             _Reader(feeds),
@@ -183,16 +192,21 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
             activation_type=getattr(QuantType, _ORT_TYPES[spec.activation_type]),
             weight_type=getattr(QuantType, _ORT_TYPES[spec.weight_type]),
             per_channel=spec.per_channel,
+            init_overrides=overrides or None,
             nodes_to_exclude=_kept_in_float(nodes, spec, exported.node_origins) or None,
         )
         config.use_external_data_format = big
         out = folder / "model_qdq.onnx"
         quantize(str(source), out, config)
-        _check_io(onnx.load(str(out), load_external_data=False), model)
+        quantized = onnx.load(str(out), load_external_data=False)
+        _check_io(quantized, model)
+        groups = weight_groups(quantized, exported.node_origins)
         for leftover in ("float.onnx", "source.onnx", "pre.onnx"):
             (folder / f"{leftover}.data").unlink(missing_ok=True)
             (folder / leftover).unlink(missing_ok=True)
-        return QuantizedModel(out, exported)
+        result = QuantizedModel(out, exported)
+        result.weight_groups = groups
+        return result
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -242,6 +256,66 @@ def finite_masks(model: Any) -> int:
                 replace(node, 1, lambda v: v <= -32768, MASK_FILL / 2, "finite_mask_test")
         logger.info("qnn backend: %d mask fill(s) of -inf quantized as %g", replaced, MASK_FILL)
     return replaced
+
+
+_WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1, "Gather": 0}
+"""Which input of each weight-carrying op is its weight."""
+_SIGNED = ("int8", "int4")
+
+
+def weight_overrides(
+    nodes: Sequence[Any], initializers: Mapping[str, tuple[int, ...]], spec: QuantizeSpec, origins: Any
+) -> dict[str, dict[str, Any]]:
+    """onnxruntime's tensor overrides (``init_overrides``) for the weights whose type or form differs from what the
+    scheme alone gives: a ``module_weight_types`` entry's type; signed weights (int8, int4) symmetric, since QNN HTP
+    computed a MatMul of int4 weights with a zero point of -1 wrongly on the simulator (relative error 1.75, where
+    the same layer with zero point 0 was right); and with ``per_channel``, signed MatMul/Gemm weights one scale per
+    output channel (onnxruntime's ``per_channel`` alone leaves them per tensor). Weight types are names here."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        k = _WEIGHT_INPUT.get(node.op_type)
+        if k is None or len(node.input) <= k or node.input[k] not in initializers or node.input[k] in overrides:
+            continue
+        name, dims = node.input[k], initializers[node.input[k]]
+        module = str(origins.get(node.name, "")).split(" ", 1)[0]
+        weight_type = spec.weight_type_of(module)
+        override: dict[str, Any] = {"quant_type": weight_type}
+        if weight_type in _SIGNED:
+            override["symmetric"] = True
+        if spec.per_channel and weight_type in _SIGNED and len(dims) == 2 and node.op_type in ("MatMul", "Gemm"):
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            override["axis"] = 0 if trans_b else 1
+        elif spec.per_channel and node.op_type in ("Conv", "ConvTranspose") and weight_type != spec.weight_type:
+            override["axis"] = 1 if node.op_type == "ConvTranspose" else 0
+        if weight_type != spec.weight_type or len(override) > 1:
+            overrides[name] = override
+    return overrides
+
+
+def weight_groups(model: Any, origins: Any) -> tuple[str, ...]:
+    """The weights of a QDQ model by type, op and module (layer numbers as ``*``), e.g.
+    ``"int4 per-channel: 14 MatMul in model.layers.*.mlp.up_proj"``, for the report."""
+    import re
+
+    from onnx import TensorProto
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    dequantized = {n.output[0]: n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    counts: dict[tuple[str, str, str], int] = {}
+    for node in graph.node:
+        k = _WEIGHT_INPUT.get(node.op_type)
+        dq = dequantized.get(node.input[k]) if k is not None and len(node.input) > k else None
+        if dq is None:
+            continue
+        dtype = TensorProto.DataType.Name(inits[dq.input[0]].data_type).lower()
+        scale = inits.get(dq.input[1])
+        form = " per-channel" if scale is not None and len(scale.dims) > 0 and max(scale.dims) > 1 else ""
+        module = str(origins.get(node.name, "")).split(" ", 1)[0]
+        module = re.sub(r"\.\d+(?=\.|$)", ".*", re.sub(r"^\[\d+\]\.", "", module)) or "?"
+        key = (f"{dtype}{form}", node.op_type, module)
+        counts[key] = counts.get(key, 0) + 1
+    return tuple(f"{t}: {n} {op} in {m}" for (t, op, m), n in sorted(counts.items()))
 
 
 def _kept_in_float(nodes: Sequence[Any], spec: QuantizeSpec, origins: Any) -> list[str]:
@@ -317,4 +391,4 @@ def explain_quantized(
     sqnr = figures.get("sqnr_db")
     below = spec.min_sqnr is not None and sqnr is not None and sqnr < spec.min_sqnr
     reason = f"SQNR {sqnr:.1f} dB on the CPU EP is below min_sqnr={spec.min_sqnr:g} dB" if below else None
-    return model, QuantizationReport(used=not below, reason=reason, **figures, **base)
+    return model, QuantizationReport(used=not below, reason=reason, weights=model.weight_groups, **figures, **base)
