@@ -210,7 +210,20 @@ BINARY = [
     "Or",
     "Xor",
 ]
-QDQ_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Equal", "Greater", "Less"}
+QDQ_BINARY = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Max",
+    "Min",
+    "Pow",
+    "Equal",
+    "Greater",
+    "Less",
+    "GreaterOrEqual",
+    "LessOrEqual",
+}
 REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2"]
 REDUCE += ["ReduceLogSumExp", "ReduceSumSquare"]
 QDQ_REDUCE = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}
@@ -414,7 +427,7 @@ def _variants() -> list[Variant]:
     add(
         Variant("GroupNormalization_x4", "GroupNormalization", (D((1, 4, 4, 4)), CT((4,)), CT((4,))), {"num_groups": 1})
     )
-    add(Variant("RMSNormalization", "RMSNormalization", (D(X), CT((4,))), {"axis": -1}, opset=23))
+    add(Variant("RMSNormalization", "RMSNormalization", (D(X), CT((4,))), {"axis": -1}, opset=23, qdq=True))
     add(Variant("LpNormalization", "LpNormalization", (D(X),), {"axis": -1, "p": 2}, qdq=True))
     add(Variant("LRN", "LRN", (D((1, 3, 4, 4)),), {"size": 3}))
     pool = {"kernel_shape": [2, 2]}
@@ -689,6 +702,25 @@ def quantize_variant(variant: Variant, key: str, seed: int = 0) -> Built | None:
     return result
 
 
+def _signed_weight_overrides(
+    model: onnx.ModelProto, weight: str, per_channel: bool, qtype: Any
+) -> dict[str, list[dict[str, Any]]]:
+    """The overrides qnnx-backend gives signed weights (int8, int4): symmetric, and with per_channel a MatMul/Gemm
+    weight one scale per output channel (onnxruntime's per_channel alone leaves those per tensor)."""
+    if weight not in ("int8", "int4"):
+        return {}
+    inits = {i.name: i for i in model.graph.initializer}
+    overrides: dict[str, list[dict[str, Any]]] = {}
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        override: dict[str, Any] = {"quant_type": qtype, "symmetric": True}
+        if per_channel and len(inits[node.input[1]].dims) == 2:
+            override["axis"] = 0 if any(a.name == "transB" and a.i for a in node.attribute) else 1
+        overrides[node.input[1]] = [override]
+    return overrides
+
+
 # Activations onnxruntime's quantizer leaves in float unless a quantized op feeds them.
 _REMOVABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
@@ -736,13 +768,15 @@ def _quantized(variant: Variant, built: Built, key: str, seed: int, *, prefix: b
     try:
         with tempfile.TemporaryDirectory(prefix="opcheck-qdq-") as tmp:
             src, out = f"{tmp}/float.onnx", f"{tmp}/qdq.onnx"
-            onnx.save(_with_prefix(built.model) if prefix else built.model, src)
+            source = _with_prefix(built.model) if prefix else built.model
+            onnx.save(source, src)
             config = get_qnn_qdq_config(
                 src,
                 _Reader(),
                 activation_type=qtype[act],
                 weight_type=qtype[weight],
                 per_channel=per_channel,
+                init_overrides=_signed_weight_overrides(source, weight, per_channel, qtype[weight]) or None,
                 # A lone Relu/Clip is otherwise dropped into the output range, as after a Conv.
                 keep_removable_activations=True,
             )

@@ -7,7 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qnnx_backend import BackendOptions
-from qnnx_backend._quantspec import ACTIVATION_TYPES, CALIBRATIONS, DEFAULT_MIN_SQNR, PRESETS, WEIGHT_TYPES
+from qnnx_backend._quantspec import (
+    ACTIVATION_TYPES,
+    CALIBRATIONS,
+    DEFAULT_MIN_SQNR,
+    LLM_MODULE_WEIGHT_TYPES,
+    PRESETS,
+    RECIPES,
+    WEIGHT_TYPES,
+    module_weight_type,
+)
 from qnnx_backend.errors import InvalidOptionsError
 
 
@@ -37,7 +46,8 @@ def test_int4_weights_are_per_channel_unless_told(scheme, per_channel):
         if per_channel is not None:
             mapping["per_channel"] = per_channel
         spec = _quantize(mapping)
-        expected = per_channel if per_channel is not None else spec.weight_type == "int4"
+        recipe = RECIPES.get(scheme, {}).get("per_channel", False)
+        expected = per_channel if per_channel is not None else (spec.weight_type == "int4" or recipe)
         assert spec.per_channel is expected
     assert _quantize("a16w4").per_channel is True and _quantize("a16w4").weight_type == "int4"
 
@@ -58,7 +68,10 @@ def test_mapping_starts_from_its_scheme_and_overrides():
     ("value", "match"),
     [
         ("int8", r"quantize='int8' is not valid; accepted: 'a16w8', 'a8w8'"),
-        (8, r"quantize: 8 is not valid; accepted: None, 'a16w8', 'a8w8', 'a16w4' or a dict"),
+        (8, r"quantize: 8 is not valid; accepted: None, 'a16w8', 'a8w8', 'a16w4', 'llm-a16w4' or a dict"),
+        ({"module_weight_types": ["lm_head"]}, r"module_weight_types=\['lm_head'\] is not valid; accepted: a dict"),
+        ({"module_weight_types": {"lm_head": "int2"}}, r"module_weight_types\['lm_head'\]='int2' is not valid"),
+        ({"module_weight_types": {"a..b": "int8"}}, r"module_weight_types has the key 'a..b'; accepted: a module"),
         ({"activation": "uint8"}, r"unknown key\(s\) 'activation' \(did you mean 'activation_type'\?\)"),
         ({"weight_type": "int2"}, r"weight_type='int2' is not valid; accepted: 'uint8', 'int8', 'uint16', 'int4'"),
         ({"calibration": "kl"}, r"calibration='kl' is not valid; accepted: 'minmax', 'entropy', 'percentile'"),
@@ -74,6 +87,44 @@ def test_bad_values_name_the_value_the_accepted_ones_and_an_example(value, match
     with pytest.raises(InvalidOptionsError, match=match) as info:
         _quantize(value)
     assert "Example: quantize='a16w8'" in str(info.value)
+
+
+def test_llm_recipe_is_int4_in_the_blocks_8_bit_head_16_bit_activations():
+    """'llm-a16w4': uint16 activations, int4 per-channel weights in the decoder blocks' layers, an int8 head, a
+    16-bit embedding table, the scheme's uint8 for the rest (norm scales); a dict on top overrides name by name."""
+    spec = _quantize("llm-a16w4")
+    assert spec.activation_type == "uint16" and spec.per_channel and spec.label == "llm-a16w4"
+    assert spec.weight_type_of("model.layers.3.self_attn.q_proj") == "int4"
+    assert spec.weight_type_of("transformer.h.0.mlp.c_fc") == "int4"
+    assert spec.weight_type_of("lm_head") == "int8" and spec.weight_type_of("model.embed_tokens") == "uint16"
+    assert spec.weight_type_of("model.norm") == "uint8" and spec.weight_type_of("") == "uint8"
+    wider = _quantize({"scheme": "llm-a16w4", "module_weight_types": {"layers.0.mlp": "int8"}})
+    assert wider.weight_type_of("model.layers.0.mlp.down_proj") == "int8"
+    assert wider.weight_type_of("model.layers.1.mlp.down_proj") == "int4"
+    assert wider.label == "llm-a16w4 (9 module weight type(s))"
+    assert dict(spec.module_weight_types) == dict(LLM_MODULE_WEIGHT_TYPES)
+    assert wider.cache_material() != spec.cache_material()
+
+
+@given(
+    path=st.lists(st.sampled_from(["model", "layers", "0", "mlp", "lm_head", "h"]), max_size=5),
+    table=st.dictionaries(
+        st.lists(st.sampled_from(["model", "layers", "0", "mlp", "lm_head"]), min_size=1, max_size=3).map(".".join),
+        st.sampled_from(WEIGHT_TYPES),
+        max_size=4,
+    ),
+)
+def test_module_weight_type_is_the_longest_name_found_in_the_path(path, table):
+    """Property: a name applies when its segments appear in a row in the module path; of several, the longest
+    decides; with none, the scheme's type applies (None here)."""
+    module = ".".join(path)
+    got = module_weight_type(module, tuple(sorted(table.items())))
+    found = [n for n in table if any(path[k : k + len(n.split("."))] == n.split(".") for k in range(len(path)))]
+    if not found:
+        assert got is None
+    else:
+        longest = max(len(n.split(".")) for n in found)
+        assert got in {table[n] for n in found if len(n.split(".")) == longest}
 
 
 def test_fp16_and_quantize_are_refused_together():
@@ -99,6 +150,9 @@ _VALID = {
     "keep_float_ops": st.lists(st.sampled_from(["Softmax", "LayerNormalization", "Gelu"])),
     "keep_float_modules": st.lists(st.from_regex(r"[a-z]+(\.[a-z0-9]+){0,2}", fullmatch=True)),
     "min_sqnr": st.none() | st.floats(-10, 80),
+    "module_weight_types": st.dictionaries(
+        st.from_regex(r"[a-z_]+(\.[a-z0-9_]+){0,2}", fullmatch=True), st.sampled_from(WEIGHT_TYPES), max_size=3
+    ),
 }
 _ANY = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.lists(st.integers())
 

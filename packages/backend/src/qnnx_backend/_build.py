@@ -409,8 +409,6 @@ def build_quantized(ctx: CompileContext, device: str, graph_id: int) -> tuple[Pr
     figures: dict[str, Any] = {}
     if not calibration.samples:
         reason = f"it was not calibrated. {HOW_TO}"
-    elif ctx.analysis.mutated_indices:
-        reason = "it writes in place into its arguments, which quantization does not support"
     else:
         try:
             program = build_program(ctx, device)
@@ -418,11 +416,12 @@ def build_quantized(ctx: CompileContext, device: str, graph_id: int) -> tuple[Pr
             reason = f"the quantized graph was not compiled ({exc})"
         else:
             t = time.perf_counter()
-            figures = measure(program, gm, args, calibration)
+            figures = measure(program, gm, args, calibration, ctx.analysis.mutated_indices)
             timings["quantize_check"] = time.perf_counter() - t
             sqnr = figures.get("sqnr_db")
+            weights = getattr(ctx.memo.quantized, "weight_groups", ())
             if spec.min_sqnr is None or sqnr is None or sqnr >= spec.min_sqnr:
-                return program, QuantizationReport(used=True, **figures, **base)
+                return program, QuantizationReport(used=True, weights=weights, **figures, **base)
             reason = (
                 f"its SQNR against float eager PyTorch is {sqnr:.1f} dB (cosine {figures['cosine']:.5f}), below "
                 f"min_sqnr={spec.min_sqnr:g} dB"
@@ -439,4 +438,5 @@ def build_quantized(ctx: CompileContext, device: str, graph_id: int) -> tuple[Pr
         f"qnn backend: graph {graph_id} runs in float on {device}: {reason}", QnnFallbackWarning, stacklevel=6
     )
     program = build_program(ctx.in_float(), device)
-    return program, QuantizationReport(used=False, reason=reason, **figures, **base)
+    attempted = getattr(ctx.memo.quantized, "weight_groups", ())
+    return program, QuantizationReport(used=False, reason=reason, weights=attempted, **figures, **base)

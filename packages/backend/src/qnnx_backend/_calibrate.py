@@ -14,13 +14,14 @@ import contextlib
 import contextvars
 import functools
 import hashlib
+import random
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from qnnx_backend._quantspec import QuantizeSpec
-from qnnx_backend.errors import QuantizationError
+from qnnx_backend.errors import InvalidOptionsError, QuantizationError
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,8 @@ HOW_TO = (
     "(each input shape that should run quantized)"
 )
 """The fix to name when a quantizing graph was not calibrated."""
+DEFAULT_MAX_SAMPLES = 32
+"""Calls recorded per graph and input shape; more calls are sampled uniformly down to it."""
 
 
 @attrs.frozen(eq=False)
@@ -87,13 +90,27 @@ class _Recording:
     template: list[object]
     positions: tuple[int, ...]
     grad: bool
+    limit: int
     samples: list[tuple[torch.Tensor, ...]] = attrs.field(factory=list)
+    calls: int = 0
+    """Calls seen; past ``limit`` the samples are a uniform random choice of them (reservoir sampling)."""
+    rng: random.Random = attrs.field(factory=lambda: random.Random(0))
+
+    def slot(self) -> int | None:
+        """Where this call's copy goes in ``samples`` (``len(samples)`` appends), or None to skip it: every call
+        seen so far has the same chance to be kept, whatever their number (a decode step is called once per token)."""
+        self.calls += 1
+        if len(self.samples) < self.limit:
+            return len(self.samples)
+        k = self.rng.randrange(self.calls)
+        return k if k < self.limit else None
 
 
 class CalibrationSession:
     """The graphs called inside one :func:`calibrate` block, with their recorded inputs per input shape."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES) -> None:
+        self.max_samples = max_samples
         self.graphs: dict[CalibratingGraph, tuple[QuantizeSpec, dict[tuple[object, ...], _Recording]]] = {}
 
     def record(
@@ -104,7 +121,10 @@ class CalibrationSession:
         spec: QuantizeSpec,
         args: Sequence[object],
     ) -> Any:
-        """Record a copy of the user inputs of one call of ``graph`` (sizes ``key``), and run ``gm`` in eager."""
+        """Record a copy of the user inputs of one call of ``graph`` (sizes ``key``), and run ``gm`` in eager.
+
+        The inputs the graph writes into (a static KV cache) are user inputs here, copied as the call finds them;
+        the eager run then writes into the caller's tensors, as the compiled graph will."""
         import torch
 
         per_key = self.graphs.setdefault(graph, (spec, {}))[1]
@@ -112,11 +132,21 @@ class CalibrationSession:
         if rec is None:
             import qnnx_export
 
-            user = qnnx_export.analyze(gm, args).user_indices
-            positions = tuple(i for i in user if isinstance(args[i], torch.Tensor))
+            analysis = qnnx_export.analyze(gm, args)
+            analysis = qnnx_export.lift_mutations(analysis) or analysis
+            positions = tuple(i for i in analysis.user_indices if isinstance(args[i], torch.Tensor))
             template = [_copy(a) if i in positions else a for i, a in enumerate(args)]
-            rec = per_key[key] = _Recording(template=template, positions=positions, grad=torch.is_grad_enabled())
-        rec.samples.append(tuple(_copy(args[i]) for i in rec.positions))
+            rec = _Recording(
+                template=template, positions=positions, grad=torch.is_grad_enabled(), limit=self.max_samples
+            )
+            per_key[key] = rec
+        slot = rec.slot()
+        if slot is not None:
+            sample = tuple(_copy(args[i]) for i in rec.positions)
+            if slot == len(rec.samples):
+                rec.samples.append(sample)
+            else:
+                rec.samples[slot] = sample
         return gm(*args)
 
 
@@ -134,8 +164,12 @@ def active_session() -> CalibrationSession | None:
     return _ACTIVE.get()
 
 
+def _is_compiled(target: Any) -> bool:
+    return hasattr(target, "_torchdynamo_orig_callable")
+
+
 @contextlib.contextmanager
-def calibrate(compiled: Any) -> Iterator[None]:
+def calibrate(compiled: Any, *, max_samples: int = DEFAULT_MAX_SAMPLES) -> Iterator[None]:
     """Calibrate a model compiled with ``options={"quantize": ...}`` on the inputs it is called with in the block.
 
     Inside the block, each Dynamo graph compiled with ``quantize`` runs the original PyTorch graph and records a
@@ -143,6 +177,12 @@ def calibrate(compiled: Any) -> Iterator[None]:
     recorded graph is quantized with onnxruntime's QNN tooling, compiled for QNN and compared with eager PyTorch on
     the recorded inputs (the figures are in :func:`qnnx_backend.compile_reports`); later calls run the quantized
     graphs. Calibrating again replaces the quantized graphs of the shapes seen.
+
+    ``compiled`` is what ``torch.compile`` returned, or a module whose ``forward`` was compiled (a Hugging Face
+    model prepared by :func:`qnnx_backend.hf.compile_for_generation`): then ``model.generate(...)`` inside the block
+    calibrates every graph generation runs (each prefill bucket and the decode step) on the tensors generation
+    really passes, the static KV cache included. Graphs that write into their inputs (the cache) do so during the
+    block as in eager PyTorch, so generation inside it gives eager's tokens.
 
     The block records the quantizing graphs called in the current thread (or asyncio task), which are those of
     ``compiled`` when only it is called inside the block.
@@ -156,20 +196,34 @@ def calibrate(compiled: Any) -> Iterator[None]:
                     compiled(x)
             y = compiled(x)  # quantized, on the NPU
 
+    Args:
+        compiled: the compiled model or function, or a module whose ``forward`` is compiled.
+        max_samples: calls recorded per graph and input shape; a graph called more often (a decode step runs once
+            per new token) keeps a uniform random choice of that many of its calls (the choice is the same on
+            every run). Each sample is a copy of the graph's inputs, the KV cache included.
+
     Raises:
-        TypeError: ``compiled`` is not what ``torch.compile`` returns.
+        TypeError: ``compiled`` is neither what ``torch.compile`` returns nor a module with a compiled ``forward``.
+        InvalidOptionsError: ``max_samples`` is not a positive int.
         QuantizationError: the block is nested in another one, or no graph compiled with ``quantize`` ran inside
             it; under ``strict=True``, a graph that cannot run quantized (see :class:`QuantizationError`).
     """
-    if not hasattr(compiled, "_torchdynamo_orig_callable"):
+    if not _is_compiled(compiled) and not _is_compiled(getattr(compiled, "forward", None)):
         raise TypeError(
-            f"calibrate() takes what torch.compile returns (a compiled module or function), not "
-            f"{type(compiled).__name__}: compiled = torch.compile(model, backend='qnn', options={{'quantize': "
-            "'a16w8'}}), then `with qnnx_backend.calibrate(compiled): compiled(x)`."
+            f"calibrate() takes what torch.compile returns (a compiled module or function), or a model whose forward "
+            f"was compiled (qnnx_backend.hf.compile_for_generation), not {type(compiled).__name__}: compiled = "
+            "torch.compile(model, backend='qnn', options={'quantize': 'a16w8'}), then `with "
+            "qnnx_backend.calibrate(compiled): compiled(x)`; or compile_for_generation(model, options={'quantize': "
+            "'a16w8'}), then `with qnnx_backend.calibrate(model): model.generate(...)`."
+        )
+    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
+        raise InvalidOptionsError(
+            f"calibrate(max_samples={max_samples!r}) is not valid; accepted: a positive int (calls recorded per graph "
+            f"and input shape, {DEFAULT_MAX_SAMPLES} by default)"
         )
     if _ACTIVE.get() is not None:
         raise QuantizationError("calibrate() blocks cannot be nested; close the first block before opening another")
-    session = CalibrationSession()
+    session = CalibrationSession(max_samples)
     token = _ACTIVE.set(session)
     try:
         yield

@@ -13,7 +13,7 @@ import math
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,18 @@ _QDQ_OPSET = 21
 """Below opset 21 onnxruntime writes 16-bit QuantizeLinear/DequantizeLinear in the ``com.microsoft`` domain
 (onnxruntime 1.32); at 21 they are standard ONNX ops, which qnnx-opcheck's QDQ tables describe."""
 _ORT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16", "int4": "QInt4"}
+MASK_FILL = -255.0
+"""The value an attention mask's -inf becomes in a quantized graph: exp(-255) is 0 in float32 (it underflows past
+about -104), so a masked position keeps no weight while its score differs from the kept ones by less than 255; the
+masked scores then take at most 255 units of the scores' 16-bit range (0.004 per step). A row with every position
+masked (a padding token's row) is told apart by a safe softmax from its maximum, at most the largest score minus
+255, against half the fill: right while the scores of a row stay within +-127."""
+_SCATTERS = ("ScatterElements", "ScatterND")
+"""Ops that write rows into a tensor (a KV cache's ``index_copy_``); they stay in float. On the simulator a QDQ
+ScatterElements that wrote a 16-token prompt's rows into a fresh [1, 2, 48, 8] cache (a constant of zeros in the
+prefill graph, so a calibrated range of [0, 0]) came back with errors of 1.0-1.25 times the cache's scale, while a
+one-row write into a filled cache was right. The cache is a float input or output of the graph either way; the
+attention that reads it is quantized."""
 _ORT_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 
@@ -37,17 +49,33 @@ class QuantizeFailed(Exception):
     """onnxruntime's quantization of a graph failed (internal to the backend)."""
 
 
-def measure(program: Any, gm: torch.fx.GraphModule, args: Sequence[object], calibration: Calibration) -> dict[str, Any]:
+def measure(
+    program: Any,
+    gm: torch.fx.GraphModule,
+    args: Sequence[object],
+    calibration: Calibration,
+    written: Sequence[int] = (),
+) -> dict[str, Any]:
     """SQNR (dB), cosine and max |error| of the compiled graph against eager PyTorch over the calibration inputs;
-    over several float outputs, the worst of each. Empty when the graph has no float output."""
+    over several float outputs, the worst of each. Empty when the graph has no float output.
+
+    ``written`` are the argument positions the graph writes into (a KV cache): eager and the program each run on
+    their own copies of them, so that neither sees the other's writes nor changes the recorded samples."""
     import torch
+
+    def fresh(k: int) -> list[object]:
+        call_args = calibration.args_for(args, k)
+        for i in written:
+            value = call_args[i]
+            if isinstance(value, torch.Tensor):
+                call_args[i] = value.clone()
+        return call_args
 
     sums: dict[int, list[float]] = {}  # output index -> [sum ref^2, sum err^2, sum got*ref, sum got^2, max |err|]
     for k in range(len(calibration.samples)):
-        call_args = calibration.args_for(args, k)
         with torch.no_grad():
-            ref = gm(*call_args)
-            got = program.run(call_args)
+            ref = gm(*fresh(k))
+            got = program.run(fresh(k))
         ref_leaves = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
         got_leaves = [t for t in torch.utils._pytree.tree_leaves(got) if isinstance(t, torch.Tensor)]
         for j, (g, r) in enumerate(zip(got_leaves, ref_leaves, strict=True)):
@@ -83,6 +111,8 @@ class QuantizedModel:
         self.node_origins = exported.node_origins
         self.exporter = exported.exporter
         self.external_data = exported.external_data
+        self.weight_groups: tuple[str, ...] = ()
+        """The quantized weights by type, op and module (:func:`weight_groups`)."""
 
     @functools.cached_property
     def structure(self) -> Any:
@@ -140,6 +170,7 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), _QDQ_OPSET)
         if opset < _QDQ_OPSET:
             model = version_converter.convert_version(model, _QDQ_OPSET)
+        finite_masks(model)
         # onnxruntime's tools are given paths: from a ModelProto they write and re-read temporary copies whose
         # external data they then fail to find (onnxruntime 1.32).
         source = folder / "source.onnx"
@@ -147,6 +178,13 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         if qnn_preprocess_model(str(source), folder / "pre.onnx", fuse_layernorm=True, save_as_external_data=big):
             source = folder / "pre.onnx"
         nodes = onnx.load(str(source), load_external_data=False).graph.node
+        initializers = {
+            i.name: tuple(i.dims) for i in onnx.load(str(source), load_external_data=False).graph.initializer
+        }
+        overrides = {
+            name: [{**o, "quant_type": getattr(QuantType, _ORT_TYPES[o["quant_type"]])}]
+            for name, o in weight_overrides(nodes, initializers, spec, exported.node_origins).items()
+        }
         config = get_qnn_qdq_config(
             str(source),
             _Reader(feeds),
@@ -154,24 +192,136 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
             activation_type=getattr(QuantType, _ORT_TYPES[spec.activation_type]),
             weight_type=getattr(QuantType, _ORT_TYPES[spec.weight_type]),
             per_channel=spec.per_channel,
+            init_overrides=overrides or None,
             nodes_to_exclude=_kept_in_float(nodes, spec, exported.node_origins) or None,
         )
         config.use_external_data_format = big
         out = folder / "model_qdq.onnx"
         quantize(str(source), out, config)
-        _check_io(onnx.load(str(out), load_external_data=False), model)
+        quantized = onnx.load(str(out), load_external_data=False)
+        _check_io(quantized, model)
+        groups = weight_groups(quantized, exported.node_origins)
         for leftover in ("float.onnx", "source.onnx", "pre.onnx"):
             (folder / f"{leftover}.data").unlink(missing_ok=True)
             (folder / leftover).unlink(missing_ok=True)
-        return QuantizedModel(out, exported)
+        result = QuantizedModel(out, exported)
+        result.weight_groups = groups
+        return result
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
 
 
+def finite_masks(model: Any) -> int:
+    """Give the masks of ``model`` a finite fill: each ``Where`` operand that is a constant -inf (an additive
+    attention mask) becomes :data:`MASK_FILL`, and a safe softmax's test for fully masked rows
+    (``LessOrEqual(ReduceMax(x), t)`` with ``t <= -32768``, as qnnx-export writes it) moves to half the fill.
+    Returns how many fills were replaced.
+
+    A quantized tensor has a finite range: calibrating a mask of 0 and -inf gives an infinite scale and NaN zero
+    points (onnxruntime 1.32 quantizes them without an error), and a large finite fill would spend the 16 bits of
+    the attention scores the mask is added to on the mask."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    constants = {i.name: i for i in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
+    producers = {o: n for n in graph.node for o in n.output}
+
+    def replace(node: Any, k: int, test: Callable[[Any], bool], fill: float, suffix: str) -> bool:
+        tensor = constants.get(node.input[k]) if k < len(node.input) else None
+        if tensor is None:
+            return False
+        value = numpy_helper.to_array(tensor)
+        if value.dtype.kind != "f" or value.size == 0 or not bool(np.all(test(value))):
+            return False
+        name = f"{node.input[k]}_{suffix}"
+        if name not in constants:
+            constants[name] = numpy_helper.from_array(np.full(value.shape, fill, dtype=value.dtype), name)
+            graph.initializer.append(constants[name])
+        node.input[k] = name
+        return True
+
+    replaced = sum(
+        replace(node, k, lambda v: np.isneginf(v), MASK_FILL, "finite_mask")
+        for node in graph.node
+        if node.op_type == "Where"
+        for k in (1, 2)
+    )
+    if replaced:
+        for node in graph.node:
+            stat = producers.get(node.input[0]) if node.op_type == "LessOrEqual" else None
+            if stat is not None and stat.op_type == "ReduceMax":
+                replace(node, 1, lambda v: v <= -32768, MASK_FILL / 2, "finite_mask_test")
+        logger.info("qnn backend: %d mask fill(s) of -inf quantized as %g", replaced, MASK_FILL)
+    return replaced
+
+
+_WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1, "Gather": 0}
+"""Which input of each weight-carrying op is its weight."""
+_SIGNED = ("int8", "int4")
+
+
+def weight_overrides(
+    nodes: Sequence[Any], initializers: Mapping[str, tuple[int, ...]], spec: QuantizeSpec, origins: Any
+) -> dict[str, dict[str, Any]]:
+    """onnxruntime's tensor overrides (``init_overrides``) for the weights whose type or form differs from what the
+    scheme alone gives: a ``module_weight_types`` entry's type; signed weights (int8, int4) symmetric, since QNN HTP
+    computed a MatMul of int4 weights with a zero point of -1 wrongly on the simulator (relative error 1.75, where
+    the same layer with zero point 0 was right); and with ``per_channel``, signed MatMul/Gemm weights one scale per
+    output channel (onnxruntime's ``per_channel`` alone leaves them per tensor). Weight types are names here."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        k = _WEIGHT_INPUT.get(node.op_type)
+        if k is None or len(node.input) <= k or node.input[k] not in initializers or node.input[k] in overrides:
+            continue
+        name, dims = node.input[k], initializers[node.input[k]]
+        module = str(origins.get(node.name, "")).split(" ", 1)[0]
+        weight_type = spec.weight_type_of(module)
+        override: dict[str, Any] = {"quant_type": weight_type}
+        if weight_type in _SIGNED:
+            override["symmetric"] = True
+        if spec.per_channel and weight_type in _SIGNED and len(dims) == 2 and node.op_type in ("MatMul", "Gemm"):
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            override["axis"] = 0 if trans_b else 1
+        elif spec.per_channel and node.op_type in ("Conv", "ConvTranspose") and weight_type != spec.weight_type:
+            override["axis"] = 1 if node.op_type == "ConvTranspose" else 0
+        if weight_type != spec.weight_type or len(override) > 1:
+            overrides[name] = override
+    return overrides
+
+
+def weight_groups(model: Any, origins: Any) -> tuple[str, ...]:
+    """The weights of a QDQ model by type, op and module (layer numbers as ``*``), e.g.
+    ``"int4 per-channel: 14 MatMul in model.layers.*.mlp.up_proj"``, for the report."""
+    import re
+
+    from onnx import TensorProto
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    dequantized = {n.output[0]: n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    counts: dict[tuple[str, str, str], int] = {}
+    for node in graph.node:
+        k = _WEIGHT_INPUT.get(node.op_type)
+        dq = dequantized.get(node.input[k]) if k is not None and len(node.input) > k else None
+        if dq is None:
+            continue
+        dtype = TensorProto.DataType.Name(inits[dq.input[0]].data_type).lower()
+        scale = inits.get(dq.input[1])
+        form = " per-channel" if scale is not None and len(scale.dims) > 0 and max(scale.dims) > 1 else ""
+        module = str(origins.get(node.name, "")).split(" ", 1)[0]
+        module = re.sub(r"\.\d+(?=\.|$)", ".*", re.sub(r"^\[\d+\]\.", "", module)) or "?"
+        key = (f"{dtype}{form}", node.op_type, module)
+        counts[key] = counts.get(key, 0) + 1
+    return tuple(f"{t}: {n} {op} in {m}" for (t, op, m), n in sorted(counts.items()))
+
+
 def _kept_in_float(nodes: Sequence[Any], spec: QuantizeSpec, origins: Any) -> list[str]:
-    """Names of the ONNX nodes the spec keeps in float: by op type, or by the PyTorch module they come from."""
-    kept = [n.name for n in nodes if n.op_type in spec.keep_float_ops]
+    """Names of the ONNX nodes the spec keeps in float: by op type, or by the PyTorch module they come from; and
+    the scatters (a KV cache's ``index_copy_``), always: see :data:`_SCATTERS`."""
+    kept = [n.name for n in nodes if n.op_type in spec.keep_float_ops or n.op_type in _SCATTERS]
     if spec.keep_float_modules:
         prefixes = tuple(spec.keep_float_modules)
         for n in nodes:
@@ -237,8 +387,8 @@ def explain_quantized(
     except Exception as exc:
         failed = f"onnxruntime's quantization failed ({failure(exc)})"
         return exported, QuantizationReport(used=False, reason=failed, **base)
-    figures = measure(_CpuRunner(model), gm, args, calibration)
+    figures = measure(_CpuRunner(model), gm, args, calibration, analysis.mutated_indices)
     sqnr = figures.get("sqnr_db")
     below = spec.min_sqnr is not None and sqnr is not None and sqnr < spec.min_sqnr
     reason = f"SQNR {sqnr:.1f} dB on the CPU EP is below min_sqnr={spec.min_sqnr:g} dB" if below else None
-    return model, QuantizationReport(used=not below, reason=reason, **figures, **base)
+    return model, QuantizationReport(used=not below, reason=reason, weights=model.weight_groups, **figures, **base)

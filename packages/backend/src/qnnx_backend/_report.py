@@ -62,6 +62,9 @@ class QuantizationReport:
     """The floor that applied (the ``min_sqnr`` setting)."""
     reason: str | None = None
     """Why the graph does not run quantized, when it does not."""
+    weights: tuple[str, ...] = ()
+    """The quantized model's weights by type, op and module (layer numbers as ``*``), e.g.
+    ``"int4 per-channel: 2 MatMul in model.layers.*.mlp.up_proj"``: the scheme per layer."""
 
     def summary(self) -> str:
         """E.g. ``a16w8, SQNR 32.5 dB, cosine 0.99972 on 16 samples``."""

@@ -58,6 +58,9 @@ def compile_for_generation(
       padded, and the logits of the real tokens must agree; a model that attends to the padding keeps exact lengths
       (one log line). Padding needs ``max_cache_len``, so that the padded prompt and the new tokens fit the cache
       without resizing it; without it prompts keep their lengths.
+    - With ``options={"quantize": ...}``, ``with qnnx_backend.calibrate(model): model.generate(...)`` over a few
+      prompts calibrates every prefill bucket and the decode step on generation's own tensors; later ``generate()``
+      runs them quantized (``"llm-a16w4"`` is the decoder recipe; see the README's *Quantized generation*).
 
     Args:
         model: A ``transformers`` causal LM (a ``GenerationMixin`` with ``generation_config``), in eval mode.
