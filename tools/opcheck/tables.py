@@ -428,6 +428,19 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "bij,bkj->bik, bchq,bkhc->bkhq and bhwc,hkc->bhwk ran within 4.7e-4 of the CPU EP; bind,bjnd->bnij (XLNet, "
         "Funnel), ij,jk->k and i,j->ij were declined at session creation",
     }
+    p["merged_heads_matmul"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["MatMul"],
+        "reason": "QNN HTP computes MatMul(Reshape(x[A, A, A, D] -> [A, A, A*D]), W) wrongly for a rank-2 W (attention's "
+        "output projection after merging as many heads as the two leading dims).",
+        "fix": "multiply on the rank-2 view [A*A, A*D] and reshape back (qnnx-export's flatten_merged_heads_matmul "
+        "pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-03: [4, 4, 4, 6], [3, 3, 3, 5], [2, 2, 2, 4], [5, 5, 5, 3], "
+        "[8, 8, 8, 2], [4, 4, 4, 1], [6, 6, 6, 4] merged into [A, A, A*D] (and [1, A, A, A*D]) then MatMul: off by "
+        "0.93-9082 of the output's max, no error; Relu or Add in place of the MatMul, an Add between, [4, 4, 5, 6], "
+        "[4, 5, 4, 6], [4, 4, 6, 4], [2, 4, 4, 6], a batched W, and the rank-2 view: right (5e-4)",
+    }
     p["einsum_diagonal"] = {
         "status": "unsupported",
         "kind": "wrong_result",

@@ -228,3 +228,18 @@ def projection_into_heads(
         nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, (*lead, heads, head_dim))], inits
     )
     return model, {"x": x}
+
+
+def merged_heads_matmul(
+    source: Sequence[int], merged: Sequence[int], n: int = 8, seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``MatMul(Reshape(x[source] -> merged), W[K, n])``, attention's output projection after its heads are merged
+    back, and feeds for ``x``."""
+    rng = np.random.default_rng(seed)
+    nodes = [h.make_node("Reshape", ["x", "merge"], ["r"]), h.make_node("MatMul", ["r", "w"], ["y"])]
+    inits = {
+        "merge": np.array(merged, np.int64),
+        "w": rng.standard_normal((merged[-1], n)).astype(np.float32),
+    }
+    model = make_model(nodes, [("x", TensorProto.FLOAT, source)], [("y", TensorProto.FLOAT, None)], inits)
+    return model, {"x": rng.standard_normal(source).astype(np.float32)}

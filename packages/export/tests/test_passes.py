@@ -17,6 +17,7 @@ from export_onnx_builders import (
     gathernd,
     gathernd_runtime,
     make_model,
+    merged_heads_matmul,
     projection_into_heads,
     rmsnorm,
     to_bytes,
@@ -859,4 +860,28 @@ def test_linear_heads_as_matmul_leaves_the_shapes_qnn_builds(
     input) are left alone."""
     model, _ = projection_into_heads(lead, 8, heads, head_dim, bias=True, trans_b=True, unflatten=unflatten, seed=0)
     _after, changed, _ = _apply(model, "linear_heads_as_matmul")
+    assert not changed
+
+
+@given(a=st.integers(2, 6), d=st.integers(1, 6), n=st.integers(1, 9), lead_one=st.booleans(), seed=seeds(999))
+def test_flatten_merged_heads_matmul_keeps_results(a: int, d: int, n: int, lead_one: bool, seed: int) -> None:
+    """MatMul(Reshape(x[A, A, A, D] -> [A, A, A*D]), W), with a leading 1 or not, becomes a MatMul of the rank-2
+    view [A*A, A*D] reshaped back, with the same values to float rounding."""
+    merged = (1,) * lead_one + (a, a, a * d)
+    model, feeds = merged_heads_matmul((a, a, a, d), merged, n, seed)
+    after, changed, _ = _apply(model, "flatten_merged_heads_matmul")
+    assert changed
+    mm = [node for node in onnx.load_from_string(after).graph.node if node.op_type == "MatMul"]
+    assert len(mm) == 1
+    _assert_same(model.SerializeToString(), after, feeds, exact=False)
+
+
+@pytest.mark.parametrize(
+    ("source", "merged"),
+    [((4, 4, 5, 6), (4, 4, 30)), ((2, 4, 4, 6), (2, 4, 24)), ((4, 4, 4, 6), (4, 16, 6)), ((4, 4, 4, 6), (16, 24))],
+)
+def test_flatten_merged_heads_matmul_leaves_other_merges(source: tuple[int, ...], merged: tuple[int, ...]) -> None:
+    """Merges QNN computes right (unequal leading dims, another split, the rank-2 view already) are left alone."""
+    model, _ = merged_heads_matmul(source, merged)
+    _, changed, _ = _apply(model, "flatten_merged_heads_matmul")
     assert not changed

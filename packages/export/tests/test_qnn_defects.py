@@ -12,6 +12,7 @@ from export_onnx_builders import (
     gathernd,
     gathernd_runtime,
     make_model,
+    merged_heads_matmul,
     projection_into_heads,
     rmsnorm,
     to_bytes,
@@ -216,4 +217,19 @@ def test_avgpool_whole_windows_defect(shape: list[int], attrs: dict[str, object]
     assert broken.shape != ref.shape or _rel(broken, ref) > 0.2  # the defect: silently wrong
     fixed = qnn_session(_fixed(model, "avgpool_whole_windows")).run(None, feeds)[0]
     assert fixed.shape == ref.shape
+    assert _rel(fixed, ref) < 2e-3
+
+
+@pytest.mark.parametrize(
+    ("source", "merged"),
+    [((4, 4, 4, 6), (4, 4, 24)), ((3, 3, 3, 5), (3, 3, 15)), ((2, 2, 2, 4), (1, 2, 2, 8)), ((6, 6, 6, 4), (6, 6, 24))],
+)
+def test_merged_heads_matmul_defect(source: tuple[int, ...], merged: tuple[int, ...]) -> None:
+    """QNN HTP computes MatMul(Reshape(x[A, A, A, D] -> [A, A, A*D]), W) silently wrong (measured 0.93-9082 of the
+    output's max); on the rank-2 view it agrees with the CPU EP."""
+    model, feeds = merged_heads_matmul(source, merged)
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]
+    assert _rel(broken, ref) > 0.5  # the defect: silently wrong
+    fixed = qnn_session(_fixed(model, "flatten_merged_heads_matmul")).run(None, feeds)[0]
     assert _rel(fixed, ref) < 2e-3

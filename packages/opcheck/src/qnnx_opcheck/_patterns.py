@@ -385,6 +385,25 @@ class Patterns:
                 return True
         return False
 
+    @rule("merged_heads_matmul")
+    def _is_merged_heads_matmul(self, index: int, node: NodeView) -> bool:
+        """MatMul of ``Reshape(x[A, A, A, D] -> [A, A, A*D])`` (leading 1s or not, A > 1) by a rank-2 right operand:
+        attention's output projection after merging as many heads as the two leading dims."""
+        if len(node.input) != 2:
+            return False
+        merge = self.view.producer(node.input[0])
+        if merge is None or merge.op_type != "Reshape" or not merge.input:
+            return False
+        source, a, b = (self._static_dims(name) for name in (merge.input[0], node.input[0], node.input[1]))
+        if source is None or a is None or b is None or len(b) != 2 or len(source) != 4:
+            return False
+        if not source[0] == source[1] == source[2] > 1:
+            return False
+        rows = list(a[:-1])
+        while rows and rows[0] == 1:
+            rows.pop(0)
+        return rows == [source[0], source[1]] and a[-1] == source[2] * source[3]
+
     @rule("einsum_equation")
     def _is_einsum_beyond_matmul(self, index: int, node: NodeView) -> bool:
         """An Einsum whose equation is not one of the MatMul forms the QNN EP translates: ``...mk,...kn->...mn``,

@@ -1,5 +1,5 @@
 """Shape and layout rewrites: batch tiling, rank <= 5 transposes, GatherND, Gather by runtime indices, int64
-Unsqueeze, empty Concat inputs, Einsum as MatMul, a flattened projection into heads."""
+Unsqueeze, empty Concat inputs, Einsum as MatMul, a flattened projection into heads, a MatMul of heads merged back."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from qnnx_export._passes._graph import (
 __all__ = [
     "DropEmptyConcatInputs",
     "EinsumAsMatMul",
+    "FlattenMergedHeadsMatMul",
     "FoldHighRankTranspose",
     "GatherNDToGather",
     "GatherRuntimeIndicesAsRows",
@@ -726,3 +727,74 @@ def _splits_heads(lead: tuple[int, ...], n: int, shape: tuple[int, ...] | None) 
         and n % lead[0] == 0
         and n // lead[0] > 1
     )
+
+
+# ------------------------------------------------------------- a MatMul of heads merged back, made rank 2
+
+
+def merged_heads_matmul(a_shape: tuple[int, ...] | None, source: tuple[int, ...] | None) -> bool:
+    """Whether a MatMul's left operand of static shape ``a_shape``, reshaped straight from ``source``, is in the
+    class QNN HTP computes wrongly (with a rank-2 right operand): ``source`` is ``[A, A, A, D]`` (A > 1) and the
+    operand is ``[A, A, A*D]``, with leading 1s or not. qnnx-opcheck's ``merged_heads_matmul`` refuses the same class
+    (the packages cannot import each other; integration-tests' test_merged_heads.py holds the two together)."""
+    if source is None or a_shape is None or len(source) != 4 or not source[0] == source[1] == source[2] > 1:
+        return False
+    rows = list(a_shape[:-1])
+    while rows and rows[0] == 1:
+        rows.pop(0)
+    return rows == [source[0], source[1]] and a_shape[-1] == source[2] * source[3]
+
+
+@register(order=36)
+class FlattenMergedHeadsMatMul(QnnPass):
+    """Compute ``MatMul(Reshape(x[A, A, A, D] -> [A, A, A*D]), W)`` on the rank-2 view ``[A*A, A*D]`` and reshape the
+    product back.
+
+    That is how attention's output projection follows the heads merged back (``context.view(B, N, A*D)`` with as
+    many heads as the two leading dims, a tiny MobileViT through torch.onnx): QNN HTP computes the MatMul silently
+    wrong there, off by 1.0-2.2 of the output's max (up to 9e3 for ``[3, 3, 3, 5]``) for A = 2, 3, 4, 5, 8 and D = 1
+    to 8, also with a leading 1 (``[1, A, A, A*D]``), while an Add or Relu in place of the MatMul, an Add between the
+    Reshape and the MatMul, ``[4, 4, 5, 6]``, ``[2, 4, 4, 6]`` and the rank-2 view are right (onnxruntime-qnn
+    2.7.0, soc_model 60). The same products and sums, so the result is the MatMul's to float rounding. Only a
+    rank-2 right operand (a projection's weight) is taken.
+    """
+
+    name = "flatten_merged_heads_matmul"
+    defect = (
+        "MatMul(Reshape(x[A, A, A, D] -> [A, A, A*D]), W) is silently wrong on QNN HTP (attention's output "
+        "projection in a tiny MobileViT through torch.onnx)"
+    )
+
+    def match(self, node: ir.Node) -> tuple[ir.Value, int, int] | None:
+        """``(left operand, rows, K)`` of a MatMul in the class, or None."""
+        if not is_op(node, "MatMul"):
+            return None
+        a, b = node.inputs[0], node.inputs[1]
+        a_shape, b_shape = static_shape(a), static_shape(b)
+        merge = input_producer(node, 0)
+        if a is None or a_shape is None or b_shape is None or len(b_shape) != 2 or not is_op(merge, "Reshape"):
+            return None
+        if not merged_heads_matmul(a_shape, static_shape(cast(ir.Node, merge).inputs[0])):
+            return None
+        if static_shape(node.outputs[0]) is None:
+            return None
+        return a, math.prod(a_shape[:-1]), a_shape[-1]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def flat(names: UniqueNames, node: ir.Node, plan: tuple[ir.Value, int, int]) -> tuple[list[ir.Node], ir.Value]:
+            a, rows, k = plan
+            out = node.outputs[0]
+            out_shape = cast(tuple[int, ...], static_shape(out))
+            view = new_value(names("rows"), a.dtype, (rows, k))
+            product = new_value(names("matmul"), out.dtype, (rows, out_shape[-1]))
+            result = new_value(names("out"), out.dtype, out_shape)
+            to_rows = add_initializer(graph, names("shape"), np.array([rows, k], dtype=np.int64))
+            back = add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
+            nodes = [
+                ir.Node("", "Reshape", [a, to_rows], outputs=[view]),
+                ir.Node("", "MatMul", [view, node.inputs[1]], outputs=[product]),
+                ir.Node("", "Reshape", [product, back], outputs=[result]),
+            ]
+            return nodes, result
+
+        return self.replace_matched(graph, "qnnx_flat_mm", flat)
