@@ -86,18 +86,23 @@ def test_parts_are_cached_and_a_hit_runs_them(tmp_path: Path) -> None:
     assert torch.equal(first, second)
 
 
+def _tiny_llama(layers: int) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    model: nn.Module = transformers.LlamaForCausalLM(config).eval()
+    return model
+
+
 def test_a_decoder_split_in_four_parts_generates_eager_tokens() -> None:
     """A tiny Llama whose prefill and decode graphs each run as at least 4 parts: the cut keeps every layer's
     cache writes with its own part, and generation gives eager's tokens with logits within fp16 noise."""
-    transformers = pytest.importorskip("transformers")
     from qnnx_backend.hf import compile_for_generation
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = _tiny_llama(layers=4)
     prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
     generate = {"max_new_tokens": 4, "do_sample": False, "output_logits": True, "return_dict_in_generate": True}
     with torch.no_grad():
@@ -165,3 +170,60 @@ def test_a_split_graph_saves_and_loads_in_a_fresh_process(tmp_path: Path) -> Non
     assert result["cache"] == "aot" and result["parts"] >= 2, result
     assert set(result["placement"]) == {"QNNExecutionProvider"}, result
     assert result["same"] and result["arrays_same"], result
+
+
+def test_the_report_gives_the_weight_bytes_held_on_the_npu_and_the_context_bytes_on_disk(tmp_path: Path) -> None:
+    """A graph's report counts its weights as the NPU holds them (float16), exactly, and the bytes of the contexts
+    it was written to: one context when whole, every part's context when split, matching the files."""
+    model, x = _cnn(), torch.randn(1, 3, 12, 12)
+    params = sum(p.numel() for p in model.parameters())  # 14538 float32 parameters
+    held = 2 * params + 2 * 2 * 8  # in float16, plus two int64 pairs: the pooling's axes and the flatten's shape
+    _compile(model, x, cache=True, cache_dir=str(tmp_path / "whole"))
+    whole = qnnx_backend.compile_reports()[-1]
+    assert whole.weight_bytes == held and whole.weight_copies == 1, whole.summary()
+    on_disk = [f for f in (tmp_path / "whole").rglob("*") if f.is_file() and f.name.endswith(("_ctx.onnx", ".bin"))]
+    assert whole.context_bytes == sum(f.stat().st_size for f in on_disk) > whole.weight_bytes
+    assert f"{whole.weight_bytes / 2**20:.1f} MiB of weights (1 copy)" in whole.summary()
+
+    budget = 2 * 16 * 16 * 9 * 2 + 256
+    _compile(model, x, max_graph_bytes=budget)  # no cache: the parts' contexts are written to a folder of its own
+    split = qnnx_backend.compile_reports()[-1]
+    assert len(split.parts) >= 2 and split.weight_bytes == held and split.weight_copies == 1
+    assert sum(p.weight_bytes for p in split.parts) == split.weight_bytes  # no tensor is read by two parts
+    assert split.context_bytes is not None and split.context_bytes > split.weight_bytes
+    _compile(model, x)
+    assert qnnx_backend.compile_reports()[-1].context_bytes is None  # compiled in memory, nothing written
+    with torch.no_grad():
+        explained = qnnx_backend.explain(model, x, device="npu", soc_model=60)
+    assert explained.graphs[0].weight_bytes == held
+    assert f"weights: {held / 2**20:.1f} MiB" in str(explained)
+
+
+def test_generation_memory_counts_one_weight_copy_per_graph_and_says_why(tmp_path: Path) -> None:
+    """A decoder's prefill and decode graphs each hold the whole model's weights: the per-model view says 2 copies
+    of the same weight bytes, sums the contexts on disk, and gives the weight-sharing probe's verdict here."""
+    import qnnx_detection
+    from qnnx_backend.hf import compile_for_generation, generation_memory
+
+    model = _tiny_llama(layers=2)
+    with pytest.raises(qnnx_backend.errors.InvalidOptionsError, match="compile_for_generation"):
+        generation_memory(model)
+    prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    options = {"soc_model": 60, "cache": True, "cache_dir": str(tmp_path)}
+    compile_for_generation(model, max_cache_len=32, options=options)
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=3, do_sample=False)
+    memory = generation_memory(model)
+    assert len(memory.graphs) == 2 and all(g.on_qnn for g in memory.graphs), memory.summary()
+    params = sum(p.numel() for p in model.parameters())
+    # the float16 parameters, plus each graph's own small constants (rotary tables, mask and shape constants)
+    assert all(2 * params <= g.weight_bytes <= 2 * params + 8192 for g in memory.graphs if g.weight_bytes)
+    assert memory.weight_bytes == max(g.weight_bytes or 0 for g in memory.graphs)
+    assert memory.weight_copies == 2
+    files = [f for f in tmp_path.rglob("*") if f.is_file() and f.name.endswith(("_ctx.onnx", ".bin"))]
+    assert memory.context_bytes == sum(f.stat().st_size for f in files)
+    verdict = qnnx_detection.probe_weight_sharing(soc_model=60)
+    assert not verdict.supported  # the x86_64 simulator cannot load a weight-shared context
+    assert memory.weight_sharing == f"not supported on this target ({verdict.reason})"
+    assert "2 weight copies" in memory.summary() and memory.to_dict()["weight_copies"] == 2
+

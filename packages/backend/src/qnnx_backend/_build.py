@@ -22,7 +22,7 @@ from qnnx_backend import _session
 from qnnx_backend._calibrate import HOW_TO
 from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, with_plan
 from qnnx_backend._export import CompileContext, export_once
-from qnnx_backend._parts import PartedModel, stage_parts
+from qnnx_backend._parts import PartedModel, held_weight_bytes, stage_parts
 from qnnx_backend._program import NoSessionProgram, Program, QnnProgram, SessionSource, Target, output_dtypes
 from qnnx_backend._quantize import QuantizeFailed, measure
 from qnnx_backend._report import QuantizationReport
@@ -116,8 +116,10 @@ def build_program(ctx: CompileContext, device: str) -> Program:
     staged = StagedModel(model)  # recreate() reads it again: it lives as long as the program
     source: StagedModel | PartedModel = _in_parts(staged, ctx, device, plan.nodes)
     kwargs: Mapping[str, Any] = with_plan(setup.session_kwargs, plan)
+    written = None  # one context compiled from the ONNX model in memory: nothing on disk
     if isinstance(source, PartedModel):
         session, source, kwargs = _parts_from_contexts(source, staged, device, kwargs, setup, plan, ctx)
+        written = _session.context_bytes(source.paths)
     else:
         session = _timed_session(source, device, kwargs, ctx)
         check_share(session, plan, ctx.options)
@@ -132,6 +134,8 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         out_dtypes=setup.out_dtypes,
         fp16=ctx.options.fp16,
         cpu_nodes=dict(plan.nodes),
+        weight_bytes=held_weight_bytes(model.structure, device),
+        context_bytes=written,
     )
 
 
@@ -249,6 +253,7 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             "passes_applied": list(model.passes_applied),
             # The nodes compiled onto the CPU EP, with opcheck's reason (the report of a later hit shows them).
             "cpu_nodes": dict(plan.nodes),
+            "weight_bytes": held_weight_bytes(model.structure, device),
         }
         if isinstance(source, PartedModel):  # one context per part, in the order they run
             files = [f"part{k}_{_session.CTX_FILE}" for k in range(len(source.paths))]
@@ -288,6 +293,8 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             fp16=opts.fp16,
             cpu_nodes=cpu_nodes,
             source_model=built.get("staged"),  # the ONNX model it was compiled from (none on a hit)
+            weight_bytes=entry.metadata.get("weight_bytes"),  # None in entries written before it was recorded
+            context_bytes=_session.context_bytes([model] if isinstance(model, str) else model.paths),
         )
 
     t = time.perf_counter()
