@@ -227,3 +227,75 @@ def test_generation_memory_counts_one_weight_copy_per_graph_and_says_why(tmp_pat
     assert memory.weight_sharing == f"not supported on this target ({verdict.reason})"
     assert "2 weight copies" in memory.summary() and memory.to_dict()["weight_copies"] == 2
 
+
+def _calibrated_outputs(model: nn.Module, xs: list[torch.Tensor], **options: object) -> list[torch.Tensor]:
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="qnn", options={**_NPU, "quantize": "a16w8", **options})
+    with torch.no_grad(), qnnx_backend.calibrate(compiled):
+        for x in xs:
+            compiled(x)
+    with torch.no_grad():
+        return [compiled(x) for x in xs]
+
+
+def test_a_quantized_graph_split_in_parts_equals_the_unsplit_quantized_compile() -> None:
+    """A QDQ graph (a16w8, after calibrate) split under a small budget runs as parts with the unsplit quantized
+    graph's outputs bit for bit: the QDQ model is made once, before the cut, so each part keeps the same scales,
+    and the values crossing a cut are the ones that cross between QNN ops inside one context."""
+    model = _cnn()
+    generator = torch.Generator().manual_seed(1)
+    xs = [torch.randn(1, 3, 12, 12, generator=generator) for _ in range(8)]
+    whole = _calibrated_outputs(model, xs)
+    unsplit = qnnx_backend.compile_reports()[-1]
+    assert unsplit.quantization is not None and unsplit.quantization.used and not unsplit.parts
+    # uint8 weights: about half the float16 bytes (the biases are int32, the scales small)
+    float16_bytes = 2 * sum(p.numel() for p in model.parameters())
+    assert unsplit.weight_bytes is not None and unsplit.weight_bytes < 0.6 * float16_bytes
+    budget = 2 * 16 * 16 * 9 + 1024  # about one residual block's uint8 weights
+    split = _calibrated_outputs(model, xs, max_graph_bytes=budget)
+    report = qnnx_backend.compile_reports()[-1]
+    assert report.quantization is not None and report.quantization.used, report.summary()
+    assert len(report.parts) >= 2 and set(report.placement) == {"QNNExecutionProvider"}, report.summary()
+    assert report.weight_bytes == unsplit.weight_bytes
+    assert all(torch.equal(a, b) for a, b in zip(split, whole))
+
+
+class _ErfBlocks(nn.Module):
+    """Four blocks of Linear -> erf (outside the GELU pattern: qnnx-opcheck refuses it, so it runs on the CPU EP)
+    -> Linear -> ReLU, with a residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.ModuleList([nn.Linear(32, 32), nn.Linear(32, 32)]) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for a, b in self.blocks:
+            x = x + torch.relu(b(torch.erf(a(x))))
+        return x
+
+
+def test_cpu_ep_nodes_in_several_parts_run_with_eagers_outputs() -> None:
+    """Under partition="auto" the nodes qnnx-opcheck refuses run on ONNX Runtime's CPU EP in every part that holds
+    one, the rest on QNN, and the split graph gives eager's outputs within fp16 noise."""
+    from integration_helpers import assert_close_fp16
+
+    model = _ErfBlocks().eval()
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(2))
+    budget = 2 * (32 * 32 + 32) * 2 + 512  # one block's float16 weights
+    options = {"soc_model": 60, "max_graph_bytes": budget}
+    with torch.no_grad():
+        explained = qnnx_backend.explain(model, x, **options)
+        expected = model(x)
+    (graph,) = explained.graphs
+    starts = [next(i for i, n in enumerate(graph.nodes) if n.onnx_node == p.first_node) for p in graph.parts]
+    bounds = [*starts[1:], len(graph.nodes)]
+    pinned = [any(n.cpu_reason for n in graph.nodes[s:e]) for s, e in zip(starts, bounds)]
+    assert sum(pinned) >= 2, (graph.parts, pinned)  # the refused nodes fall in several parts
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="qnn", options=options)(x)
+    report = qnnx_backend.compile_reports()[-1]
+    assert report.device == "npu" and len(report.parts) == len(graph.parts), report.summary()
+    assert report.placement.get("CPUExecutionProvider", 0) >= 4 and report.placement.get("QNNExecutionProvider")
+    assert_close_fp16(got, expected)
