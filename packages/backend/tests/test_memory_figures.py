@@ -96,7 +96,8 @@ def test_context_bytes_of_an_embedded_context_is_its_file() -> None:
 
 
 def _report(graph_id: int, **fields: object) -> CompileReport:
-    return CompileReport(graph_id=graph_id, device="npu", requested_device="npu", strict=True, **fields)  # type: ignore[arg-type]
+    base: dict[str, object] = {"device": "npu", "requested_device": "npu", "strict": True, **fields}
+    return CompileReport(graph_id=graph_id, **base)  # type: ignore[arg-type]
 
 
 def test_collecting_receives_the_reports_recorded_inside_its_block_only() -> None:
@@ -127,3 +128,41 @@ def test_the_summary_names_the_weight_and_context_bytes(fields: dict[str, object
     summary = _report(0, is_simulator=True, soc_model=60, **fields).summary()
     assert text in summary, summary
     assert _report(0, is_simulator=True, soc_model=60, **fields).to_dict()["weight_bytes"] == fields["weight_bytes"]
+
+
+_graph = st.builds(
+    lambda device, weights, disk: _report(
+        0,
+        device=device,
+        weight_bytes=weights,
+        context_bytes=disk,
+        weight_copies=1 if device == "npu" and weights else 0,
+    ),
+    st.sampled_from(["npu", "eager"]),
+    st.one_of(st.none(), st.integers(0, 2**34)),
+    st.one_of(st.none(), st.integers(1, 2**34)),
+)
+
+
+@given(st.lists(_graph, max_size=6), st.sampled_from([None, True, False]))
+def test_generation_memory_sums_the_graphs_that_hold_weights(graphs: list[CompileReport], sharing: bool | None) -> None:
+    """The per-model view: one weight copy per graph on QNN that holds weights, the contexts' bytes summed (None
+    when one is unknown), the largest graph's weights as the model's, and the probe's verdict in words."""
+    import types
+
+    import qnnx_detection
+    from qnnx_backend.hf import generation_memory
+
+    probe = None if sharing is None else qnnx_detection.WeightSharingReport(supported=sharing, reason="why")
+    model = types.SimpleNamespace(_qnnx_graphs=list(graphs), _qnnx_weight_sharing=probe)
+    memory = generation_memory(model)
+    holding = [g for g in graphs if g.device == "npu" and g.weight_bytes]
+    assert memory.weight_copies == len(holding)
+    assert memory.weight_bytes == (max(g.weight_bytes for g in holding) if holding else None)  # type: ignore[type-var]
+    disk = [g.context_bytes for g in holding]
+    assert memory.context_bytes == (None if not disk or None in disk else sum(disk))  # type: ignore[arg-type]
+    expected = {None: "not probed", True: "supported on this target", False: "not supported on this target (why)"}
+    assert memory.weight_sharing.startswith(expected[sharing])
+    assert f"{memory.weight_copies} weight cop" in memory.summary() and memory.to_dict()["graphs"] == [
+        g.to_dict() for g in graphs
+    ]

@@ -128,12 +128,17 @@ def compile_for_generation(
 def _weight_sharing(opts: BackendOptions) -> Any:
     """Whether the prefill and decode graphs could share one weight copy in one context here, from qnnx-detection's
     probe (run in child processes once per machine and version: loading a shared context can kill a process).
-    Each graph compiles a context with its own weights either way today; the INFO line says which and why."""
+    Each graph compiles a context with its own weights either way today (a weight-shared group would need every
+    graph exported up front, and its load cannot be tried here); the INFO line and :func:`generation_memory` say
+    which and why."""
     import qnnx_detection
 
     if opts.device not in ("auto", "npu") or not qnnx_detection.probe(initialize=False).backend("npu").available:
         return None
-    report = qnnx_detection.probe_weight_sharing(soc_model=opts.soc_model)
+    # The SoC the graphs compile for (as the build resolves it): one probe, and one cached verdict, per SoC, whether
+    # the caller named it or not.
+    soc = opts.soc_model if opts.soc_model is not None else qnnx_detection.resolve_soc_model(None)
+    report = qnnx_detection.probe_weight_sharing(soc_model=soc)
     if report.supported:
         logger.info(
             "compile_for_generation: this NPU can load weight-shared contexts; qnnx still compiles each graph "
