@@ -299,3 +299,19 @@ def test_cpu_ep_nodes_in_several_parts_run_with_eagers_outputs() -> None:
     assert report.device == "npu" and len(report.parts) == len(graph.parts), report.summary()
     assert report.placement.get("CPUExecutionProvider", 0) >= 4 and report.placement.get("QNNExecutionProvider")
     assert_close_fp16(got, expected)
+
+
+def test_a_large_cached_compile_runs_from_its_written_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the reload size a cached compile drops its compiling session (which holds about twice the weights)
+    and runs from the context it wrote: the outputs are those of the compiling session, bit for bit."""
+    from qnnx_backend import _build
+
+    model, x = _cnn(), torch.randn(1, 3, 12, 12)
+    kept = _compile(model, x, cache=True, cache_dir=str(tmp_path / "kept"))
+    assert "load_npu" not in qnnx_backend.compile_reports()[-1].timings  # small: the compiling session runs it
+    monkeypatch.setattr(_build, "RELOAD_ABOVE_BYTES", 0)
+    reloaded = _compile(model, x, cache=True, cache_dir=str(tmp_path / "reloaded"))
+    report = qnnx_backend.compile_reports()[-1]
+    assert report.cache == "miss" and "load_npu" in report.timings, report.timings
+    assert set(report.placement) == {"QNNExecutionProvider"} and report.context_bytes
+    assert torch.equal(reloaded, kept)

@@ -199,6 +199,12 @@ class _NothingToCompile(Exception):
 
 _store_lock = threading.Lock()
 
+# A session built from an ONNX model keeps what QNN compiled it from beside the compiled graph: about twice the
+# weights of a session loaded from its written context (measured on the simulator). Above this many weight bytes a
+# cached compile drops its compiling session and loads the context it wrote; a small graph keeps its compiling
+# session (no second load).
+RELOAD_ABOVE_BYTES = 64 * 2**20
+
 
 def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
     """The cached path: one call of the store's ``load_or_rebuild``, so every load of an entry is pinned against a
@@ -236,6 +242,7 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             raise _NothingToCompile(model.signature)
         plan = check_ops(model, device, target.soc_model, ctx)
         staged = StagedModel(model)
+        held = held_weight_bytes(model.structure, device)
         source = _in_parts(staged, ctx, device, plan.nodes)
         kwargs = with_plan(setup.session_kwargs, plan)
         writing = {**kwargs, "session_config": _session.context_config(staging)}
@@ -245,7 +252,9 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             session = _timed_session(source, device, writing, ctx)
             staged.keep_for(session)
             check_share(session, plan, opts)
-            built["session"] = session
+            if held <= RELOAD_ABOVE_BYTES:
+                built["session"] = session
+            # else the compiling session goes with this call and load() runs the graph from its written context
         built["staged"] = staged
         metadata = {
             "signature": model.signature.to_dict(),
@@ -253,7 +262,7 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             "passes_applied": list(model.passes_applied),
             # The nodes compiled onto the CPU EP, with opcheck's reason (the report of a later hit shows them).
             "cpu_nodes": dict(plan.nodes),
-            "weight_bytes": held_weight_bytes(model.structure, device),
+            "weight_bytes": held,
         }
         if isinstance(source, PartedModel):  # one context per part, in the order they run
             files = [f"part{k}_{_session.CTX_FILE}" for k in range(len(source.paths))]
