@@ -301,9 +301,9 @@ def test_cpu_ep_nodes_in_several_parts_run_with_eagers_outputs() -> None:
     assert_close_fp16(got, expected)
 
 
-def test_a_large_cached_compile_runs_from_its_written_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above the reload size a cached compile drops its compiling session (which holds about twice the weights)
-    and runs from the context it wrote: the outputs are those of the compiling session, bit for bit."""
+def test_a_large_compile_runs_from_its_written_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the reload size a compile, cached or not, drops its compiling session (which holds about twice the
+    weights) and runs from the context it wrote: the outputs are those of the compiling session, bit for bit."""
     from qnnx_backend import _build
 
     model, x = _cnn(), torch.randn(1, 3, 12, 12)
@@ -315,3 +315,7 @@ def test_a_large_cached_compile_runs_from_its_written_context(tmp_path: Path, mo
     assert report.cache == "miss" and "load_npu" in report.timings, report.timings
     assert set(report.placement) == {"QNNExecutionProvider"} and report.context_bytes
     assert torch.equal(reloaded, kept)
+    uncached = _compile(model, x)
+    report = qnnx_backend.compile_reports()[-1]
+    assert report.cache == "off" and "load_npu" in report.timings and report.context_bytes, report.summary()
+    assert torch.equal(uncached, kept)
