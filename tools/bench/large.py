@@ -87,7 +87,7 @@ def child(layers: int, max_graph_bytes: int | None, new_tokens: int, prompt_len:
     import transformers
 
     import qnnx_backend
-    from qnnx_backend.hf import compile_for_generation
+    from qnnx_backend.hf import compile_for_generation, generation_memory
 
     torch.manual_seed(0)
     config = transformers.Qwen2Config(**{**CONFIG, "num_hidden_layers": layers}, attn_implementation="sdpa")
@@ -174,7 +174,9 @@ def child(layers: int, max_graph_bytes: int | None, new_tokens: int, prompt_len:
             "timings": t,
         })  # fmt: skip
     agreement = _teacher_forcing(got, eager)
+    memory = {k: v for k, v in generation_memory(model).to_dict().items() if k != "graphs"}
     return {
+        "memory": memory,
         "layers": layers,
         "params": params,
         "max_graph_bytes": max_graph_bytes,
@@ -216,6 +218,7 @@ def _table(r: dict[str, Any], started: str, minutes: float, cut: bool) -> str:
     budget = "default" if r["max_graph_bytes"] is None else f"{r['max_graph_bytes'] / 2**20:.0f} MiB"
     above = r["peak_rss"] - r["loaded_rss"]
     weights_fp32 = r["params"] * 4
+    m = r["memory"]
     lines = [
         f"## A 0.5B-class decoder (Qwen2.5-0.5B configuration, {r['layers']} of 24 layers, random init)",
         "",
@@ -241,8 +244,10 @@ def _table(r: dict[str, Any], started: str, minutes: float, cut: bool) -> str:
         f"above the loaded model ({(r['peak_anon'] - r['loaded_anon']) / weights_fp32:.2f} bytes per float32 weight "
         f"byte); mapped files peak at {r['peak_file'] / gib:.2f} GiB (the staged weight files ONNX Runtime maps, "
         "pages the kernel can drop).",
-        f"- Contexts on disk (both graphs, every part): {r['context_bytes'] / gib:.2f} GiB, one weight copy per graph "
-        "(the simulator cannot load weight-shared contexts; qnnx-detection's probe says so).",
+        f"- Contexts on disk (both graphs, every part): {r['context_bytes'] / gib:.2f} GiB; "
+        f"`generation_memory`: {m['weight_bytes'] / gib:.2f} GiB of weights as the NPU holds them, "
+        f"{m['weight_copies']} weight copies, contexts {m['context_bytes'] / gib:.2f} GiB; weight sharing: "
+        f"{m['weight_sharing']}.",
         f"- Cold first `generate()` (both compiles and {r['steps']} tokens): {r['first_generate_s']:.0f} s; "
         f"warm: {r['warm_generate_s']:.1f} s.",
         f"- Warm, on the simulator: first token {r['first_token_s']:.2f} s, then {r['per_token_s']:.2f} s per token "

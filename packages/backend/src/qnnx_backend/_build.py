@@ -23,7 +23,7 @@ from qnnx_backend import _session
 from qnnx_backend._calibrate import HOW_TO
 from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, minority, with_plan
 from qnnx_backend._export import CompileContext, export_once
-from qnnx_backend._parts import PartedModel, stage_parts
+from qnnx_backend._parts import PartedModel, held_weight_bytes, stage_parts
 from qnnx_backend._program import NoSessionProgram, Program, QnnProgram, SessionSource, Target, output_dtypes
 from qnnx_backend._quantize import QuantizeFailed, measure
 from qnnx_backend._report import QuantizationReport
@@ -185,10 +185,13 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         return NoSessionProgram(model.signature, setup.target)
     plan = check_ops(model, device, setup.target.soc_model, ctx)
     staged = StagedModel(model)  # recreate() reads it again: it lives as long as the program
-    source: StagedModel | PartedModel = _in_parts(staged, ctx, device, plan.nodes)
+    source: StagedModel | PartedModel | str = _in_parts(staged, ctx, device, plan.nodes)
     kwargs: Mapping[str, Any] = with_plan(setup.session_kwargs, plan)
-    if isinstance(source, PartedModel):
-        session, source, kwargs = _parts_from_contexts(source, staged, device, kwargs, setup, plan, ctx)
+    written = None  # one context compiled from the ONNX model in memory: nothing on disk
+    held = held_weight_bytes(model.structure, device)
+    if isinstance(source, PartedModel) or (isinstance(source, StagedModel) and held > RELOAD_ABOVE_BYTES):
+        session, source, kwargs = _from_contexts(source, staged, device, kwargs, setup, plan, ctx)
+        written = _session.context_bytes(source.paths if isinstance(source, PartedModel) else [source])
     else:
         session, plan, kwargs = _session_with_islands(
             staged,
@@ -211,35 +214,42 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         out_dtypes=setup.out_dtypes,
         fp16=ctx.options.fp16,
         cpu_nodes=dict(plan.nodes),
+        weight_bytes=held,
+        context_bytes=written,
     )
 
 
-def _parts_from_contexts(
-    parts: PartedModel,
+def _from_contexts(
+    source: StagedModel | PartedModel,
     staged: StagedModel,
     device: str,
     kwargs: Mapping[str, Any],
     setup: _DeviceSetup,
     plan: Any,
     ctx: CompileContext,
-) -> tuple[Any, PartedModel, Mapping[str, Any]]:
-    """Compile a large graph's parts writing their contexts, then run them from those contexts.
+) -> tuple[Any, PartedModel | str, Mapping[str, Any]]:
+    """Compile a large graph (or each of its parts) writing its context, then run it from that context.
 
     A session built from an ONNX model keeps what QNN compiled it from beside the compiled graph: measured on the
-    simulator, about twice the weights of a session loaded from the same compiled context. So each part's
-    compiling session is dropped once its context is written (one alive at a time), and the program loads the
-    contexts (kept in a folder that lives as long as the staged model)."""
+    simulator, about twice the weights of a session loaded from the same compiled context. So each compiling
+    session is dropped once its context is written (one alive at a time), and the program loads the contexts
+    (kept in a folder that lives as long as the staged model)."""
     import shutil
     import tempfile
     import weakref
 
-    folder = Path(tempfile.mkdtemp(prefix="qnnx-parts-"))
+    folder = Path(tempfile.mkdtemp(prefix="qnnx-contexts-"))
     weakref.finalize(staged, shutil.rmtree, str(folder), True)
-    placed = _timed_compile_parts(parts, device, {**kwargs, "session_config": _session.context_config(folder)}, ctx)
-    check_share(placed, plan, ctx.options)
-    compiled = attrs.evolve(
-        parts, paths=tuple(str(folder / f"part{k}_{_session.CTX_FILE}") for k in range(len(parts.paths)))
-    )
+    writing = {**kwargs, "session_config": _session.context_config(folder)}
+    compiled: PartedModel | str
+    if isinstance(source, PartedModel):
+        check_share(_timed_compile_parts(source, device, writing, ctx), plan, ctx.options)
+        compiled = attrs.evolve(
+            source, paths=tuple(str(folder / f"part{k}_{_session.CTX_FILE}") for k in range(len(source.paths)))
+        )
+    else:
+        check_share(_timed_session(source, device, writing, ctx), plan, ctx.options)  # the session goes here
+        compiled = str(folder / _session.CTX_FILE)
     load_kwargs = {**setup.session_kwargs, "allow_cpu_fallback": True} if plan.nodes else setup.session_kwargs
     t = time.perf_counter()
     try:
@@ -273,6 +283,12 @@ class _NothingToCompile(Exception):
 
 
 _store_lock = threading.Lock()
+
+# A session built from an ONNX model keeps what QNN compiled it from beside the compiled graph: about twice the
+# weights of a session loaded from its written context (measured on the simulator). Above this many weight bytes a
+# compile drops its compiling session and loads the context it wrote (into the cache, or a temporary folder); a
+# small graph keeps its compiling session (no second load).
+RELOAD_ABOVE_BYTES = 64 * 2**20
 
 
 def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
@@ -311,6 +327,7 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             raise _NothingToCompile(model.signature)
         plan = check_ops(model, device, target.soc_model, ctx)
         staged = StagedModel(model)
+        held = held_weight_bytes(model.structure, device)
         source = _in_parts(staged, ctx, device, plan.nodes)
         kwargs = with_plan(setup.session_kwargs, plan)
         writing = {**kwargs, "session_config": _session.context_config(staging)}
@@ -328,7 +345,9 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             )
             staged.keep_for(session)
             check_share(session, plan, opts)
-            built["session"] = session
+            if held <= RELOAD_ABOVE_BYTES:
+                built["session"] = session
+            # else the compiling session goes with this call and load() runs the graph from its written context
         built["staged"] = staged
         metadata = {
             "signature": model.signature.to_dict(),
@@ -336,6 +355,7 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             "passes_applied": list(model.passes_applied),
             # The nodes compiled onto the CPU EP, with opcheck's reason (the report of a later hit shows them).
             "cpu_nodes": dict(plan.nodes),
+            "weight_bytes": held,
         }
         if isinstance(source, PartedModel):  # one context per part, in the order they run
             files = [f"part{k}_{_session.CTX_FILE}" for k in range(len(source.paths))]
@@ -375,6 +395,8 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             fp16=opts.fp16,
             cpu_nodes=cpu_nodes,
             source_model=built.get("staged"),  # the ONNX model it was compiled from (none on a hit)
+            weight_bytes=entry.metadata.get("weight_bytes"),  # None in entries written before it was recorded
+            context_bytes=_session.context_bytes([model] if isinstance(model, str) else model.paths),
         )
 
     t = time.perf_counter()

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from qnnx_backend._options import CHAIN, OPCHECK_BACKEND, BackendOptions, effective_device
-from qnnx_backend._parts import part_reports, plan_for
+from qnnx_backend._parts import held_weight_bytes, part_reports, plan_for
 from qnnx_backend._report import DEVICE_LABELS, PartReport, QuantizationReport
 from qnnx_backend._split import CpuPlan, plan_cpu_nodes
 
@@ -75,6 +75,9 @@ class GraphExplanation:
     """Where a graph whose weights exceed ``max_graph_bytes`` is cut: the parts it would run as, one QNN context
     each (empty: one context)."""
     max_graph_bytes: int | None = None
+    weight_bytes: int | None = None
+    """The bytes of the graph's weights as its device would hold them (float32 counted as float16 on the NPU,
+    quantized weights at their width); one copy per compiled graph. None when it runs in eager PyTorch."""
 
     def nodes_on_qnn(self) -> int:
         """Nodes placed (or predicted) on QNN."""
@@ -132,6 +135,8 @@ class ExplainReport:
                 lines.append(f"  rewrite passes: {', '.join(g.passes_applied)}")
             if g.quantization is not None:
                 lines.append(f"  quantized: {g.quantization.summary()} (example inputs, ORT CPU EP)")
+            if g.weight_bytes is not None:
+                lines.append(f"  weights: {g.weight_bytes / 2**20:.1f} MiB as the device holds them (one copy)")
             if g.parts:
                 cuts = ", ".join(f"{p.first_node} ({p.weight_bytes / 2**20:.1f} MiB)" for p in g.parts)
                 lines.append(f"  {len(g.parts)} parts (max_graph_bytes={g.max_graph_bytes}), beginning at: {cuts}")
@@ -251,6 +256,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
         devices: list[DeviceExplanation] = []
         final, final_report, placement, final_plan = "eager", None, None, CpuPlan()
         parts: tuple[PartReport, ...] = ()
+        held: int | None = None
         for dev in chain:
             status = probe.backend(dev)
             report = qnnx_opcheck.check_model(exported.structure, OPCHECK_BACKEND[dev], soc_model=soc)
@@ -289,6 +295,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                     continue
             devices.append(DeviceExplanation(device=dev, accepted=True, unsupported=bad))
             final, final_report, final_plan = dev, report, plan
+            held = held_weight_bytes(exported.structure, dev)
             planned = plan_for(exported.structure, opts.max_graph_bytes, dev)
             if planned is not None and len(planned[1].parts) > 1:
                 parts = part_reports(planned[1])
@@ -320,6 +327,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 cpu_op_types=final_plan.op_types,
                 parts=parts,
                 max_graph_bytes=opts.max_graph_bytes if parts else None,
+                weight_bytes=held,
                 **base,
             )
         )

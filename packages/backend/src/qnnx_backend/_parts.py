@@ -96,6 +96,18 @@ def _args(values: Sequence[Any]) -> tuple[Arg, ...]:
     return tuple(out)
 
 
+def _float32_bytes(device: str) -> int:
+    return 2 if device == "npu" else 4
+
+
+def held_weight_bytes(proto: Any, device: str) -> int:
+    """The bytes of ``proto``'s weights as ``device`` holds them: float32 as float16 on the NPU (HTP computes floats
+    in float16), quantized weights at their width (from types and shapes; external data is not read)."""
+    import qnnx_export
+
+    return int(qnnx_export.weight_bytes(proto, float32_bytes=_float32_bytes(device)))
+
+
 def plan_for(proto: Any, max_bytes: int, device: str) -> tuple[Any, Any] | None:
     """(the model with inferred shapes, its ``qnnx_export.PartsPlan``), or None when its weights fit ``max_bytes``
     (float32 weights count as float16 on the NPU, which computes floats in float16)."""
@@ -103,7 +115,7 @@ def plan_for(proto: Any, max_bytes: int, device: str) -> tuple[Any, Any] | None:
 
     import qnnx_export
 
-    float32_bytes = 2 if device == "npu" else 4
+    float32_bytes = _float32_bytes(device)
     if qnnx_export.weight_bytes(proto, float32_bytes=float32_bytes) <= max_bytes:
         return None
     inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)

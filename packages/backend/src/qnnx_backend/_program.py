@@ -76,6 +76,10 @@ class Program(Protocol):
     def cpu_nodes(self) -> Mapping[str, str]: ...
     @property
     def parts(self) -> tuple[PartReport, ...]: ...
+    @property
+    def weight_bytes(self) -> int | None: ...
+    @property
+    def context_bytes(self) -> int | None: ...
 
     def run(self, args: Sequence[object]) -> Any: ...
 
@@ -89,6 +93,8 @@ class NoSessionProgram:
     onnx_nodes = 0
     passes_applied: tuple[str, ...] = ()
     parts: tuple[PartReport, ...] = ()
+    weight_bytes: int | None = 0
+    context_bytes: int | None = None
 
     def __init__(self, signature: GraphSignature, target: Target) -> None:
         self.signature = signature
@@ -196,6 +202,8 @@ class QnnProgram:
         fp16: bool = False,
         cpu_nodes: Mapping[str, str] | None = None,
         source_model: _session.StagedModel | None = None,
+        weight_bytes: int | None = None,
+        context_bytes: int | None = None,
     ) -> None:
         self.session = session
         self.signature = signature
@@ -211,6 +219,10 @@ class QnnProgram:
         self.source_model = source_model
         """The ONNX model the session was compiled from, when this process exported it (saving a compiled function
         stores it); None on a context-cache hit."""
+        self.weight_bytes = weight_bytes
+        """The graph's weight bytes as the device holds them (None when unknown)."""
+        self.context_bytes = context_bytes
+        """The bytes on disk of the compiled context(s) it runs from (None when none was written or loaded)."""
         self._input_names = [i.name for i in session.get_inputs()]
         self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
         self._output_names = [o.name for o in session.get_outputs()]
@@ -300,6 +312,8 @@ class QnnProgram:
             fp16=self.fp16,
             cpu_nodes=self.cpu_nodes,
             source_model=self.source_model,
+            weight_bytes=self.weight_bytes,
+            context_bytes=self.context_bytes,
         )
 
 

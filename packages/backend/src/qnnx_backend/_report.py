@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -130,6 +132,15 @@ class CompileReport:
     parts: tuple[PartReport, ...] = ()
     """For a graph whose weights exceed ``max_graph_bytes``: the parts it runs as, one QNN context each, in order
     (empty: one context)."""
+    weight_bytes: int | None = None
+    """The bytes of the graph's weights as the device holds them: float32 counted as float16 on the NPU (which
+    computes floats in float16), quantized weights at their width; None when unknown (eager, a saved function)."""
+    context_bytes: int | None = None
+    """The bytes on disk of the compiled QNN context(s) the graph runs from (every part; the ``_ctx.onnx`` files and
+    the binaries they reference); None when no context was written or loaded (``cache=False`` on one context)."""
+    weight_copies: int = 0
+    """How many copies of the graph's weights its contexts hold: 1 on QNN (each part holds its own slice), 0 in
+    eager PyTorch or for a graph without weights."""
 
     @property
     def on_qnn(self) -> bool:
@@ -158,6 +169,11 @@ class CompileReport:
         if self.parts:
             sizes = ", ".join(f"{p.weight_bytes / 2**20:.1f}" for p in self.parts)
             detail += f", in {len(self.parts)} parts ({sizes} MiB of weights)"
+        if self.on_qnn and self.weight_bytes is not None:
+            detail += f", {self.weight_bytes / 2**20:.1f} MiB of weights ({self.weight_copies} cop"
+            detail += "y)" if self.weight_copies == 1 else "ies)"
+            if self.context_bytes is not None:
+                detail += f", contexts {self.context_bytes / 2**20:.1f} MiB on disk"
         if self.bucket is not None:
             detail += f", bucket {list(self.bucket)}"
         if self.quantization is not None:
@@ -175,6 +191,11 @@ class CompileReport:
 _REPORTS: deque[CompileReport] = deque(maxlen=256)
 _LOCK = threading.Lock()
 _NEXT_ID = [0]
+# The lists that also receive the reports recorded in this context (a model's graphs, for its memory report):
+# compiles happen in the caller's thread, on the first call of each graph.
+_COLLECTORS: contextvars.ContextVar[tuple[list[CompileReport], ...]] = contextvars.ContextVar(
+    "qnnx_report_collectors", default=()
+)
 
 
 def next_graph_id() -> int:
@@ -187,6 +208,18 @@ def next_graph_id() -> int:
 def record(report: CompileReport) -> None:
     with _LOCK:
         _REPORTS.append(report)
+        for into in _COLLECTORS.get():
+            into.append(report)
+
+
+@contextlib.contextmanager
+def collecting(into: list[CompileReport]) -> Iterator[list[CompileReport]]:
+    """Also append to ``into`` every report recorded in this context until the block ends."""
+    token = _COLLECTORS.set((*_COLLECTORS.get(), into))
+    try:
+        yield into
+    finally:
+        _COLLECTORS.reset(token)
 
 
 def compile_reports() -> tuple[CompileReport, ...]:

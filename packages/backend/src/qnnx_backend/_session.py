@@ -293,6 +293,26 @@ def placement_counts(session: Any) -> dict[str, int]:
     return {ep: len(nodes) for ep, nodes in (qnnx_detection.node_placement(session) or {}).items()}
 
 
+def context_bytes(paths: Sequence[str | os.PathLike[str]]) -> int:
+    """The bytes on disk of compiled contexts: each ``_ctx.onnx`` file and the binaries its EPContext nodes
+    reference (``ep_cache_context`` of an ``embed_mode=0`` node, relative to the file), each file counted once."""
+    import onnx
+
+    files: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        files.add(path)
+        model = onnx.load(str(path), load_external_data=False)
+        for node in model.graph.node:
+            if node.op_type != "EPContext":
+                continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            if int(attrs.get("embed_mode", 1)) == 0 and "ep_cache_context" in attrs:
+                ref = attrs["ep_cache_context"]
+                files.add(path.parent / (ref.decode() if isinstance(ref, bytes) else str(ref)))
+    return sum(f.stat().st_size for f in files if f.exists())
+
+
 def context_config(directory: Path) -> dict[str, str]:
     """Session config that makes ORT write the compiled context (``model_ctx.onnx`` plus its binary) into
     ``directory`` while it creates the session."""
