@@ -183,7 +183,7 @@ def test_the_report_gives_the_weight_bytes_held_on_the_npu_and_the_context_bytes
     assert whole.weight_bytes == held and whole.weight_copies == 1, whole.summary()
     on_disk = [f for f in (tmp_path / "whole").rglob("*") if f.is_file() and f.name.endswith(("_ctx.onnx", ".bin"))]
     assert whole.context_bytes == sum(f.stat().st_size for f in on_disk) > whole.weight_bytes
-    assert f"{whole.weight_bytes / 2**20:.1f} MiB of weights (1 copy)" in whole.summary()
+    assert f"{whole.weight_bytes / 1024:.1f} KiB of weights (1 copy)" in whole.summary()
 
     budget = 2 * 16 * 16 * 9 * 2 + 256
     _compile(model, x, max_graph_bytes=budget)  # no cache: the parts' contexts are written to a folder of its own

@@ -117,6 +117,7 @@ def test_collecting_receives_the_reports_recorded_inside_its_block_only() -> Non
     ("fields", "text"),
     [
         ({"weight_bytes": 3 * 2**20, "weight_copies": 1}, "3.0 MiB of weights (1 copy)"),
+        ({"weight_bytes": 29108, "weight_copies": 1}, "28.4 KiB of weights (1 copy)"),
         (
             {"weight_bytes": 2**20, "weight_copies": 1, "context_bytes": 2 * 2**20},
             "1.0 MiB of weights (1 copy), contexts 2.0 MiB on disk",

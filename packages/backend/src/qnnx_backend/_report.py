@@ -78,6 +78,11 @@ class QuantizationReport:
         return text if self.used else f"{text}; runs in float: {self.reason}"
 
 
+def size_text(n: int) -> str:
+    """Bytes as one line says them: KiB below 1 MiB (a tiny graph's weights are not "0.0 MiB"), else MiB."""
+    return f"{n / 2**10:.1f} KiB" if n < 2**20 else f"{n / 2**20:.1f} MiB"
+
+
 @attrs.frozen(kw_only=True)
 class PartReport:
     """One part of a graph split under ``max_graph_bytes``: one QNN context of its own."""
@@ -170,10 +175,10 @@ class CompileReport:
             sizes = ", ".join(f"{p.weight_bytes / 2**20:.1f}" for p in self.parts)
             detail += f", in {len(self.parts)} parts ({sizes} MiB of weights)"
         if self.on_qnn and self.weight_bytes is not None:
-            detail += f", {self.weight_bytes / 2**20:.1f} MiB of weights ({self.weight_copies} cop"
+            detail += f", {size_text(self.weight_bytes)} of weights ({self.weight_copies} cop"
             detail += "y)" if self.weight_copies == 1 else "ies)"
             if self.context_bytes is not None:
-                detail += f", contexts {self.context_bytes / 2**20:.1f} MiB on disk"
+                detail += f", contexts {size_text(self.context_bytes)} on disk"
         if self.bucket is not None:
             detail += f", bucket {list(self.bucket)}"
         if self.quantization is not None:

@@ -19,7 +19,7 @@ import torch
 from qnnx_backend._buckets import AUTO_MIN, NEUTRAL_RTOL, ladder_bucket
 from qnnx_backend._compare import compare_outputs
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._report import CompileReport, collecting
+from qnnx_backend._report import CompileReport, collecting, size_text
 from qnnx_backend.errors import InvalidOptionsError, SavedGraphError, SavedInputError
 
 __all__ = [
@@ -177,8 +177,8 @@ class GenerationMemoryReport:
         """One line, e.g. ``3 graphs on QNN: 12.0 MiB of weights, 3 weight copies, contexts 36.1 MiB on disk;
         weight sharing: not supported on this target (...)``."""
         on_qnn = sum(1 for g in self.graphs if g.on_qnn)
-        weights = "weights unknown" if self.weight_bytes is None else f"{self.weight_bytes / 2**20:.1f} MiB of weights"
-        disk = "" if self.context_bytes is None else f", contexts {self.context_bytes / 2**20:.1f} MiB on disk"
+        weights = "weights unknown" if self.weight_bytes is None else f"{size_text(self.weight_bytes)} of weights"
+        disk = "" if self.context_bytes is None else f", contexts {size_text(self.context_bytes)} on disk"
         copies = f"{self.weight_copies} weight cop{'y' if self.weight_copies == 1 else 'ies'}"
         return f"{on_qnn} of {len(self.graphs)} graphs on QNN: {weights}, {copies}{disk}; weight sharing: " + (
             self.weight_sharing
