@@ -210,6 +210,9 @@ EXAMPLES: dict[str, Example] = {
     "gather": _case(lambda x, i: torch.gather(x, 1, i), (3, 6), _ints(3, 4, high=6)),
     "index_select": _case(lambda x, i: x.index_select(1, i), (3, 6), _ints(4, high=6)),
     "cat": _case(lambda x, y: torch.cat([x, y, x], dim=1), (2, 3), (2, 4)),
+    # Cohere's rotary embedding interleaves with stack(..., dim=-1).
+    "stack_last": _case(lambda x, y: torch.stack([-y, x], dim=-1).flatten(-2), (2, 3, 4), (2, 3, 4)),
+    "stack_first_one": _case(lambda x: torch.stack([x.relu()], dim=0) * 2, (3, 4)),
     # MobileViT-v2's patches: unfold and fold with the kernel as the stride are layout changes of rank <= 5.
     "unfold_fold_patches": _case(
         lambda x: F.fold(F.unfold(x, (2, 3), stride=(2, 3)) * 2, (4, 9), (2, 3), stride=(2, 3)), (2, 3, 4, 9)

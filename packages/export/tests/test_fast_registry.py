@@ -177,6 +177,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.repeat.default": _ex(lambda x: aten.repeat.default(x, [2, 1, 3, 2]), (3, 1, 4)),
     "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
     "aten.cat.default": _ex(lambda x, i: aten.cat.default([x, i, x], 1), (2, 3), _ints(2, 4)),
+    "aten.stack.default": _ex(lambda x, y: aten.stack.default([x, y, x], -2), (2, 3), (2, 3)),
     "aten.split.Tensor": _ex(lambda x: _items(aten.split.Tensor(x, 2, 1), 3), (2, 5)),
     "aten.split_with_sizes.default": _ex(lambda x: _items(aten.split_with_sizes.default(x, [1, 3], -1), 2), _X),
     "aten.unsafe_split.Tensor": _ex(lambda x: _items(aten.unsafe_split.Tensor(x, 3, 0), 1), _X),

@@ -116,6 +116,22 @@ def _cat(t: Translator, node: Node, tensors: Sequence[Node], dim: int = 0) -> ir
     return t.out("Concat", parts, {"axis": onnx_axis(dim, rank)})
 
 
+@handles(aten.stack.default)
+def _stack(t: Translator, node: Node, tensors: Sequence[Node], dim: int = 0) -> ir.Value:
+    """``torch.stack``: each tensor viewed with a size-1 dim at ``dim`` (a Reshape: Unsqueeze of int64 data stops
+    the process on HTP), then one Concat along it."""
+    val = node.meta["val"]
+    axis = onnx_axis(dim, val.dim())
+    parts = []
+    for x in tensors:
+        shape = list(fake(x).shape)
+        shape.insert(axis, 1)
+        parts.append(t.emit1("Reshape", [t.operand(x, val.dtype), t.ints(shape)], dtype=val.dtype, shape=tuple(shape)))
+    if len(parts) == 1:
+        return t.out("Identity", parts)
+    return t.out("Concat", parts, {"axis": axis})
+
+
 @handles(
     aten.split.Tensor,
     aten.split_with_sizes.default,
