@@ -214,6 +214,7 @@ EXAMPLES: dict[str, Example] = {
     ),
     "adaptive_avgpool_1": _case(_M(lambda: nn.AdaptiveAvgPool2d(1)), (2, 3, 6, 5)),
     "adaptive_avgpool_divisible": _case(_M(lambda: nn.AdaptiveAvgPool2d((2, 3))), (2, 3, 6, 9)),
+    "adaptive_avgpool_uneven": _case(_M(lambda: nn.AdaptiveAvgPool2d((3, 4))), (2, 3, 7, 5)),
     "embedding": _case(_M(lambda: nn.Embedding(10, 4)), _ints(2, 5)),
     "gather": _case(lambda x, i: torch.gather(x, 1, i), (3, 6), _ints(3, 4, high=6)),
     "index_select": _case(lambda x, i: x.index_select(1, i), (3, 6), _ints(4, high=6)),
@@ -884,4 +885,32 @@ def test_triangles_clamps_and_celu_run_on_qnn_htp() -> None:
     (exported,) = backend.exported
     assert exported.exporter == "fast"
     assert not _op_types(exported) & {"Trilu", "Clip", "Celu"}
+    assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    size=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    out=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    batched=st.booleans(),
+    seed=seeds(),
+)
+def test_adaptive_avg_pool_of_any_sizes_matches_eager(
+    size: tuple[int, int], out: tuple[int, int], batched: bool, seed: int
+) -> None:
+    """AdaptiveAvgPool2d from any size to any size (uneven and overlapping windows, upsampling too) is translated
+    (constant averaging matrices where no AveragePool fits, never torch.onnx's rank-6 Gathers) and matches eager."""
+    x = torch.randn(*((2,) if batched else ()), 3, *size, generator=torch.Generator().manual_seed(seed))
+    exported = _check_fast(lambda t: F.adaptive_avg_pool2d(t, out), x)
+    assert "Gather" not in _op_types(exported)
+
+
+def test_uneven_adaptive_avg_pool_runs_on_qnn_htp() -> None:
+    """An adaptive average pool whose windows are uneven and overlap (7x5 -> 3x4) runs wholly on the HTP simulator
+    (CPU fallback off) within fp16 error."""
+    x = torch.randn(2, 3, 7, 5)
+    ref = F.adaptive_avg_pool2d(x, (3, 4))
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: F.adaptive_avg_pool2d(t, (3, 4)), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3

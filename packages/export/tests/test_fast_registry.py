@@ -248,7 +248,9 @@ EXAMPLES: dict[str, _Example] = {
     ),
     "aten.max_pool2d.default": _ex(lambda x: aten.max_pool2d.default(x, [2, 2]), _NCHW),
     "aten.avg_pool2d.default": _ex(lambda x: aten.avg_pool2d.default(x, [3, 3], [2, 2], [1, 1], False, False), _NCHW),
-    "aten._adaptive_avg_pool2d.default": _ex(lambda x: aten._adaptive_avg_pool2d.default(x, [2, 3]), _NCHW),
+    "aten._adaptive_avg_pool2d.default": _ex(
+        lambda x: (aten._adaptive_avg_pool2d.default(x, [2, 3]), aten._adaptive_avg_pool2d.default(x, [3, 4])), _NCHW
+    ),
     # copies, casts, constants
     "aten.clone.default": _ex(lambda x: aten.clone.default(x), _X),
     "aten.alias.default": _ex(lambda x: aten.alias.default(x), _X),
