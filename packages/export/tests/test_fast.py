@@ -186,6 +186,14 @@ EXAMPLES: dict[str, Example] = {
     "elu": _case(_M(lambda: nn.ELU(0.7)), (4, 9)),
     "clamp": _case(lambda x: x.clamp(-0.5, 0.75), (4, 9)),
     "clamp_min": _case(lambda x: x.clamp(min=0.1), (4, 9)),
+    "clamp_tensor_bounds": _case(
+        lambda x, lo, hi: (x.clamp(lo, hi), x.clamp(min=lo), torch.clamp_max(x, hi), x.clamp(hi, lo)),
+        (4, 9),
+        (9,),
+        (4, 1),
+    ),
+    "celu": _case(_M(lambda: nn.CELU(0.4)), lambda: torch.randn(4, 9) * 3),
+    "triu_tril": _case(lambda x: (x.triu(1), x.tril(-1), torch.tril(x * 2)), (2, 4, 6)),
     "hardtanh": _case(_M(lambda: nn.Hardtanh(-0.3, 0.6)), (4, 9)),
     "relu6": _case(_M(lambda: nn.ReLU6()), lambda: torch.randn(4, 9) * 8),
     "softmax": _case(lambda x: x.softmax(-1), (2, 3, 7)),
@@ -206,6 +214,7 @@ EXAMPLES: dict[str, Example] = {
     ),
     "adaptive_avgpool_1": _case(_M(lambda: nn.AdaptiveAvgPool2d(1)), (2, 3, 6, 5)),
     "adaptive_avgpool_divisible": _case(_M(lambda: nn.AdaptiveAvgPool2d((2, 3))), (2, 3, 6, 9)),
+    "adaptive_avgpool_uneven": _case(_M(lambda: nn.AdaptiveAvgPool2d((3, 4))), (2, 3, 7, 5)),
     "embedding": _case(_M(lambda: nn.Embedding(10, 4)), _ints(2, 5)),
     "gather": _case(lambda x, i: torch.gather(x, 1, i), (3, 6), _ints(3, 4, high=6)),
     "index_select": _case(lambda x, i: x.index_select(1, i), (3, 6), _ints(4, high=6)),
@@ -818,3 +827,93 @@ def test_unfold_and_fold_of_whole_patches_match_eager(
     out = compile_and_run(fn, (x,), backend)
     assert backend.exported[0].exporter == "fast"
     _assert_matches(out, fn(x), 0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 6),
+    diagonal=st.integers(-7, 7),
+    seed=seeds(),
+)
+def test_triu_and_tril_are_exact_selects(lead: list[int], rows: int, cols: int, diagonal: int, seed: int) -> None:
+    """triu/tril of any rank >= 2, size and diagonal translate to a constant-mask Where (no Trilu, which QNN
+    declines) equal to eager bit for bit, an inf outside the triangle included."""
+    x = torch.randn(*lead, rows, cols, generator=torch.Generator().manual_seed(seed))
+    x.view(-1)[seed % x.numel()] = float("inf")
+
+    def fn(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return t.triu(diagonal), t.tril(diagonal)
+
+    backend = Capture(cpu_session, FAST)
+    out = compile_and_run(fn, (x,), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast" and "Trilu" not in _op_types(exported)
+    for got, want in zip(out, fn(x), strict=True):
+        assert torch.equal(got, want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shapes=st.permutations([(3, 4), (4,), (3, 1), ()]),
+    which=st.sampled_from(["both", "min", "max"]),
+    seed=seeds(),
+)
+def test_clamp_with_tensor_bounds_matches_eager(shapes: list[tuple[int, ...]], which: str, seed: int) -> None:
+    """clamp with tensor bounds of any broadcastable shapes (crossed bounds too) is Max/Min, no Clip (the QNN EP
+    takes Clip's bounds only as constants), and equals eager exactly."""
+    gen = torch.Generator().manual_seed(seed)
+    x, lo, hi = (torch.randn(s, generator=gen) for s in shapes[:3])
+    fns = {
+        "both": lambda a, b, c: torch.clamp(a, b, c),
+        "min": lambda a, b, c: torch.clamp_min(a, b) + c,
+        "max": lambda a, b, c: torch.clamp_max(a, c) + b,
+    }
+    exported = _check_fast(fns[which], x, lo, hi, tol=0.0)
+    assert "Clip" not in _op_types(exported)
+
+
+def test_triangles_clamps_and_celu_run_on_qnn_htp() -> None:
+    """triu/tril, clamp with tensor bounds and celu, as translated, run wholly on the HTP simulator (CPU fallback
+    off) within fp16 error."""
+
+    def fn(x: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+        return F.celu(x.triu(1) + x.tril(-1) * 0.5, 0.7).clamp(lo, lo + 1.5) + torch.clamp_max(x, lo)
+
+    x, lo = torch.randn(2, 6, 6) * 2, torch.randn(6) * 0.3
+    ref = fn(x, lo)
+    backend = Capture(qnn_session)
+    out = compile_and_run(fn, (x, lo), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast"
+    assert not _op_types(exported) & {"Trilu", "Clip", "Celu"}
+    assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    size=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    out=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    batched=st.booleans(),
+    seed=seeds(),
+)
+def test_adaptive_avg_pool_of_any_sizes_matches_eager(
+    size: tuple[int, int], out: tuple[int, int], batched: bool, seed: int
+) -> None:
+    """AdaptiveAvgPool2d from any size to any size (uneven and overlapping windows, upsampling too) is translated
+    (constant averaging matrices where no AveragePool fits, never torch.onnx's rank-6 Gathers) and matches eager."""
+    x = torch.randn(*((2,) if batched else ()), 3, *size, generator=torch.Generator().manual_seed(seed))
+    exported = _check_fast(lambda t: F.adaptive_avg_pool2d(t, out), x)
+    assert "Gather" not in _op_types(exported)
+
+
+def test_uneven_adaptive_avg_pool_runs_on_qnn_htp() -> None:
+    """An adaptive average pool whose windows are uneven and overlap (7x5 -> 3x4) runs wholly on the HTP simulator
+    (CPU fallback off) within fp16 error."""
+    x = torch.randn(2, 3, 7, 5)
+    ref = F.adaptive_avg_pool2d(x, (3, 4))
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: F.adaptive_avg_pool2d(t, (3, 4)), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 5e-3

@@ -121,6 +121,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.masked_fill.Tensor": _ex(
         lambda x, m, v: aten.masked_fill.Tensor(x, m, v), _X, _bools(4), lambda: torch.tensor(7.0)
     ),
+    "aten.clamp.Tensor": _ex(lambda x, lo, hi: aten.clamp.Tensor(x, lo, hi), _X, (4,), lambda: torch.tensor(0.5)),
+    "aten.clamp_min.Tensor": _ex(lambda x, lo: aten.clamp_min.Tensor(x, lo), _X, lambda: torch.tensor(0.1)),
+    "aten.clamp_max.Tensor": _ex(lambda x, hi: aten.clamp_max.Tensor(x, hi), (4,), _X),
+    "aten.triu.default": _ex(lambda x: (aten.triu.default(x), aten.triu.default(x, -1)), (2, 3, 5)),
+    "aten.tril.default": _ex(lambda x: (aten.tril.default(x), aten.tril.default(x, 2)), (2, 5, 3)),
     # unary elementwise
     "aten.relu.default": _ex(lambda x: aten.relu.default(x), _X),
     "aten.neg.default": _ex(lambda i: aten.neg.default(i), _ints(3, 4)),
@@ -147,6 +152,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.hardsigmoid.default": _ex(lambda x: aten.hardsigmoid.default(x), _wide(3, 4)),
     "aten.hardswish.default": _ex(lambda x: aten.hardswish.default(x), _wide(3, 4)),
     "aten.elu.default": _ex(lambda x: aten.elu.default(x, 0.7), _X),
+    "aten.celu.default": _ex(lambda x: aten.celu.default(x, 0.6), _X),
     # reductions
     "aten.mean.dim": _ex(lambda x: aten.mean.dim(x, [-1], True), (2, 3, 4)),
     "aten.mean.default": _ex(lambda x: aten.mean.default(x), (2, 3, 4)),
@@ -243,7 +249,9 @@ EXAMPLES: dict[str, _Example] = {
     ),
     "aten.max_pool2d.default": _ex(lambda x: aten.max_pool2d.default(x, [2, 2]), _NCHW),
     "aten.avg_pool2d.default": _ex(lambda x: aten.avg_pool2d.default(x, [3, 3], [2, 2], [1, 1], False, False), _NCHW),
-    "aten._adaptive_avg_pool2d.default": _ex(lambda x: aten._adaptive_avg_pool2d.default(x, [2, 3]), _NCHW),
+    "aten._adaptive_avg_pool2d.default": _ex(
+        lambda x: (aten._adaptive_avg_pool2d.default(x, [2, 3]), aten._adaptive_avg_pool2d.default(x, [3, 4])), _NCHW
+    ),
     # copies, casts, constants
     "aten.clone.default": _ex(lambda x: aten.clone.default(x), _X),
     "aten.alias.default": _ex(lambda x: aten.alias.default(x), _X),

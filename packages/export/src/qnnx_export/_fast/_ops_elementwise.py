@@ -1,4 +1,4 @@
-"""Binary elementwise ops: arithmetic, comparisons, logic, and the selections where and masked_fill."""
+"""Binary elementwise ops: arithmetic, comparisons, logic, and the selections where, masked_fill, triu and tril."""
 
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ if TYPE_CHECKING:
 
 aten = torch.ops.aten
 
-_ARITHMETIC = {aten.mul.Tensor: "Mul", aten.mul.Scalar: "Mul", aten.maximum.default: "Max", aten.minimum.default: "Min"}
+# clamp_min/clamp_max with a tensor bound are maximum/minimum: the same broadcast, promotion and NaN propagation.
+_ARITHMETIC = {
+    aten.mul.Tensor: "Mul",
+    aten.mul.Scalar: "Mul",
+    aten.maximum.default: "Max",
+    aten.minimum.default: "Min",
+    aten.clamp_min.Tensor: "Max",
+    aten.clamp_max.Tensor: "Min",
+}
 _ADD_SUB = {aten.add.Tensor: "Add", aten.add.Scalar: "Add", aten.sub.Tensor: "Sub", aten.sub.Scalar: "Sub"}
 # ATen comparison (its Tensor and Scalar overloads) -> ONNX comparison; ne is Not(Equal).
 _COMPARISONS = {
@@ -139,3 +147,43 @@ def _masked_fill(t: Translator, node: Node, x: Operand, mask: Operand, value: Op
     _no_bool(node, dtype)
     value_v = t.operand(value, dtype) if not isinstance(value, (int, float, bool)) else t.scalar(value, dtype)
     return t.out("Where", [t.operand(mask, torch.bool), value_v, t.operand(x, dtype)])
+
+
+@handles(aten.triu.default, aten.tril.default)
+def _triangle(t: Translator, node: Node, x: Node, diagonal: int = 0) -> ir.Value:
+    """``Where(mask, x, 0)`` with the triangle as a constant bool mask over the last two dims.
+
+    The QNN EP declines ONNX's Trilu; a constant mask keeps the op on QNN and is exact: a select, no arithmetic, so
+    an inf or NaN outside the triangle still becomes 0 as in PyTorch.
+    """
+    dtype = node.meta["val"].dtype
+    _no_bool(node, dtype)
+    shape = out_shape(node)
+    if len(shape) < 2:
+        raise Declined(f"{node.target} of a rank-{len(shape)} tensor")
+    rows, cols = shape[-2:]
+    offset = torch.arange(cols)[None, :] - torch.arange(rows)[:, None]  # column index minus row index
+    mask = offset >= diagonal if node.target == aten.triu.default else offset <= diagonal
+    return t.out("Where", [t.initializer(mask, "triangle"), t.value(x), t.scalar(0, dtype)])
+
+
+@handles(aten.clamp.Tensor)
+def _clamp_tensor(
+    t: Translator, node: Node, x: Operand, lo: Operand | None = None, hi: Operand | None = None
+) -> ir.Value:
+    """``Min(Max(x, lo), hi)``: the QNN EP takes Clip's bounds only as constants. With ``lo > hi`` both give ``hi``."""
+    dtype = node.meta["val"].dtype
+    _no_bool(node, dtype)
+    if lo is None or hi is None:
+        op, bound = ("Max", lo) if hi is None else ("Min", hi)
+        if bound is None:
+            raise Declined("clamp without bounds")
+        return t.out(op, [t.operand(x, dtype), t.operand(bound, dtype)])
+    shape = tuple(int(d) for d in torch.broadcast_shapes(_shape(x), _shape(lo)))
+    low = t.emit1("Max", [t.operand(x, dtype), t.operand(lo, dtype)], dtype=dtype, shape=shape)
+    return t.out("Min", [low, t.operand(hi, dtype)])
+
+
+def _shape(x: Operand) -> tuple[int, ...]:
+    v = fake(x)
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else ()

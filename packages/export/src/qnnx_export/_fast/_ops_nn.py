@@ -247,7 +247,33 @@ def _adaptive_avg_pool(t: Translator, node: Node, x: Node, output_size: Sequence
     if all(o == 1 for o in output_size):
         axes = list(range(len(shape) - len(output_size), len(shape)))
         return t.out("ReduceMean", [t.value(x), t.ints(axes, "axes")], {"keepdims": 1})
-    if all(s % o == 0 for s, o in zip(spatial, output_size, strict=True)):
+    # ONNX pools take [N, C, *spatial]: an unbatched [C, H, W] would read as one spatial dim.
+    if len(shape) == 2 + len(output_size) and all(s % o == 0 for s, o in zip(spatial, output_size, strict=True)):
         k = [s // o for s, o in zip(spatial, output_size, strict=True)]
         return t.out("AveragePool", [t.value(x)], {"kernel_shape": k, "strides": k})
-    raise Declined(f"adaptive average pool from {spatial} to {list(output_size)}")
+    return _adaptive_avg_pool_2d_as_matmuls(t, node, x, spatial, output_size)
+
+
+def _window_means(size: int, out: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[out, size]``: row ``i`` averages PyTorch's adaptive window ``[floor(i*size/out), ceil((i+1)*size/out))``."""
+    m = torch.zeros(out, size, dtype=torch.float64)
+    for i in range(out):
+        start, end = (i * size) // out, -(-(i + 1) * size // out)
+        m[i, start:end] = 1.0 / (end - start)
+    return m.to(dtype)
+
+
+def _adaptive_avg_pool_2d_as_matmuls(
+    t: Translator, node: Node, x: Node, spatial: Sequence[int], output_size: Sequence[int]
+) -> ir.Value:
+    """Overlapping or uneven windows (a size the output does not divide): ``P_h @ x @ P_w^T`` with constant
+    averaging matrices, the windows PyTorch uses, where ONNX has no pooling and torch.onnx writes rank-6 Gathers."""
+    (h, w), (oh, ow) = spatial, output_size
+    dtype = node.meta["val"].dtype
+    if not dtype.is_floating_point:
+        raise Declined(f"adaptive average pool on {dtype}")
+    cols = t.initializer(_window_means(w, ow, dtype).T.contiguous(), "adaptive_cols")
+    rows = t.initializer(_window_means(h, oh, dtype), "adaptive_rows")
+    lead = tuple(fake(x).shape)[:-2]
+    across = t.emit1("MatMul", [t.value(x), cols], dtype=dtype, shape=(*lead, h, ow))
+    return t.out("MatMul", [rows, across])

@@ -130,3 +130,15 @@ def _elu(
     if scale != 1 or input_scale != 1:
         raise Declined("elu with scale")
     return t.out("Elu", [t.value(x)], {"alpha": float(alpha)})
+
+
+@handles(aten.celu.default)
+def _celu(t: Translator, node: Node, x: Node, alpha: float = 1.0) -> ir.Value:
+    """``celu(x, a) = a * elu(x / a)``: the QNN EP declines ONNX's Celu and runs Elu, Mul and Div."""
+    if alpha == 0:
+        raise Declined("celu with alpha 0")  # PyTorch divides by zero here too
+    val = node.meta["val"]
+    a = t.scalar(float(alpha), val.dtype)
+    scaled = t.emit1("Div", [t.value(x), a], dtype=val.dtype, shape=tuple(val.shape))
+    elu = t.emit1("Elu", [scaled], {"alpha": 1.0}, dtype=val.dtype, shape=tuple(val.shape))
+    return t.out("Mul", [elu, a])
