@@ -402,7 +402,6 @@ COVERED_ELSEWHERE = {
     "safe_softmax_without_inf": "test_passes.py",
     "tile_layernorm_broadcast": "test_qnn_defects.py",
     "flatten_merged_heads_matmul": "test_qnn_defects.py",
-    "transpose_of_unit_dims_as_reshape": "test_passes.py",
 }
 
 

@@ -885,29 +885,3 @@ def test_flatten_merged_heads_matmul_leaves_other_merges(source: tuple[int, ...]
     model, _ = merged_heads_matmul(source, merged)
     _, changed, _ = _apply(model, "flatten_merged_heads_matmul")
     assert not changed
-
-
-@given(
-    shape=st.lists(st.sampled_from([1, 1, 2, 3, 4]), min_size=2, max_size=6),
-    data=st.data(),
-    seed=seeds(999),
-)
-def test_transpose_of_unit_dims_as_reshape_is_exact(shape: list[int], data: st.DataObject, seed: int) -> None:
-    """A Transpose of random rank-2..6 shapes with size-1 dims: rewritten (as a Reshape) exactly when it keeps the
-    dims larger than 1 in order, with the same values either way on the CPU EP."""
-    from onnx import helper as h
-
-    perm = data.draw(st.permutations(range(len(shape))), label="perm")
-    kept = [axis for axis in perm if shape[axis] != 1]
-    model = make_model(
-        [h.make_node("Transpose", ["x"], ["y"], perm=list(perm))],
-        [("x", TensorProto.FLOAT, shape)],
-        [("y", TensorProto.FLOAT, [shape[a] for a in perm])],
-        {},
-    )
-    after, changed, _ = _apply(model, "transpose_of_unit_dims_as_reshape")
-    assert changed == (kept == sorted(kept) and list(perm) != sorted(perm))
-    if changed:
-        assert _ops(after) == ["Reshape"]
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    _assert_same(model.SerializeToString(), after, {"x": x})

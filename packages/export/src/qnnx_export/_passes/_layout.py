@@ -1,5 +1,5 @@
 """Shape and layout rewrites: batch tiling, rank <= 5 transposes, GatherND, Gather by runtime indices, int64
-Unsqueeze, empty Concat inputs, Einsum as MatMul, a flattened projection into heads, a MatMul of heads merged back, a Transpose of size-1 dims."""
+Unsqueeze, empty Concat inputs, Einsum as MatMul, a flattened projection into heads, a MatMul of heads merged back."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from qnnx_export._passes._graph import (
     input_producer,
     is_op,
     new_value,
-    one_node_like,
     replace_value,
     static_shape,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "GatherRuntimeIndicesAsRows",
     "LinearIntoHeadsAsMatMul",
     "TileLayerNormBroadcast",
-    "TransposeOfUnitDimsAsReshape",
     "UnsqueezeInt64ToReshape",
 ]
 
@@ -800,47 +798,3 @@ class FlattenMergedHeadsMatMul(QnnPass):
             return nodes, result
 
         return self.replace_matched(graph, "qnnx_flat_mm", flat)
-
-
-# ---------------------------------------------------------------- a Transpose that only moves size-1 dims
-
-
-@register(order=55)
-class TransposeOfUnitDimsAsReshape(QnnPass):
-    """Write a ``Transpose`` that keeps its dims larger than 1 in their order (it only moves size-1 dims) as the
-    ``Reshape`` to its output shape: the elements stay in the same order, so the two are the same function.
-
-    torch.onnx writes such transposes when it lowers a batched product through unsqueezed operands (XLNet's
-    relative attention: ``[4, 16, 1, 1, 32]`` by ``perm=[3, 0, 1, 4, 2]``); QNN HTP failed to finalize that Transpose
-    and the two Reshapes after it (``QNN_COMMON_ERROR_MEM_ALLOC``, onnxruntime-qnn 2.7.0), and as a Reshape, which ONNX
-    Runtime merges with its neighbours, it is no layout change at all.
-    """
-
-    name = "transpose_of_unit_dims_as_reshape"
-    defect = (
-        "a Transpose that only moves size-1 dims failed QNN graph finalize with its neighbouring Reshapes "
-        "(QNN_COMMON_ERROR_MEM_ALLOC, XLNet's relative attention)"
-    )
-
-    def match(self, node: ir.Node) -> tuple[int, ...] | None:
-        """The output shape of a Transpose that only moves size-1 dims (not the identity), or None."""
-        if not is_op(node, "Transpose"):
-            return None
-        shape = static_shape(node.inputs[0])
-        if shape is None or len(shape) < 2:
-            return None
-        attr = node.attributes.get("perm")
-        perm = list(attr.as_ints()) if attr is not None else list(reversed(range(len(shape))))
-        if sorted(perm) != list(range(len(shape))) or perm == list(range(len(shape))):
-            return None
-        kept = [axis for axis in perm if shape[axis] != 1]
-        if kept != sorted(kept):
-            return None
-        return tuple(shape[axis] for axis in perm)
-
-    def rewrite(self, graph: ir.Graph) -> bool:
-        def as_reshape(names: UniqueNames, node: ir.Node, shape: tuple[int, ...]) -> tuple[list[ir.Node], ir.Value]:
-            target = add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
-            return one_node_like(names, "out", node, "Reshape", [cast(ir.Value, node.inputs[0]), target])
-
-        return self.replace_matched(graph, "qnnx_unit_transpose", as_reshape)
