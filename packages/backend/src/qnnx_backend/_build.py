@@ -357,11 +357,16 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             "cpu_nodes": dict(plan.nodes),
             "weight_bytes": held,
         }
+        files = (
+            [f"part{k}_{_session.CTX_FILE}" for k in range(len(source.paths))]
+            if isinstance(source, PartedModel)
+            else [_session.CTX_FILE]
+        )
+        # Measured here, where onnx is already imported: a later hit reads it without parsing its contexts.
+        metadata["context_bytes"] = _session.context_bytes([staging / f for f in files])
         if isinstance(source, PartedModel):  # one context per part, in the order they run
-            files = [f"part{k}_{_session.CTX_FILE}" for k in range(len(source.paths))]
             metadata["parts"] = source.metadata(files)
-            return qnnx_ctxcache.BuildResult(model_file=files[0], metadata=metadata)
-        return qnnx_ctxcache.BuildResult(model_file=_session.CTX_FILE, metadata=metadata)
+        return qnnx_ctxcache.BuildResult(model_file=files[0], metadata=metadata)
 
     def load(entry: qnnx_ctxcache.Entry) -> QnnProgram:
         # A fresh build hands back the session it created while compiling (no second load of the same context);
@@ -396,7 +401,7 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             cpu_nodes=cpu_nodes,
             source_model=built.get("staged"),  # the ONNX model it was compiled from (none on a hit)
             weight_bytes=entry.metadata.get("weight_bytes"),  # None in entries written before it was recorded
-            context_bytes=_session.context_bytes([model] if isinstance(model, str) else model.paths),
+            context_bytes=entry.metadata.get("context_bytes"),  # None in entries written before it was recorded
         )
 
     t = time.perf_counter()

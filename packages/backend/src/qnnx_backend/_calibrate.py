@@ -165,7 +165,9 @@ def active_session() -> CalibrationSession | None:
 
 
 def _is_compiled(target: Any) -> bool:
-    return hasattr(target, "_torchdynamo_orig_callable")
+    """What torch.compile returned, or a model prepared by ``hf.compile_for_generation`` (whose ``forward`` wraps
+    the compiled one to collect its graphs' reports)."""
+    return hasattr(target, "_torchdynamo_orig_callable") or hasattr(target, "_qnnx_eager_forward")
 
 
 @contextlib.contextmanager
