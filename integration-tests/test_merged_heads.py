@@ -66,6 +66,21 @@ def test_opcheck_refuses_exactly_what_the_pass_rewrites(
     assert not _refused(ir.to_proto(rewritten))
 
 
+def test_a_merge_through_a_first_reshape_is_refused_and_rewritten() -> None:
+    """[4, 4, 4, 6] -> [16, 24] -> [4, 4, 24] before the MatMul: ONNX Runtime merges the two Reshapes into the
+    defect's one, so opcheck refuses the MatMul and the pass rewrites it all the same."""
+    model = _merge_then_matmul([4, 4, 4, 6], [4, 4, 24])
+    graph = model.graph
+    graph.initializer.append(nh.from_array(torch.tensor([16, 24]).numpy(), "via"))
+    graph.node.insert(0, h.make_node("Reshape", ["x", "via"], ["v"], name="first"))
+    graph.node[1].input[0] = "v"
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    assert _refused(model)
+    rewritten = ir.serde.deserialize_model(model)
+    ((_, changed),) = run_passes(rewritten, ("flatten_merged_heads_matmul",))
+    assert changed and not _refused(ir.to_proto(rewritten))
+
+
 def test_mobilevit_through_torch_onnx_is_right_on_qnn() -> None:
     """A tiny MobileViT (4 heads of 6 channels on 4x4 patches) exported by torch.onnx merges its heads into
     [4, 4, 24] before the output projection: QNN returned cosine 0.19 against eager there, with no error and the

@@ -231,7 +231,7 @@ def projection_into_heads(
 
 
 def merged_heads_matmul(
-    source: Sequence[int], merged: Sequence[int], n: int = 8, seed: int = 0
+    source: Sequence[int], merged: Sequence[int], n: int = 8, seed: int = 0, via: Sequence[int] | None = None
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``MatMul(Reshape(x[source] -> merged), W[K, n])``, attention's output projection after its heads are merged
     back, and feeds for ``x``."""
@@ -241,5 +241,9 @@ def merged_heads_matmul(
         "merge": np.array(merged, np.int64),
         "w": rng.standard_normal((merged[-1], n)).astype(np.float32),
     }
+    if via is not None:  # through a first Reshape (ONNX Runtime merges the two)
+        nodes.insert(0, h.make_node("Reshape", ["x", "via"], ["v"]))
+        nodes[1].input[0] = "v"
+        inits["via"] = np.array(via, np.int64)
     model = make_model(nodes, [("x", TensorProto.FLOAT, source)], [("y", TensorProto.FLOAT, None)], inits)
     return model, {"x": rng.standard_normal(source).astype(np.float32)}

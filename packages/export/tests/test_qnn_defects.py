@@ -224,10 +224,16 @@ def test_avgpool_whole_windows_defect(shape: list[int], attrs: dict[str, object]
     ("source", "merged"),
     [((4, 4, 4, 6), (4, 4, 24)), ((3, 3, 3, 5), (3, 3, 15)), ((2, 2, 2, 4), (1, 2, 2, 8)), ((6, 6, 6, 4), (6, 6, 24))],
 )
-def test_merged_heads_matmul_defect(source: tuple[int, ...], merged: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("via", [None, (16, 24)], ids=["direct", "through_a_reshape"])
+def test_merged_heads_matmul_defect(
+    source: tuple[int, ...], merged: tuple[int, ...], via: tuple[int, ...] | None
+) -> None:
     """QNN HTP computes MatMul(Reshape(x[A, A, A, D] -> [A, A, A*D]), W) silently wrong (measured 0.93-9082 of the
-    output's max); on the rank-2 view it agrees with the CPU EP."""
-    model, feeds = merged_heads_matmul(source, merged)
+    output's max), also through a first Reshape (ONNX Runtime merges the two before QNN sees them); on the rank-2
+    view it agrees with the CPU EP."""
+    if via is not None:
+        via = (source[0] * source[1], source[2] * source[3])
+    model, feeds = merged_heads_matmul(source, merged, via=via)
     ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
     broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]
     assert _rel(broken, ref) > 0.5  # the defect: silently wrong

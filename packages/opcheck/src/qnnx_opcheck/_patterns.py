@@ -391,18 +391,16 @@ class Patterns:
         attention's output projection after merging as many heads as the two leading dims."""
         if len(node.input) != 2:
             return False
+        a, b = self._static_dims(node.input[0]), self._static_dims(node.input[1])
+        if a is None or b is None or len(b) != 2:
+            return False
+        # ONNX Runtime merges consecutive Reshapes before QNN sees them: any source up the chain counts.
         merge = self.view.producer(node.input[0])
-        if merge is None or merge.op_type != "Reshape" or not merge.input:
-            return False
-        source, a, b = (self._static_dims(name) for name in (merge.input[0], node.input[0], node.input[1]))
-        if source is None or a is None or b is None or len(b) != 2 or len(source) != 4:
-            return False
-        if not source[0] == source[1] == source[2] > 1:
-            return False
-        rows = list(a[:-1])
-        while rows and rows[0] == 1:
-            rows.pop(0)
-        return rows == [source[0], source[1]] and a[-1] == source[2] * source[3]
+        sources: list[tuple[int, ...] | None] = []
+        while merge is not None and merge.op_type == "Reshape" and merge.input and len(sources) < 16:
+            sources.append(self._static_dims(merge.input[0]))
+            merge = self.view.producer(merge.input[0])
+        return any(_merged_heads_source(source, a) for source in sources)
 
     @rule("einsum_equation")
     def _is_einsum_beyond_matmul(self, index: int, node: NodeView) -> bool:
@@ -595,3 +593,13 @@ def _einsum_is_matmul(a: str, b: str, out: str) -> bool:
         return True  # transposed throughout
     # a shared weight over the second axis, transposed
     return four and len(b) == 3 and a[:3] == out[:3] and a[3] == b[2] and b[1] == out[3] and b[0] == out[1]
+
+
+def _merged_heads_source(source: tuple[int, ...] | None, a: tuple[int, ...]) -> bool:
+    """``source`` is ``[A, A, A, D]`` (A > 1) and ``a`` its heads merged: ``[A, A, A*D]``, leading 1s or not."""
+    if source is None or len(source) != 4 or not source[0] == source[1] == source[2] > 1:
+        return False
+    rows = list(a[:-1])
+    while rows and rows[0] == 1:
+        rows.pop(0)
+    return rows == [source[0], source[1]] and a[-1] == source[2] * source[3]

@@ -771,10 +771,15 @@ class FlattenMergedHeadsMatMul(QnnPass):
             return None
         a, b = node.inputs[0], node.inputs[1]
         a_shape, b_shape = static_shape(a), static_shape(b)
-        merge = input_producer(node, 0)
-        if a is None or a_shape is None or b_shape is None or len(b_shape) != 2 or not is_op(merge, "Reshape"):
+        if a is None or a_shape is None or b_shape is None or len(b_shape) != 2:
             return None
-        if not merged_heads_matmul(a_shape, static_shape(cast(ir.Node, merge).inputs[0])):
+        # ONNX Runtime merges consecutive Reshapes before QNN sees them: any source up the chain counts.
+        merge = input_producer(node, 0)
+        sources: list[tuple[int, ...] | None] = []
+        while is_op(merge, "Reshape") and len(sources) < 16:
+            sources.append(static_shape(cast(ir.Node, merge).inputs[0]))
+            merge = input_producer(cast(ir.Node, merge), 0)
+        if not any(merged_heads_matmul(a_shape, source) for source in sources):
             return None
         if static_shape(node.outputs[0]) is None:
             return None
