@@ -141,3 +141,16 @@ def test_first_sample_of_every_op(tmp_path, request):
     result = harness.run_cases(tmp_path / "cases.jsonl", samples=1)
     failures = _failures(result.records)
     assert not failures, f"{len(failures)} of {len(result.records)} cases wrong or crashed:\n" + "\n".join(failures)
+
+
+def test_all_samples_selects_every_sample_input_of_an_op():
+    """`--samples all` (ALL_SAMPLES) yields one case per sample input of an op, numbered from 0, and a count N the
+    first N of them: the full-depth report covers every sample, not a prefix."""
+    harness = _load_harness()
+    every = [cid for cid, _ in harness.iter_cases(samples=harness.ALL_SAMPLES, pattern=r"^nn\.functional\.relu$")]
+    (op,) = harness.float32_ops(r"^nn\.functional\.relu$")
+    count = len(harness.op_samples(op, harness.ALL_SAMPLES))
+    assert count > 3
+    assert every == [f"nn.functional.relu#{k}" for k in range(count)]
+    first = [cid for cid, _ in harness.iter_cases(samples=3, pattern=r"^nn\.functional\.relu$")]
+    assert first == every[:3]

@@ -149,12 +149,17 @@ def float32_ops(pattern: str | None = None) -> list[Any]:
     return out
 
 
+ALL_SAMPLES = 0  # ``samples`` value meaning every sample input of an op
+
+
 def op_samples(op: Any, n: int) -> list[Any]:
-    """The first ``n`` float32 CPU samples of ``op``, generated from a fixed seed (the same in every process)."""
+    """The first ``n`` float32 CPU samples of ``op`` (every one when ``n`` is :data:`ALL_SAMPLES`), generated from a
+    fixed seed (the same in every process)."""
     import torch
 
     torch.manual_seed(SEED)
-    return list(itertools.islice(op.sample_inputs("cpu", torch.float32, requires_grad=False), n))
+    inputs = op.sample_inputs("cpu", torch.float32, requires_grad=False)
+    return list(inputs if n == ALL_SAMPLES else itertools.islice(inputs, n))
 
 
 # --- cases --------------------------------------------------------------------------------------------------------
@@ -237,7 +242,8 @@ def iter_cases(
     """(case id, builder) in run order; the builder is None when the case does not exist here.
 
     ``ids`` picks exactly those cases (op_db ids and the ``zero_size.*`` ones); otherwise every float32 op matching
-    ``pattern`` with its first ``samples`` samples. Cases in ``skip`` are passed over without building samples.
+    ``pattern`` with its first ``samples`` samples (all of them with :data:`ALL_SAMPLES`). Cases in ``skip`` are
+    passed over without building samples when the count is known.
     """
     skip = set(skip)
     if ids is not None:
@@ -274,7 +280,7 @@ def iter_cases(
         return
     for op in float32_ops(pattern):
         key = op_key(op)
-        if all(case_id(key, k) in skip for k in range(samples)):
+        if samples != ALL_SAMPLES and all(case_id(key, k) in skip for k in range(samples)):
             continue
         try:
             got = op_samples(op, samples)

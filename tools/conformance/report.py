@@ -136,7 +136,7 @@ def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def _regenerate_command(meta: dict[str, Any]) -> str:
     samples = meta.get("samples", 1)
-    cmd = f"python tools/conformance/run.py --samples {samples}"
+    cmd = f"python tools/conformance/run.py --samples {samples or 'all'}"
     if meta.get("ops"):
         cmd += f" --ops '{meta['ops']}'"
     return cmd
@@ -175,7 +175,13 @@ def _markdown(doc: dict[str, Any]) -> str:
     v = doc["versions"]
     s = doc["settings"]
     n = s["samples_per_op"]
-    samples = "its first sample input" if n == 1 else f"its first {n} sample inputs"
+    samples = (
+        "every sample input"
+        if n == harness.ALL_SAMPLES
+        else "its first sample input"
+        if n == 1
+        else f"its first {n} sample inputs"
+    )
     lines = [
         "# Operator conformance",
         "",

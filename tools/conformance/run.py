@@ -16,6 +16,7 @@ Examples:
     python tools/conformance/run.py --ops '^(tan|sort|nn\\.functional\\.avg_pool2d)$' --out /tmp/c
     python tools/conformance/run.py --cases 'tan#0,sort#0,zero_size.mul_sum#0' --out /tmp/c
     python tools/conformance/run.py --samples 3 --resume              # go on where an interrupted run stopped
+    python tools/conformance/run.py --samples all                    # every sample of every op (full depth)
     python tools/conformance/run.py --report-only                    # rewrite docs/conformance.* from the JSONL
 
 Exit codes: 0 the harness ran (cases that are wrong, fail or crash are reported, not raised); 2 bad arguments;
@@ -41,6 +42,18 @@ import harness  # noqa: E402  (a sibling module of this script)
 import report  # noqa: E402
 
 
+def _samples(text: str) -> int:
+    if text.strip().lower() == "all":
+        return harness.ALL_SAMPLES
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid; accepted: an integer >= 1, or 'all'")
+    return n
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python tools/conformance/run.py",
@@ -48,7 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog=__doc__[__doc__.index("Examples:") :],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--samples", type=int, default=3, help="samples per op: the first N of sample_inputs (default 3)")
+    p.add_argument(
+        "--samples",
+        type=_samples,
+        default=3,
+        help="samples per op: the first N of sample_inputs, or 'all' for every one (default 3)",
+    )
     p.add_argument("--ops", help="regular expression (re.search) on '<op name>[.<variant>]' selecting the ops")
     p.add_argument(
         "--cases", help="comma list of case ids to run instead (e.g. 'tan#0,sort#1'); also zero_size.* cases"
@@ -76,8 +94,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--report-only", action="store_true", help="rewrite <out>/conformance.md/json from the JSONL")
     args = p.parse_args(argv)
-    if args.samples < 1:
-        p.error(f"--samples {args.samples} is not valid; accepted: an integer >= 1")
     if args.timeout <= 0:
         p.error(f"--timeout {args.timeout} is not valid; accepted: seconds > 0")
     if args.cases_per_worker < 1:
@@ -134,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         "versions": report.versions(),
     }
     # With --samples N the count is an upper bound: some ops have fewer samples.
-    total_hint = len(args.case_ids) if args.case_ids is not None else len(harness.float32_ops(args.ops)) * args.samples
+    total_hint = (
+        len(args.case_ids) if args.case_ids is not None else len(harness.float32_ops(args.ops)) * args.samples or None
+    )
     where = "resuming" if args.resume and args.jsonl.exists() else "writing"
     print(
-        f"qnnx conformance: {args.samples} sample(s) per op"
+        f"qnnx conformance: {args.samples or 'every'} sample(s) per op"
         + (f", ops matching {args.ops!r}" if args.ops else "")
         + (f", {len(args.case_ids)} case(s)" if args.case_ids else "")
         + f"; {where} {args.jsonl}",
