@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -205,3 +206,61 @@ def test_an_eight_layer_decoder_compiles_its_decode_graph_in_seconds() -> None:
     for report in reports:
         ours = report.timings.get("analyze", 0.0) + report.timings.get("export", 0.0)
         assert ours < 120, f"export of an 8-layer graph took {ours:.0f} s: {report.summary()}"
+
+
+def _gemma2(sliding_window: int) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        sliding_window=sliding_window,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return transformers.Gemma2ForCausalLM(config).eval()
+
+
+def _generate_against_eager(model: torch.nn.Module, new_tokens: int, max_cache_len: int) -> list[Any]:
+    from qnnx_backend.hf import compile_for_generation
+
+    prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    compile_for_generation(model, max_cache_len=max_cache_len, options={"soc_model": 60}, prompt_buckets=None)
+    with torch.no_grad():
+        out = model.generate(
+            prompt,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        reference = model._qnnx_eager_forward(out.sequences).logits[0]
+    _assert_agrees_by_teacher_forcing(out, reference, prompt.shape[1])
+    return qnnx_backend.compile_reports()
+
+
+def test_a_sliding_window_longer_than_the_cache_compiles_one_decode_graph() -> None:
+    """Gemma-2 (sliding-window layers) with a window longer than the cache: the window can never slide, so its
+    cache layers hold full static ones; prefill and one decode graph serve every step (before, each step compiled a
+    graph of its own), all on QNN, agreeing with eager by teacher forcing."""
+    reports = _generate_against_eager(_gemma2(sliding_window=4096), new_tokens=8, max_cache_len=32)
+    assert len(reports) == 2 and all(r.on_qnn for r in reports), [r.summary() for r in reports]
+
+
+def test_a_sliding_window_that_slides_keeps_its_semantics(caplog: pytest.LogCaptureFixture) -> None:
+    """A window shorter than the cache really slides: its layers stay sliding (each step then compiles a graph, said
+    in a warning; the steps that roll a full window run in PyTorch), and the tokens still agree with eager, whose
+    window drops the old positions."""
+    with caplog.at_level("WARNING", logger="qnnx_backend"):
+        reports = _generate_against_eager(_gemma2(sliding_window=4), new_tokens=3, max_cache_len=32)
+    assert reports[0].on_qnn, reports[0].summary()  # the prefill
+    assert any("sliding window (4 tokens) fits in the cache" in r.getMessage() for r in caplog.records)

@@ -114,8 +114,11 @@ def compile_for_generation(
     compiled = torch.compile(eager_forward, backend="qnn", fullgraph=True, dynamic=False, options=dict(options or {}))
     graphs: list[CompileReport] = []  # the model's graphs, as they compile (generation_memory reads them)
 
+    windows = _SlidingWindows(model)
+
     @functools.wraps(eager_forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
+        windows.unslide(kwargs.get("past_key_values", kwargs.get("cache")))
         with collecting(graphs):
             return compiled(*args, **kwargs)
 
@@ -126,6 +129,71 @@ def compile_for_generation(
     if ladder is not None and max_cache_len is not None and not getattr(model.config, "is_encoder_decoder", False):
         model.generate = _BucketedGenerate(model, model.generate, eager_forward, ladder, max_cache_len)
     return model
+
+
+class _SlidingWindows:
+    """Sliding-window layers of a static cache that can never slide, made full static layers.
+
+    transformers' static sliding-window layer counts its tokens in a Python int, and the compiled forward
+    (``dynamic=False``) guards on it: every decode step compiles a new graph (Gemma-2/3, Mistral-style configs), and
+    past Dynamo's recompile limit the steps run in PyTorch. When a layer's window is longer than the cache
+    (``max_cache_len``), the window never drops a token, so a full static layer of the same length holds the same
+    keys and values and gives the same attention (the sliding mask keeps every cached position): it is swapped in
+    before the layer holds anything, and one decode graph serves every step. A window that can slide keeps its
+    layer (and its recompiles), said once in a warning."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._windows: list[int | None] | None = None
+        self._warned = False
+
+    def _per_layer(self) -> list[int | None]:
+        if self._windows is None:
+            try:
+                from transformers.cache_utils import get_layer_types_and_kwargs
+
+                config = self._model.config.get_text_config(decoder=True)
+                _, kwargs = get_layer_types_and_kwargs(config)
+                self._windows = [k.get("sliding_window") for k in kwargs]
+            except Exception:  # another transformers: nothing to swap
+                self._windows = []
+        return self._windows
+
+    def unslide(self, cache: Any) -> None:
+        layers = getattr(cache, "layers", None)
+        if not isinstance(layers, list):
+            return
+        try:
+            from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+        except ImportError:
+            return
+        windows = self._per_layer()
+        swapped = []
+        for i, layer in enumerate(layers):
+            if type(layer) is not StaticSlidingWindowLayer or layer.is_initialized or i >= len(windows):
+                continue
+            window = windows[i]
+            if isinstance(window, int) and window > layer.max_cache_len:
+                layers[i] = StaticLayer(max_cache_len=layer.max_cache_len)
+                swapped.append((window, layer.max_cache_len))
+            elif not self._warned:
+                self._warned = True
+                logger.warning(
+                    "compile_for_generation: layer %d's sliding window (%s tokens) fits in the cache (%d tokens), so "
+                    "transformers' cache guards its token count and each decode step compiles a new graph; a "
+                    "max_cache_len below the window keeps one decode graph",
+                    i,
+                    window,
+                    layer.max_cache_len,
+                )
+        if swapped:
+            logger.info(
+                "compile_for_generation: %d sliding-window cache layer(s) (window %d tokens) are longer than the "
+                "cache (%d tokens) and can never slide: they hold full static layers, one decode graph for every step",
+                len(swapped),
+                min(w for w, _ in swapped),
+                swapped[0][1],
+            )
 
 
 def _weight_sharing(opts: BackendOptions) -> Any:
