@@ -10,18 +10,8 @@ import numpy as np
 import onnx_ir as ir
 
 from qnnx_export._naming import UniqueNames
+from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
-from qnnx_export._passes._graph import (
-    add_initializer,
-    const_array,
-    fresh_names,
-    is_op,
-    new_value,
-    one_node_like,
-    op_input,
-    replace_value,
-    static_shape,
-)
 
 __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
@@ -55,10 +45,10 @@ class SafeSoftmaxWithoutInf(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The -inf operand of an Equal(ReduceMax(x), -inf) that selects between 0 and Softmax(x), or None."""
-        if not is_op(node, "Equal") or len(node.inputs) != 2:
+        if not _graph.is_op(node, "Equal") or len(node.inputs) != 2:
             return None
         for stat, limit in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            value = const_array(limit)
+            value = _graph.const_array(limit)
             producer = stat.producer() if stat is not None else None
             if value is None or value.size != 1 or not np.isneginf(value.reshape(-1)[0]):
                 continue
@@ -74,8 +64,10 @@ class SafeSoftmaxWithoutInf(QnnPass):
             stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
             # Equal's operands share a dtype; match found the other one -inf.
             dtype = cast(ir.DataType, cast(ir.Value, stat).dtype)
-            threshold = add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy()))
-            return one_node_like(names, "masked", node, "LessOrEqual", [stat, threshold])
+            threshold = _graph.add_initializer(
+                graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy())
+            )
+            return _graph.one_node_like(names, "masked", node, "LessOrEqual", [stat, threshold])
 
         return self.replace_matched(graph, "qnnx_safe_softmax", masked)
 
@@ -100,7 +92,7 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
     def _matches(graph: ir.Graph) -> list[ir.Node]:
         found = []
         for n in graph:
-            if not is_op(n, "AveragePool"):
+            if not _graph.is_op(n, "AveragePool"):
                 continue
             # mypy binds onnx_ir's TypeVar default from the `or`'s bool context; the int default is right.
             if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):  # type: ignore[arg-type]
@@ -202,8 +194,8 @@ class AvgPoolWholeWindows(QnnPass):
 
     def match(self, node: ir.Node) -> PoolWindows | None:
         """How to write an AveragePool HTP gets wrong (static shapes, no dilation, explicit pads), or None."""
-        x = op_input(node, "AveragePool")
-        shape = static_shape(x)
+        x = _graph.op_input(node, "AveragePool")
+        shape = _graph.static_shape(x)
         kernel = list(node.attributes.get_ints("kernel_shape", ()))
         spatial = len(kernel)
         if x is None or shape is None or spatial == 0 or len(shape) != spatial + 2:
@@ -227,7 +219,7 @@ class AvgPoolWholeWindows(QnnPass):
                 return None
             axes.append(ratio)
         out = tuple(len(r) for r in axes)
-        declared = static_shape(node.outputs[0])
+        declared = _graph.static_shape(node.outputs[0])
         if declared is not None and declared != shape[:2] + out:
             return None  # a declared shape that is not ONNX Runtime's: leave the node to the checker
         scale = functools.reduce(np.multiply.outer, axes)
@@ -241,7 +233,7 @@ class AvgPoolWholeWindows(QnnPass):
     def rewrite(self, graph: ir.Graph) -> bool:
         def whole(names: UniqueNames, node: ir.Node, plan: PoolWindows) -> tuple[list[ir.Node], ir.Value]:
             x = cast(ir.Value, node.inputs[0])
-            shape = cast(tuple[int, ...], static_shape(x))
+            shape = cast(tuple[int, ...], _graph.static_shape(x))
             dtype = x.dtype
             np_dtype = cast(ir.DataType, dtype).numpy()
             nodes: list[ir.Node] = []
@@ -251,7 +243,7 @@ class AvgPoolWholeWindows(QnnPass):
                 if not before and not after:
                     continue
                 head, tail = (
-                    add_initializer(
+                    _graph.add_initializer(
                         graph,
                         names("zeros"),
                         np.zeros([size if d == axis else n for d, n in enumerate(shape)], np_dtype),
@@ -262,18 +254,18 @@ class AvgPoolWholeWindows(QnnPass):
                 )
                 inputs = [v for v in (head, x, tail) if v is not None]
                 shape = tuple(n + before + after if d == axis else n for d, n in enumerate(shape))
-                padded = new_value(names("padded"), dtype, shape)
+                padded = _graph.new_value(names("padded"), dtype, shape)
                 nodes.append(ir.Node("", "Concat", inputs, attributes=[ir.AttrInt64("axis", axis)], outputs=[padded]))
                 x = padded
             kernel = node.attributes.get_ints("kernel_shape", ())
             strides = node.attributes.get_ints("strides", ()) or [1] * len(kernel)
-            pooled = new_value(names("pooled"), dtype, shape[:2] + plan.scale.shape)
+            pooled = _graph.new_value(names("pooled"), dtype, shape[:2] + plan.scale.shape)
             attrs = [ir.AttrInt64s("kernel_shape", list(kernel)), ir.AttrInt64s("strides", list(strides))]
             nodes.append(ir.Node("", "AveragePool", [x], attributes=attrs, outputs=[pooled]))
             if np.all(plan.scale == 1.0):
                 return nodes, pooled
-            factor = add_initializer(graph, names("divisor"), plan.scale.astype(np_dtype)[None, None])
-            out = new_value(names("out"), dtype, shape[:2] + plan.scale.shape)
+            factor = _graph.add_initializer(graph, names("divisor"), plan.scale.astype(np_dtype)[None, None])
+            out = _graph.new_value(names("out"), dtype, shape[:2] + plan.scale.shape)
             nodes.append(ir.Node("", "Mul", [pooled, factor], outputs=[out]))
             return nodes, out
 
@@ -299,8 +291,8 @@ class LogSoftmaxUnitAxis(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The input of a LogSoftmax whose axis has size 1, or None."""
-        x = op_input(node, "LogSoftmax")
-        shape = static_shape(x)
+        x = _graph.op_input(node, "LogSoftmax")
+        shape = _graph.static_shape(x)
         if x is None or shape is None or not shape:
             return None
         axis = node.attributes.get_int("axis", -1)
@@ -310,7 +302,7 @@ class LogSoftmaxUnitAxis(QnnPass):
 
     def rewrite(self, graph: ir.Graph) -> bool:
         return self.replace_matched(
-            graph, "qnnx_logsoftmax", lambda names, node, x: one_node_like(names, "out", node, "Sub", [x, x])
+            graph, "qnnx_logsoftmax", lambda names, node, x: _graph.one_node_like(names, "out", node, "Sub", [x, x])
         )
 
 
@@ -338,27 +330,27 @@ class FoldScaleIntoGatherTable(QnnPass):
 
     def match(self, node: ir.Node) -> tuple[ir.Node, np.ndarray, ir.Value] | None:
         """``(gather, factor, scaled)`` for a Mul of gathered rows by a one-element constant, or None."""
-        if not is_op(node, "Mul") or len(node.inputs) != 2:
+        if not _graph.is_op(node, "Mul") or len(node.inputs) != 2:
             return None
         for scaled, factor in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            c = const_array(factor)
-            shape = static_shape(scaled)
+            c = _graph.const_array(factor)
+            shape = _graph.static_shape(scaled)
             if scaled is None or c is None or c.size != 1 or shape is None or c.ndim > len(shape):
                 continue  # a factor of higher rank would broadcast the output to a new rank
             gather = _gathered_table(scaled)
-            table = const_array(gather.inputs[0]) if gather is not None else None
+            table = _graph.const_array(gather.inputs[0]) if gather is not None else None
             if gather is not None and table is not None and table.dtype == c.dtype and c.dtype.kind == "f":
                 return gather, c, scaled
         return None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = fresh_names(graph, "qnnx_scaled")
+        names = _graph.fresh_names(graph, "qnnx_scaled")
         matched = self.matched(graph)
         for mul, (gather, factor, scaled) in matched:
-            table = cast(np.ndarray, const_array(gather.inputs[0]))
-            folded = add_initializer(graph, names("table"), table * factor.reshape(()))
+            table = cast(np.ndarray, _graph.const_array(gather.inputs[0]))
+            folded = _graph.add_initializer(graph, names("table"), table * factor.reshape(()))
             gather.replace_input_with(0, folded)
-            replace_value(graph, mul.outputs[0], scaled)
+            _graph.replace_value(graph, mul.outputs[0], scaled)
         return bool(matched)
 
 
@@ -376,7 +368,12 @@ def _gathered_table(value: ir.Value) -> ir.Node | None:
             return None
         if producer.op_type == "Gather":
             data, indices = [*producer.inputs, None, None][:2]
-            if data is None or indices is None or const_array(indices) is not None or const_array(data) is None:
+            if (
+                data is None
+                or indices is None
+                or _graph.const_array(indices) is not None
+                or _graph.const_array(data) is None
+            ):
                 return None
             return producer
         if producer.op_type not in _MOVES or producer.inputs[0] is None:
