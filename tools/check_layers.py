@@ -1,7 +1,7 @@
 """Check the layering rule of the qnnx monorepo by reading every source file's imports.
 
-- clikit (the foundation: the CLI conventions and the chip table) imports the standard library only, so no qnnx
-  package; every package may import it;
+- clikit (the foundation: the CLI conventions, the chip table and the HTP facts two leaves read) imports the standard
+  library only, so no qnnx package; every package may import it;
 - detection, export, opcheck and ctxcache (the leaves) never import each other, nor the backend;
 - only export and backend import torch;
 - opcheck and export never import onnxruntime (so `pip install qnnx-opcheck` gives a small CLI), except opcheck's

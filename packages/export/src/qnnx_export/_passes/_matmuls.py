@@ -10,6 +10,7 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
+from qnnx_clikit import merges_heads
 from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
@@ -19,7 +20,6 @@ __all__ = [
     "EinsumPlan",
     "FlattenMergedHeadsMatMul",
     "LinearIntoHeadsAsMatMul",
-    "merged_heads_matmul",
     "plan_einsum",
 ]
 
@@ -245,19 +245,6 @@ def _splits_heads(lead: tuple[int, ...], n: int, shape: tuple[int, ...] | None) 
 # ------------------------------------------------------------- a MatMul of heads merged back, made rank 2
 
 
-def merged_heads_matmul(a_shape: tuple[int, ...] | None, source: tuple[int, ...] | None) -> bool:
-    """Whether a MatMul's left operand of static shape ``a_shape``, reshaped straight from ``source``, is in the
-    class QNN HTP computes wrongly (with a rank-2 right operand): ``source`` is ``[A, A, A, D]`` (A > 1) and the
-    operand is ``[A, A, A*D]``, with leading 1s or not. qnnx-opcheck's ``merged_heads_matmul`` refuses the same class
-    (the packages cannot import each other; integration-tests' test_merged_heads.py holds the two together)."""
-    if source is None or a_shape is None or len(source) != 4 or not source[0] == source[1] == source[2] > 1:
-        return False
-    rows = list(a_shape[:-1])
-    while rows and rows[0] == 1:
-        rows.pop(0)
-    return rows == [source[0], source[1]] and a_shape[-1] == source[2] * source[3]
-
-
 @register(order=36)
 class FlattenMergedHeadsMatMul(QnnPass):
     """Compute ``MatMul(Reshape(x[A, A, A, D] -> [A, A, A*D]), W)`` on the rank-2 view ``[A*A, A*D]`` and reshape the
@@ -292,7 +279,7 @@ class FlattenMergedHeadsMatMul(QnnPass):
         while _graph.is_op(merge, "Reshape") and len(sources) < 16:
             sources.append(_graph.static_shape(cast(ir.Node, merge).inputs[0]))
             merge = _graph.input_producer(cast(ir.Node, merge), 0)
-        if not any(merged_heads_matmul(a_shape, source) for source in sources):
+        if not any(merges_heads(source, a_shape) for source in sources):
             return None
         if _graph.static_shape(node.outputs[0]) is None:
             return None

@@ -9,6 +9,7 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
+from qnnx_clikit import htp_averages_wrongly
 from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
@@ -148,25 +149,6 @@ def _pool_axis(size: int, k: int, s: int, before: int, after: int, ceil: bool, c
     return k / (high - low).astype(np.float64)
 
 
-def htp_averages_wrongly(
-    shape: tuple[int, ...], kernel: list[int], strides: list[int], pads: list[int], ceil: bool, count_pad: bool
-) -> bool:
-    """The AveragePool conditions HTP computes wrongly (qnnx-opcheck's ``averagepool_defects``, for a static shape,
-    no dilation and explicit pads): a ceil_mode window hanging over the end, count_include_pad with padding or at
-    rank 5, a pad of half the kernel or more. The two packages cannot import each other; integration-tests'
-    test_avgpool.py holds this to the checker (it refuses a pool exactly when the pass rewrites it)."""
-    spatial = len(kernel)
-    if count_pad and (any(pads) or spatial >= 3):
-        return True
-    for axis in range(spatial):
-        before, after = pads[axis], pads[axis + spatial]
-        if (before or after) and 2 * max(before, after) >= kernel[axis]:
-            return True
-        if ceil and (shape[axis + 2] + before + after - kernel[axis]) % strides[axis]:
-            return True
-    return False
-
-
 @register(order=85)
 class AvgPoolWholeWindows(QnnPass):
     """Write an AveragePool that QNN HTP averages wrongly (a ceil_mode window hanging over the end, count_include_pad
@@ -210,7 +192,7 @@ class AvgPoolWholeWindows(QnnPass):
         count_pad = bool(node.attributes.get_int("count_include_pad", 0))
         if len(strides) != spatial or len(pads) != 2 * spatial or min(strides) < 1 or min(pads) < 0:
             return None
-        if not htp_averages_wrongly(shape, kernel, strides, pads, ceil, count_pad):
+        if not htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=count_pad):
             return None
         axes = []
         for a in range(spatial):
