@@ -1,7 +1,7 @@
 """Check the layering rule of the qnnx monorepo by reading every source file's imports.
 
-- clikit (the foundation: the CLI conventions and the chip table) imports the standard library only, so no qnnx
-  package; every package may import it;
+- clikit (the foundation: the CLI conventions, the chip table and the HTP facts two leaves read) imports the standard
+  library only, so no qnnx package; every package may import it;
 - detection, export, opcheck and ctxcache (the leaves) never import each other, nor the backend;
 - only export and backend import torch;
 - opcheck and export never import onnxruntime (so `pip install qnnx-opcheck` gives a small CLI), except opcheck's
@@ -56,7 +56,9 @@ BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run: the callable Dynamo gets", ("_compiled",)),
     ("entry points", ("_backend",)),
     ("faces", ("_explain", "_saved", "_registry")),
-    ("Hugging Face generation: compile, save and load", ("hf",)),
+    ("Hugging Face generation: the memory view; prompts padded to buckets", ("_hf_memory", "_hf_prompts")),
+    ("Hugging Face generation: saved and loaded", ("_hf_saved",)),
+    ("Hugging Face generation: compile, and the public module", ("hf",)),
     ("the package", ("__init__",)),
 )
 

@@ -10,13 +10,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qnnx_backend import hf
+from qnnx_backend import _hf_prompts as prompts
 from qnnx_backend.errors import InvalidOptionsError
 
 
 @given(st.lists(st.integers(1, 4096), min_size=1, max_size=6))
 def test_a_list_of_positive_lengths_is_accepted_sorted_and_unique(lengths: list[int]) -> None:
-    assert hf._prompt_buckets(lengths) == tuple(sorted(set(lengths)))
+    """A list of positive prompt lengths is accepted, sorted and without repeats."""
+    assert prompts.prompt_buckets_option(lengths) == tuple(sorted(set(lengths)))
 
 
 @given(
@@ -29,8 +30,9 @@ def test_a_list_of_positive_lengths_is_accepted_sorted_and_unique(lengths: list[
     )
 )
 def test_anything_else_is_refused_with_what_is_accepted(value: object) -> None:
+    """Any other prompt_buckets value is refused with an error naming what is accepted."""
     with pytest.raises(InvalidOptionsError, match="accepted: 'auto'"):
-        hf._prompt_buckets(value)
+        prompts.prompt_buckets_option(value)
 
 
 def _causal(mixes_padding: bool) -> object:
@@ -61,17 +63,19 @@ def test_left_padding_is_neutral_for_a_masked_causal_model(ids: list[int], pad: 
     t = torch.tensor([ids])
     mask = torch.ones_like(t)
     length = t.shape[1] + pad
-    padded, padded_mask = hf._left_pad(t, pad_token, length), hf._left_pad(mask, 0, length)
-    assert hf._padding_problem(_causal(False), t, mask, padded, padded_mask) is None
+    padded, padded_mask = prompts.left_pad(t, pad_token, length), prompts.left_pad(mask, 0, length)
+    assert prompts.padding_problem(_causal(False), t, mask, padded, padded_mask) is None
 
 
 def test_a_model_that_sees_the_padding_is_detected() -> None:
+    """A model that attends to the padding is caught, so its prompts keep their own lengths."""
     t = torch.tensor([[5, 6, 7]])
     mask = torch.ones_like(t)
-    padded, padded_mask = hf._left_pad(t, 9, 8), hf._left_pad(mask, 0, 8)
-    assert hf._padding_problem(_causal(True), t, mask, padded, padded_mask) is not None
+    padded, padded_mask = prompts.left_pad(t, 9, 8), prompts.left_pad(mask, 0, 8)
+    assert prompts.padding_problem(_causal(True), t, mask, padded, padded_mask) is not None
 
 
 def test_positions_count_from_the_first_real_token() -> None:
+    """Positions count from each row's first real token, as generate() makes them from the mask."""
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    assert hf._positions(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert prompts.mask_positions(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]

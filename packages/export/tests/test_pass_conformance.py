@@ -25,8 +25,8 @@ from onnx import TensorProto
 from onnx import helper as h
 from onnx.reference import ReferenceEvaluator
 
+from qnnx_clikit import htp_averages_wrongly
 from qnnx_export._passes import PASS_REGISTRY, run_passes
-from qnnx_export._passes._numerics import htp_averages_wrongly
 from qnnx_testkit.strategies import pool_windows
 
 _WIDE = int(os.environ.get("QNNX_PASS_CONFORMANCE_EXAMPLES", "0"))
@@ -318,7 +318,9 @@ def test_avgpool_whole_windows_shape_classes(
     its windows are whole. The reference is the CPU EP on the node: ONNX's reference evaluator keeps some ceil
     windows that ONNX Runtime and PyTorch drop."""
     shape, attrs = window
-    if not htp_averages_wrongly(tuple(shape), attrs["kernel_shape"], attrs["strides"], attrs["pads"], ceil, count_pad):
+    if not htp_averages_wrongly(
+        tuple(shape), attrs["kernel_shape"], attrs["strides"], attrs["pads"], ceil=ceil, count_pad=count_pad
+    ):
         reject()  # a pool HTP computes right: the pass leaves it alone
     model, feeds = avgpool(shape, seed=sum(shape), **attrs, ceil_mode=int(ceil), count_include_pad=int(count_pad))
     _check(model, feeds, ("avgpool_whole_windows",), _cpu_reference)

@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 
 import qnnx_export._passes
+from qnnx_clikit import htp_averages_wrongly
 from qnnx_export._pass_names import declared_passes
 from qnnx_export._passes import DEFAULT_PASSES, PASS_REGISTRY, QnnPass, pass_table, register, run_passes
-from qnnx_export._passes._numerics import htp_averages_wrongly
 from qnnx_testkit.strategies import pool_windows, seeds, shapes
 
 
@@ -761,7 +761,7 @@ def test_avgpool_whole_windows_property(
     model, feeds = avgpool(shape, seed=seed, **attrs, ceil_mode=int(ceil), count_include_pad=int(count_pad))
     after, changed, _ = _apply(model, "avgpool_whole_windows")
     assert changed == htp_averages_wrongly(
-        tuple(shape), attrs["kernel_shape"], attrs["strides"], attrs["pads"], ceil, count_pad
+        tuple(shape), attrs["kernel_shape"], attrs["strides"], attrs["pads"], ceil=ceil, count_pad=count_pad
     )
     if changed:
         _assert_whole_windows(after)

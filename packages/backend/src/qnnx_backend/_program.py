@@ -8,6 +8,7 @@ that a program can be recreated after a run-time failure of the EP, or saved.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -299,22 +300,10 @@ class QnnProgram:
         return self._with_session(_session.create_for_device(self.source.model, self.target.device, self.source.kwargs))
 
     def _with_session(self, session: Any) -> Any:
-        """This program with another session of the same model."""
-        return type(self)(
-            session=session,
-            signature=self.signature,
-            target=self.target,
-            source=self.source,
-            cache=self.cache,
-            onnx_nodes=self.onnx_nodes,
-            passes_applied=self.passes_applied,
-            out_dtypes=self.out_dtypes,
-            fp16=self.fp16,
-            cpu_nodes=self.cpu_nodes,
-            source_model=self.source_model,
-            weight_bytes=self.weight_bytes,
-            context_bytes=self.context_bytes,
-        )
+        """This program with another session of the same model: every other argument it was made with, each kept as
+        the attribute of its name."""
+        kept = [name for name in inspect.signature(QnnProgram.__init__).parameters if name not in ("self", "session")]
+        return type(self)(session=session, **{name: getattr(self, name) for name in kept})
 
 
 class CpuEpProgram(QnnProgram):

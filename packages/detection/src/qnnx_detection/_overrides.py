@@ -31,44 +31,50 @@ def parse_overrides(environ: Mapping[str, str]) -> Overrides:
     raw_disable = environ.get(ENV_DISABLE)
     raw_device = environ.get(ENV_DEVICE)
     raw_soc = environ.get(ENV_SOC_MODEL)
-
-    disabled = False
-    if raw_disable is not None:
-        flag = raw_disable.strip().lower()
-        if flag in _TRUE:
-            disabled = True
-        elif flag not in _FALSE:
-            disabled = True
-            problems.append(
-                f"{ENV_DISABLE}={raw_disable!r} is not a boolean; use 1/true/yes/on or 0/false/no/off "
-                "(treated as disabled)"
-            )
-
-    device: str | None = None
-    if raw_device is not None and raw_device.strip():
-        try:
-            device = normalize_device(raw_device, allowed=_DEVICE_VALUES, source=ENV_DEVICE)
-        except InvalidDeviceError as exc:
-            problems.append(f"{exc} (ignored: automatic device choice)")
-        if device == "auto":
-            device = None
-
-    soc_model: int | None = None
-    if raw_soc is not None and raw_soc.strip():
-        try:
-            soc_model = parse_soc_model(raw_soc, source=ENV_SOC_MODEL)
-        except InvalidSocModelError as exc:
-            problems.append(f"{exc} (ignored)")
-
     return Overrides(
-        disabled=disabled,
-        device=device,
-        soc_model=soc_model,
+        disabled=_disabled(raw_disable, problems),
+        device=_device(raw_device, problems),
+        soc_model=_soc_model(raw_soc, problems),
         raw_disable=raw_disable,
         raw_device=raw_device,
         raw_soc_model=raw_soc,
         problems=tuple(problems),
     )
+
+
+def _disabled(raw: str | None, problems: list[str]) -> bool:
+    """``QNNX_DISABLE``: unset or false keeps QNN on; true, or anything else (with a problem noted), turns it off."""
+    if raw is None:
+        return False
+    flag = raw.strip().lower()
+    if flag not in _TRUE and flag not in _FALSE:
+        problems.append(
+            f"{ENV_DISABLE}={raw!r} is not a boolean; use 1/true/yes/on or 0/false/no/off (treated as disabled)"
+        )
+    return flag not in _FALSE
+
+
+def _device(raw: str | None, problems: list[str]) -> str | None:
+    """``QNNX_DEVICE``: the forced device, or None when unset, ``auto`` or invalid (a problem noted)."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        device = normalize_device(raw, allowed=_DEVICE_VALUES, source=ENV_DEVICE)
+    except InvalidDeviceError as exc:
+        problems.append(f"{exc} (ignored: automatic device choice)")
+        return None
+    return None if device == "auto" else device
+
+
+def _soc_model(raw: str | None, problems: list[str]) -> int | None:
+    """``QNNX_SOC_MODEL``: the SoC number, or None when unset or invalid (a problem noted)."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return parse_soc_model(raw, source=ENV_SOC_MODEL)
+    except InvalidSocModelError as exc:
+        problems.append(f"{exc} (ignored)")
+        return None
 
 
 def probe_cache_root(environ: Mapping[str, str]) -> Path | None:

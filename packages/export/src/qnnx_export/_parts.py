@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
+from qnnx_clikit import RANDOM_OPS
 from qnnx_export.errors import ExportError
 
 if TYPE_CHECKING:
@@ -145,17 +146,6 @@ def _value_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...]
     return out
 
 
-# Ops whose output is not a function of their inputs: never folded into a constant.
-_NONDETERMINISTIC = {
-    "RandomNormal",
-    "RandomNormalLike",
-    "RandomUniform",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-}
-
-
 class _Graph:
     """The facts the planner needs about a model, computed once (linear in its size).
 
@@ -184,7 +174,7 @@ class _Graph:
         for i, node in enumerate(self.nodes):
             inputs = [x for x in node.input if x]
             has_graph = any(a.type in (_GRAPH_ATTRIBUTE, 10) for a in node.attribute)  # GRAPH, GRAPHS
-            if has_graph or node.op_type in _NONDETERMINISTIC or node.domain not in ("", "ai.onnx"):
+            if has_graph or node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx"):
                 continue
             if not all(x in self.inits or x in self.const_inits for x in inputs):
                 continue

@@ -76,23 +76,15 @@ def _export_program(frozen: torch.fx.GraphModule, args: tuple[Any, ...], opset: 
         _quiet_logger("onnxscript.optimizer._constant_folding"),
     ):
         warnings.simplefilter("ignore")
+        options: dict[str, Any] = {"verbose": False, "optimize": True, "opset_version": opset}  # either way
         try:
             from torch.onnx._internal.exporter import _core
 
             registry = _onnx_registry(opset)
         except (ImportError, AttributeError) as exc:  # pragma: no cover - depends on the torch version
             log.debug("private torch.onnx registry API unavailable (%s); using torch.onnx.export", exc)
-            return torch.onnx.export(
-                frozen,
-                args,
-                dynamo=True,
-                verbose=False,
-                opset_version=opset,
-                optimize=True,
-                external_data=False,
-                report=False,
-            )
-        return _core.export(frozen, args, registry=registry, verbose=False, optimize=True, opset_version=opset)
+            return torch.onnx.export(frozen, args, dynamo=True, external_data=False, report=False, **options)
+        return _core.export(frozen, args, registry=registry, **options)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

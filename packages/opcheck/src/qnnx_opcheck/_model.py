@@ -19,6 +19,7 @@ import onnx.inliner
 from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper
 
+from qnnx_clikit import RANDOM_OPS
 from qnnx_opcheck.errors import ModelLoadError
 
 __all__ = ["GraphFacts", "ModelInput", "load_model", "read_facts", "weightless_view"]
@@ -356,16 +357,10 @@ def _small_value(t: TensorProto) -> Any:
 # ORT's constant folding (graph optimization level 1, on by default) evaluates a node whose inputs are
 # all constant on the CPU before partitioning, so QNN never sees it. Q/DQ are kept (QDQ groups must
 # survive for the QNN EP) and random ops are never folded. Shape folds when the input shape is static.
-_NEVER_FOLDED = frozenset(
+_NEVER_FOLDED = RANDOM_OPS | frozenset(
     {
         "QuantizeLinear",
         "DequantizeLinear",
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
         "If",
         "Loop",
         "Scan",

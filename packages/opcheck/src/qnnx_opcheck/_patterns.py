@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from qnnx_clikit import htp_averages_wrongly, merges_heads
 from qnnx_opcheck._model import NodeView
 from qnnx_opcheck._values import ValueAnalysis
 from qnnx_opcheck._view import FLOATS, GraphView
@@ -338,8 +339,8 @@ class Patterns:
         """AveragePool conditions QNN HTP computes wrongly (measured by tools/opcheck/conformance.py): a partial
         last window under ceil_mode, count_include_pad with padding (or at rank 5), a pad of half the kernel or
         more; an unknown input shape counts as a defect, since the conditions cannot be ruled out."""
-        shape = self.view.shape(node.input[0]) if node.input else None
-        if shape is None or not all(isinstance(d, int) for d in shape):
+        shape = self._static_dims(node.input[0]) if node.input else None
+        if shape is None:
             return True
         spatial = len(shape) - 2
         kernel = list(self.view.attr(node, "kernel_shape") or [])
@@ -352,16 +353,7 @@ class Patterns:
             return True
         ceil = bool(self.view.attr(node, "ceil_mode"))
         count_pad = bool(self.view.attr(node, "count_include_pad"))
-        if count_pad and (any(pads) or spatial >= 3):
-            return True
-        for axis in range(spatial):
-            before, after = pads[axis], pads[axis + spatial]
-            if (before or after) and 2 * max(before, after) >= kernel[axis]:
-                return True
-            span = shape[axis + 2] + before + after - kernel[axis]
-            if ceil and span % strides[axis]:
-                return True  # ceil_mode adds a last window that hangs over the end
-        return False
+        return htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=count_pad)
 
     @rule("maxpool_ceil_dropped_window")
     def _is_maxpool_dropped_window(self, index: int, node: NodeView) -> bool:
@@ -400,7 +392,7 @@ class Patterns:
         while merge is not None and merge.op_type == "Reshape" and merge.input and len(sources) < 16:
             sources.append(self._static_dims(merge.input[0]))
             merge = self.view.producer(merge.input[0])
-        return any(_merged_heads_source(source, a) for source in sources)
+        return any(merges_heads(source, a) for source in sources)
 
     @rule("einsum_equation")
     def _is_einsum_beyond_matmul(self, index: int, node: NodeView) -> bool:
@@ -593,13 +585,3 @@ def _einsum_is_matmul(a: str, b: str, out: str) -> bool:
         return True  # transposed throughout
     # a shared weight over the second axis, transposed
     return four and len(b) == 3 and a[:3] == out[:3] and a[3] == b[2] and b[1] == out[3] and b[0] == out[1]
-
-
-def _merged_heads_source(source: tuple[int, ...] | None, a: tuple[int, ...]) -> bool:
-    """``source`` is ``[A, A, A, D]`` (A > 1) and ``a`` its heads merged: ``[A, A, A*D]``, leading 1s or not."""
-    if source is None or len(source) != 4 or not source[0] == source[1] == source[2] > 1:
-        return False
-    rows = list(a[:-1])
-    while rows and rows[0] == 1:
-        rows.pop(0)
-    return rows == [source[0], source[1]] and a[-1] == source[2] * source[3]

@@ -198,6 +198,17 @@ def _patch_grid(
     return n, c, h // kh, kh, w // kw, kw
 
 
+def _relayout(
+    t: Translator, node: Node, x: Node, shape: tuple[int, ...], perm: list[int], moved: tuple[int, ...]
+) -> ir.Value:
+    """``x`` reshaped to ``shape`` (rank 5, HTP's limit), transposed by ``perm`` to ``moved``, and reshaped to the
+    node's output: the one layout change between an image and its patches, either way."""
+    dtype = fake(x).dtype
+    cut = t.emit1("Reshape", [t.value(x), t.ints(shape)], dtype=dtype, shape=shape)
+    turned = t.emit1("Transpose", [cut], {"perm": perm}, dtype=dtype, shape=moved)
+    return t.out("Reshape", [turned, t.ints(out_shape(node))])
+
+
 @handles(aten.im2col.default)
 def _im2col(
     t: Translator,
@@ -211,12 +222,7 @@ def _im2col(
     """``F.unfold`` into whole patches: ``[N, C, H, W]`` -> ``[N*C, rows, kh, cols, kw]`` -> patch-major
     ``[N*C, kh, kw, rows, cols]`` -> ``[N, C*kh*kw, rows*cols]``, every tensor of rank <= 5 (HTP's limit)."""
     n, c, rows, kh, cols, kw = _patch_grid(tuple(fake(x).shape), kernel_size, dilation, padding, stride)
-    dtype = fake(x).dtype
-    grid = (n * c, rows, kh, cols, kw)
-    cut = t.emit1("Reshape", [t.value(x), t.ints(grid)], dtype=dtype, shape=grid)
-    moved = (n * c, kh, kw, rows, cols)
-    patches = t.emit1("Transpose", [cut], {"perm": [0, 2, 4, 1, 3]}, dtype=dtype, shape=moved)
-    return t.out("Reshape", [patches, t.ints(out_shape(node))])
+    return _relayout(t, node, x, (n * c, rows, kh, cols, kw), [0, 2, 4, 1, 3], (n * c, kh, kw, rows, cols))
 
 
 @handles(aten.col2im.default)
@@ -233,9 +239,4 @@ def _col2im(
     """``F.fold`` of whole patches (no window overlaps another, so nothing is summed): the inverse of
     :func:`_im2col`'s layout change."""
     n, c, rows, kh, cols, kw = _patch_grid(out_shape(node), kernel_size, dilation, padding, stride)
-    dtype = fake(x).dtype
-    moved = (n * c, kh, kw, rows, cols)
-    patches = t.emit1("Reshape", [t.value(x), t.ints(moved)], dtype=dtype, shape=moved)
-    grid = (n * c, rows, kh, cols, kw)
-    image = t.emit1("Transpose", [patches], {"perm": [0, 3, 1, 4, 2]}, dtype=dtype, shape=grid)
-    return t.out("Reshape", [image, t.ints(out_shape(node))])
+    return _relayout(t, node, x, (n * c, kh, kw, rows, cols), [0, 3, 1, 4, 2], (n * c, rows, kh, cols, kw))

@@ -12,8 +12,8 @@ and in the default pipeline, which runs the passes by ascending ``order``. Nothi
 exported here are derived from the declarations.
 
 Modules: ``_base`` (:class:`QnnPass` and :func:`register`), ``_graph`` (the graph helpers the passes share), one
-module per pass family (``_fusions``, ``_layout``, ``_numerics``, ``_dtypes``) and ``_registry`` (the registry and
-:func:`run_passes`).
+module per pass family (``_fusions``, ``_layout``, ``_gathers``, ``_matmuls``, ``_numerics``, ``_dtypes``) and
+``_registry`` (the registry and :func:`run_passes`).
 """
 
 from __future__ import annotations

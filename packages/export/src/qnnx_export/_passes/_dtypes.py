@@ -8,8 +8,8 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
+from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
-from qnnx_export._passes._graph import const_array, fresh_names, new_value, static_shape
 
 __all__ = ["Int64InputsToInt32"]
 
@@ -66,7 +66,7 @@ class Int64InputsToInt32(QnnPass):
         return [cast(str, v.name) for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = fresh_names(graph, "qnnx_i32")
+        names = _graph.fresh_names(graph, "qnnx_i32")
         changed = False
         for value in list(graph.inputs):
             if value.dtype != ir.DataType.INT64 or value.is_graph_output():
@@ -77,7 +77,7 @@ class Int64InputsToInt32(QnnPass):
             for moved in chain or ():
                 moved.type = ir.TensorType(ir.DataType.INT32)
             if chain is None:
-                cast_out = new_value(names(cast(str, value.name)), ir.DataType.INT64, static_shape(value))
+                cast_out = _graph.new_value(names(cast(str, value.name)), ir.DataType.INT64, _graph.static_shape(value))
                 cast_node = ir.Node(
                     "", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.INT64)], outputs=[cast_out]
                 )
@@ -86,7 +86,7 @@ class Int64InputsToInt32(QnnPass):
                 graph.append(cast_node)  # QnnPass.call re-sorts the graph topologically
             changed = True
         for name, init in graph.initializers.items():
-            arr = const_array(init)
+            arr = _graph.const_array(init)
             if arr is not None and arr.dtype == np.int64 and arr.size and init.uses():
                 if any((u.node.op_type, u.idx) in _SHAPE_INPUTS for u in init.uses()):
                     continue

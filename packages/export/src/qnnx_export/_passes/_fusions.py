@@ -11,18 +11,8 @@ import onnx_ir as ir
 from onnx_ir.passes import PassResult
 
 from qnnx_export._naming import UniqueNames
+from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
-from qnnx_export._passes._graph import (
-    add_initializer,
-    const_array,
-    fresh_names,
-    input_producer,
-    is_op,
-    new_value,
-    op_input,
-    replace_value,
-    static_shape,
-)
 
 __all__ = [
     "FuseErfGelu",
@@ -66,7 +56,7 @@ class RMSNormWeightLast(QnnPass):
                 if op not in ("Reciprocal", "Sqrt", "Add", "Div", "Cast", "Pow", "Mul"):
                     break
                 # Follow the non-constant input (the statistic), not eps or the numerator 1.
-                nxt = [v for v in producer.inputs if v is not None and const_array(v) is None]
+                nxt = [v for v in producer.inputs if v is not None and _graph.const_array(v) is None]
                 cur = nxt[0] if nxt else None
                 depth += 1
         return False
@@ -77,8 +67,8 @@ class RMSNormWeightLast(QnnPass):
             for n in graph
             if n.op_type == "Mul"
             and len(n.inputs) == 2
-            and const_array(n.inputs[0]) is not None
-            and const_array(n.inputs[1]) is None
+            and _graph.const_array(n.inputs[0]) is not None
+            and _graph.const_array(n.inputs[1]) is None
             and self._is_rms_normalized(n.inputs[1])
         ]
 
@@ -144,23 +134,23 @@ class FuseRMSNorm(QnnPass):
 
     def _match(self, mean: ir.Node) -> tuple[ir.Value, list[int], float, ir.Node, ir.Value | None, ir.Node] | None:
         """For a ReduceMean in the pattern: (x, axes, eps, normalizing node, weight or None, last node)."""
-        if not is_op(mean, "ReduceMean"):
+        if not _graph.is_op(mean, "ReduceMean"):
             return None
         if mean.attributes.get_int("keepdims", 1) != 1 or len(mean.inputs) < 2:
             return None
-        axes_arr = const_array(mean.inputs[1])
-        sq = input_producer(mean)
+        axes_arr = _graph.const_array(mean.inputs[1])
+        sq = _graph.input_producer(mean)
         if axes_arr is None or sq is None:
             return None
         if (
             sq.op_type == "Pow"
-            and const_array(sq.inputs[1]) is not None
-            and float(cast(np.ndarray, const_array(sq.inputs[1])).reshape(-1)[0]) == 2.0
+            and _graph.const_array(sq.inputs[1]) is not None
+            and float(cast(np.ndarray, _graph.const_array(sq.inputs[1])).reshape(-1)[0]) == 2.0
         ) or (sq.op_type == "Mul" and sq.inputs[0] is sq.inputs[1]):
             x = sq.inputs[0]
         else:
             return None
-        shape = static_shape(x)
+        shape = _graph.static_shape(x)
         if shape is None or x is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
             return None
         rank = len(shape)
@@ -171,7 +161,7 @@ class FuseRMSNorm(QnnPass):
         if add is None or add.op_type != "Add":
             return None
         eps_value = add.inputs[1] if add.inputs[0] is mean.outputs[0] else add.inputs[0]
-        eps_arr = const_array(eps_value)
+        eps_arr = _graph.const_array(eps_value)
         if eps_arr is None or eps_arr.size != 1:
             return None
         eps = float(eps_arr.reshape(-1)[0])
@@ -194,7 +184,7 @@ class FuseRMSNorm(QnnPass):
         user = self._single_use(norm.outputs[0])
         if user is not None and user.op_type == "Mul":
             other = user.inputs[1] if user.inputs[0] is norm.outputs[0] else user.inputs[0]
-            w = const_array(other)
+            w = _graph.const_array(other)
             if (
                 w is not None
                 and w.dtype == np.dtype(x.dtype.numpy())
@@ -212,10 +202,10 @@ class FuseRMSNorm(QnnPass):
         return [m[3].name or "RMSNorm" for m in self._matches(graph)]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = fresh_names(graph, "qnnx_rmsnorm")
+        names = _graph.fresh_names(graph, "qnnx_rmsnorm")
         matches = self._matches(graph)
         for x, axes, eps, _norm, weight, last in matches:
-            shape = static_shape(x)
+            shape = _graph.static_shape(x)
             assert shape is not None
             lead, trail = shape[: len(shape) - len(axes)], shape[len(shape) - len(axes) :]
             width = math.prod(trail)
@@ -223,9 +213,9 @@ class FuseRMSNorm(QnnPass):
             scale = (
                 np.ones(width, dtype=cast(ir.DataType, x.dtype).numpy())
                 if weight is None
-                else cast(np.ndarray, const_array(weight)).reshape(width)
+                else cast(np.ndarray, _graph.const_array(weight)).reshape(width)
             )
-            weight = add_initializer(graph, names("scale"), scale)
+            weight = _graph.add_initializer(graph, names("scale"), scale)
             out = last.outputs[0]
             new_nodes: list[ir.Node] = []
             src = x
@@ -234,10 +224,10 @@ class FuseRMSNorm(QnnPass):
             flat_shape = (math.prod(lead), width)
             flat = tuple(shape) != flat_shape
             if flat:
-                src = new_value(names("flat"), x.dtype, flat_shape)
-                target = add_initializer(graph, names("flat_shape"), np.array(flat_shape, dtype=np.int64))
+                src = _graph.new_value(names("flat"), x.dtype, flat_shape)
+                target = _graph.add_initializer(graph, names("flat_shape"), np.array(flat_shape, dtype=np.int64))
                 new_nodes.append(ir.Node("", "Reshape", [x, target], outputs=[src]))
-            normed = new_value(names("out"), out.dtype, flat_shape)
+            normed = _graph.new_value(names("out"), out.dtype, flat_shape)
             new_nodes.append(
                 ir.Node(
                     "",
@@ -248,12 +238,12 @@ class FuseRMSNorm(QnnPass):
                 )
             )
             if flat:
-                back = add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
-                restored = new_value(names("restored"), out.dtype, shape)
+                back = _graph.add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
+                restored = _graph.new_value(names("restored"), out.dtype, shape)
                 new_nodes.append(ir.Node("", "Reshape", [normed, back], outputs=[restored]))
                 normed = restored
             graph.insert_after(last, new_nodes)
-            replace_value(graph, out, normed)
+            _graph.replace_value(graph, out, normed)
         return bool(matches)
 
 
@@ -274,7 +264,7 @@ class FuseErfGelu(QnnPass):
 
     @staticmethod
     def _scalar(value: ir.Value | None) -> float | None:
-        arr = const_array(value)
+        arr = _graph.const_array(value)
         if arr is None or arr.size != 1 or arr.dtype.kind != "f":
             return None
         return float(arr.reshape(()))
@@ -335,17 +325,17 @@ class FuseErfGelu(QnnPass):
         return [n.name or "Erf" for n in graph if n.op_type == "Erf" and self._match(n) is not None]
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = fresh_names(graph, "qnnx_gelu")
+        names = _graph.fresh_names(graph, "qnnx_gelu")
         changed = False
         for erf in [n for n in graph if n.op_type == "Erf"]:
             match = self._match(erf)
             if match is None:
                 continue
             x, out = match
-            new = new_value(names("out"), out.dtype, static_shape(out))
+            new = _graph.new_value(names("out"), out.dtype, _graph.static_shape(out))
             gelu = ir.Node("", "Gelu", [x], attributes=[ir.AttrString("approximate", "none")], outputs=[new])
             graph.insert_after(cast(ir.Node, out.producer()), gelu)  # out is a Mul/Div output
-            replace_value(graph, out, new)
+            _graph.replace_value(graph, out, new)
             changed = True
         return changed
 
@@ -361,14 +351,14 @@ def _elementwise(
     QNN HTP refuses Softplus, Neg and Log on rank-5 tensors (onnxruntime-qnn 2.7.0, soc 60; ranks 1-4 run, whatever
     the dims): a rank-5 input is computed on its 1-D view and reshaped back, which is exact for elementwise math.
     """
-    shape = static_shape(x)
+    shape = _graph.static_shape(x)
     if shape is None or len(shape) <= 4:
         return build(x)
-    target = add_initializer(graph, names("flat_shape"), np.array([math.prod(shape)], dtype=np.int64))
-    flat = new_value(names("flat"), x.dtype, (math.prod(shape),))
+    target = _graph.add_initializer(graph, names("flat_shape"), np.array([math.prod(shape)], dtype=np.int64))
+    flat = _graph.new_value(names("flat"), x.dtype, (math.prod(shape),))
     nodes, out = build(flat)
-    back = add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
-    restored = new_value(names("out"), x.dtype, shape)
+    back = _graph.add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
+    restored = _graph.new_value(names("out"), x.dtype, shape)
     return [
         ir.Node("", "Reshape", [x, target], outputs=[flat]),
         *nodes,
@@ -382,12 +372,12 @@ def _stable_softplus(graph: ir.Graph, names: UniqueNames, x: ir.Value, negate: b
     precision. HTP's own Softplus is off by 1.4e-2 of its value near 0 (0.893 for softplus(0.346) = 0.881,
     onnxruntime-qnn 2.7.0, soc 60); this form stays within 4.7e-3 there and 3.9e-4 of the scale on [-20, 20]."""
     dtype = cast(ir.DataType, x.dtype).numpy()
-    minus_one = add_initializer(graph, names("minus_one"), np.array(-1.0, dtype=dtype))
-    one = add_initializer(graph, names("one"), np.array(1.0, dtype=dtype))
+    minus_one = _graph.add_initializer(graph, names("minus_one"), np.array(-1.0, dtype=dtype))
+    one = _graph.add_initializer(graph, names("one"), np.array(1.0, dtype=dtype))
 
     def build(v: ir.Value) -> tuple[list[ir.Node], ir.Value]:
         vals = {
-            k: new_value(names(k), x.dtype, static_shape(v))
+            k: _graph.new_value(names(k), x.dtype, _graph.static_shape(v))
             for k in ("abs", "neg", "exp", "plus1", "log", "relu", "out")
         }
         nodes = [
@@ -401,7 +391,7 @@ def _stable_softplus(graph: ir.Graph, names: UniqueNames, x: ir.Value, negate: b
         if not negate:
             nodes.append(ir.Node("", "Add", [vals["relu"], vals["log"]], outputs=[vals["out"]]))
         else:
-            low = new_value(names("min0"), x.dtype, static_shape(v))
+            low = _graph.new_value(names("min0"), x.dtype, _graph.static_shape(v))
             nodes.append(ir.Node("", "Sub", [v, vals["relu"]], outputs=[low]))
             nodes.append(ir.Node("", "Sub", [low, vals["log"]], outputs=[vals["out"]]))
         return nodes, vals["out"]
@@ -415,12 +405,12 @@ def _nonpositive(value: ir.Value | None) -> bool:
     if prod is None:
         return False
     if prod.op_type == "Neg":
-        inner = input_producer(prod)
+        inner = _graph.input_producer(prod)
         return inner is not None and inner.op_type == "Abs"
     if prod.op_type != "Mul" or len(prod.inputs) != 2:
         return False
     for a, c in ((prod.inputs[0], prod.inputs[1]), (prod.inputs[1], prod.inputs[0])):
-        k = const_array(c)
+        k = _graph.const_array(c)
         inner = a.producer() if a is not None else None
         if (
             k is not None
@@ -450,12 +440,12 @@ class FuseSoftplus(QnnPass):
 
     def match(self, log_node: ir.Node) -> ir.Value | None:
         """The ``z`` of a Log(Add(Exp(z), 1)) ending at ``log_node``, or None."""
-        add = input_producer(log_node) if is_op(log_node, "Log") else None
+        add = _graph.input_producer(log_node) if _graph.is_op(log_node, "Log") else None
         if add is None or add.op_type != "Add" or len(add.inputs) != 2:
             return None
         for exp_in, one in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
             exp = exp_in.producer() if exp_in is not None else None
-            value = const_array(one)
+            value = _graph.const_array(one)
             if (
                 exp is not None
                 and exp.op_type == "Exp"
@@ -463,7 +453,7 @@ class FuseSoftplus(QnnPass):
                 and value is not None
                 and value.size == 1
                 and float(value.reshape(-1)[0]) == 1.0
-                and static_shape(exp.inputs[0]) == static_shape(log_node.outputs[0])
+                and _graph.static_shape(exp.inputs[0]) == _graph.static_shape(log_node.outputs[0])
             ):
                 return exp.inputs[0]
         return None
@@ -491,7 +481,7 @@ class SoftplusStable(QnnPass):
     defect = "Softplus on QNN HTP is off by 1.4e-2 of its value near 0 (silent imprecise output)"
 
     def match(self, node: ir.Node) -> ir.Value | None:
-        x = op_input(node, "Softplus")
+        x = _graph.op_input(node, "Softplus")
         return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
 
     def rewrite(self, graph: ir.Graph) -> bool:
@@ -517,8 +507,8 @@ class LogSigmoidToSoftplus(QnnPass):
     defect = "Log(Sigmoid(x)) on QNN HTP loses the small sigmoid values (silent wrong output)"
 
     def match(self, log_node: ir.Node) -> ir.Node | None:
-        sig = input_producer(log_node) if is_op(log_node, "Log") else None
-        return sig if is_op(sig, "Sigmoid") else None
+        sig = _graph.input_producer(log_node) if _graph.is_op(log_node, "Log") else None
+        return sig if _graph.is_op(sig, "Sigmoid") else None
 
     def rewrite(self, graph: ir.Graph) -> bool:
         # A Sigmoid has its one input.

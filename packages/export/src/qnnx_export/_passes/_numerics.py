@@ -9,19 +9,10 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
+from qnnx_clikit import htp_averages_wrongly
 from qnnx_export._naming import UniqueNames
+from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
-from qnnx_export._passes._graph import (
-    add_initializer,
-    const_array,
-    fresh_names,
-    is_op,
-    new_value,
-    one_node_like,
-    op_input,
-    replace_value,
-    static_shape,
-)
 
 __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
@@ -55,10 +46,10 @@ class SafeSoftmaxWithoutInf(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The -inf operand of an Equal(ReduceMax(x), -inf) that selects between 0 and Softmax(x), or None."""
-        if not is_op(node, "Equal") or len(node.inputs) != 2:
+        if not _graph.is_op(node, "Equal") or len(node.inputs) != 2:
             return None
         for stat, limit in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            value = const_array(limit)
+            value = _graph.const_array(limit)
             producer = stat.producer() if stat is not None else None
             if value is None or value.size != 1 or not np.isneginf(value.reshape(-1)[0]):
                 continue
@@ -74,8 +65,10 @@ class SafeSoftmaxWithoutInf(QnnPass):
             stat = node.inputs[1] if node.inputs[0] is limit else node.inputs[0]
             # Equal's operands share a dtype; match found the other one -inf.
             dtype = cast(ir.DataType, cast(ir.Value, stat).dtype)
-            threshold = add_initializer(graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy()))
-            return one_node_like(names, "masked", node, "LessOrEqual", [stat, threshold])
+            threshold = _graph.add_initializer(
+                graph, names("threshold"), np.array(_MASKED_ROW_MAX, dtype=dtype.numpy())
+            )
+            return _graph.one_node_like(names, "masked", node, "LessOrEqual", [stat, threshold])
 
         return self.replace_matched(graph, "qnnx_safe_softmax", masked)
 
@@ -100,7 +93,7 @@ class AvgPoolDropUnusedCountIncludePad(QnnPass):
     def _matches(graph: ir.Graph) -> list[ir.Node]:
         found = []
         for n in graph:
-            if not is_op(n, "AveragePool"):
+            if not _graph.is_op(n, "AveragePool"):
                 continue
             # mypy binds onnx_ir's TypeVar default from the `or`'s bool context; the int default is right.
             if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):  # type: ignore[arg-type]
@@ -156,25 +149,6 @@ def _pool_axis(size: int, k: int, s: int, before: int, after: int, ceil: bool, c
     return k / (high - low).astype(np.float64)
 
 
-def htp_averages_wrongly(
-    shape: tuple[int, ...], kernel: list[int], strides: list[int], pads: list[int], ceil: bool, count_pad: bool
-) -> bool:
-    """The AveragePool conditions HTP computes wrongly (qnnx-opcheck's ``averagepool_defects``, for a static shape,
-    no dilation and explicit pads): a ceil_mode window hanging over the end, count_include_pad with padding or at
-    rank 5, a pad of half the kernel or more. The two packages cannot import each other; integration-tests'
-    test_avgpool.py holds this to the checker (it refuses a pool exactly when the pass rewrites it)."""
-    spatial = len(kernel)
-    if count_pad and (any(pads) or spatial >= 3):
-        return True
-    for axis in range(spatial):
-        before, after = pads[axis], pads[axis + spatial]
-        if (before or after) and 2 * max(before, after) >= kernel[axis]:
-            return True
-        if ceil and (shape[axis + 2] + before + after - kernel[axis]) % strides[axis]:
-            return True
-    return False
-
-
 @register(order=85)
 class AvgPoolWholeWindows(QnnPass):
     """Write an AveragePool that QNN HTP averages wrongly (a ceil_mode window hanging over the end, count_include_pad
@@ -202,8 +176,8 @@ class AvgPoolWholeWindows(QnnPass):
 
     def match(self, node: ir.Node) -> PoolWindows | None:
         """How to write an AveragePool HTP gets wrong (static shapes, no dilation, explicit pads), or None."""
-        x = op_input(node, "AveragePool")
-        shape = static_shape(x)
+        x = _graph.op_input(node, "AveragePool")
+        shape = _graph.static_shape(x)
         kernel = list(node.attributes.get_ints("kernel_shape", ()))
         spatial = len(kernel)
         if x is None or shape is None or spatial == 0 or len(shape) != spatial + 2:
@@ -218,7 +192,7 @@ class AvgPoolWholeWindows(QnnPass):
         count_pad = bool(node.attributes.get_int("count_include_pad", 0))
         if len(strides) != spatial or len(pads) != 2 * spatial or min(strides) < 1 or min(pads) < 0:
             return None
-        if not htp_averages_wrongly(shape, kernel, strides, pads, ceil, count_pad):
+        if not htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=count_pad):
             return None
         axes = []
         for a in range(spatial):
@@ -227,7 +201,7 @@ class AvgPoolWholeWindows(QnnPass):
                 return None
             axes.append(ratio)
         out = tuple(len(r) for r in axes)
-        declared = static_shape(node.outputs[0])
+        declared = _graph.static_shape(node.outputs[0])
         if declared is not None and declared != shape[:2] + out:
             return None  # a declared shape that is not ONNX Runtime's: leave the node to the checker
         scale = functools.reduce(np.multiply.outer, axes)
@@ -241,7 +215,7 @@ class AvgPoolWholeWindows(QnnPass):
     def rewrite(self, graph: ir.Graph) -> bool:
         def whole(names: UniqueNames, node: ir.Node, plan: PoolWindows) -> tuple[list[ir.Node], ir.Value]:
             x = cast(ir.Value, node.inputs[0])
-            shape = cast(tuple[int, ...], static_shape(x))
+            shape = cast(tuple[int, ...], _graph.static_shape(x))
             dtype = x.dtype
             np_dtype = cast(ir.DataType, dtype).numpy()
             nodes: list[ir.Node] = []
@@ -251,7 +225,7 @@ class AvgPoolWholeWindows(QnnPass):
                 if not before and not after:
                     continue
                 head, tail = (
-                    add_initializer(
+                    _graph.add_initializer(
                         graph,
                         names("zeros"),
                         np.zeros([size if d == axis else n for d, n in enumerate(shape)], np_dtype),
@@ -262,18 +236,18 @@ class AvgPoolWholeWindows(QnnPass):
                 )
                 inputs = [v for v in (head, x, tail) if v is not None]
                 shape = tuple(n + before + after if d == axis else n for d, n in enumerate(shape))
-                padded = new_value(names("padded"), dtype, shape)
+                padded = _graph.new_value(names("padded"), dtype, shape)
                 nodes.append(ir.Node("", "Concat", inputs, attributes=[ir.AttrInt64("axis", axis)], outputs=[padded]))
                 x = padded
             kernel = node.attributes.get_ints("kernel_shape", ())
             strides = node.attributes.get_ints("strides", ()) or [1] * len(kernel)
-            pooled = new_value(names("pooled"), dtype, shape[:2] + plan.scale.shape)
+            pooled = _graph.new_value(names("pooled"), dtype, shape[:2] + plan.scale.shape)
             attrs = [ir.AttrInt64s("kernel_shape", list(kernel)), ir.AttrInt64s("strides", list(strides))]
             nodes.append(ir.Node("", "AveragePool", [x], attributes=attrs, outputs=[pooled]))
             if np.all(plan.scale == 1.0):
                 return nodes, pooled
-            factor = add_initializer(graph, names("divisor"), plan.scale.astype(np_dtype)[None, None])
-            out = new_value(names("out"), dtype, shape[:2] + plan.scale.shape)
+            factor = _graph.add_initializer(graph, names("divisor"), plan.scale.astype(np_dtype)[None, None])
+            out = _graph.new_value(names("out"), dtype, shape[:2] + plan.scale.shape)
             nodes.append(ir.Node("", "Mul", [pooled, factor], outputs=[out]))
             return nodes, out
 
@@ -299,8 +273,8 @@ class LogSoftmaxUnitAxis(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The input of a LogSoftmax whose axis has size 1, or None."""
-        x = op_input(node, "LogSoftmax")
-        shape = static_shape(x)
+        x = _graph.op_input(node, "LogSoftmax")
+        shape = _graph.static_shape(x)
         if x is None or shape is None or not shape:
             return None
         axis = node.attributes.get_int("axis", -1)
@@ -310,7 +284,7 @@ class LogSoftmaxUnitAxis(QnnPass):
 
     def rewrite(self, graph: ir.Graph) -> bool:
         return self.replace_matched(
-            graph, "qnnx_logsoftmax", lambda names, node, x: one_node_like(names, "out", node, "Sub", [x, x])
+            graph, "qnnx_logsoftmax", lambda names, node, x: _graph.one_node_like(names, "out", node, "Sub", [x, x])
         )
 
 
@@ -338,27 +312,27 @@ class FoldScaleIntoGatherTable(QnnPass):
 
     def match(self, node: ir.Node) -> tuple[ir.Node, np.ndarray, ir.Value] | None:
         """``(gather, factor, scaled)`` for a Mul of gathered rows by a one-element constant, or None."""
-        if not is_op(node, "Mul") or len(node.inputs) != 2:
+        if not _graph.is_op(node, "Mul") or len(node.inputs) != 2:
             return None
         for scaled, factor in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-            c = const_array(factor)
-            shape = static_shape(scaled)
+            c = _graph.const_array(factor)
+            shape = _graph.static_shape(scaled)
             if scaled is None or c is None or c.size != 1 or shape is None or c.ndim > len(shape):
                 continue  # a factor of higher rank would broadcast the output to a new rank
             gather = _gathered_table(scaled)
-            table = const_array(gather.inputs[0]) if gather is not None else None
+            table = _graph.const_array(gather.inputs[0]) if gather is not None else None
             if gather is not None and table is not None and table.dtype == c.dtype and c.dtype.kind == "f":
                 return gather, c, scaled
         return None
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        names = fresh_names(graph, "qnnx_scaled")
+        names = _graph.fresh_names(graph, "qnnx_scaled")
         matched = self.matched(graph)
         for mul, (gather, factor, scaled) in matched:
-            table = cast(np.ndarray, const_array(gather.inputs[0]))
-            folded = add_initializer(graph, names("table"), table * factor.reshape(()))
+            table = cast(np.ndarray, _graph.const_array(gather.inputs[0]))
+            folded = _graph.add_initializer(graph, names("table"), table * factor.reshape(()))
             gather.replace_input_with(0, folded)
-            replace_value(graph, mul.outputs[0], scaled)
+            _graph.replace_value(graph, mul.outputs[0], scaled)
         return bool(matched)
 
 
@@ -376,7 +350,12 @@ def _gathered_table(value: ir.Value) -> ir.Node | None:
             return None
         if producer.op_type == "Gather":
             data, indices = [*producer.inputs, None, None][:2]
-            if data is None or indices is None or const_array(indices) is not None or const_array(data) is None:
+            if (
+                data is None
+                or indices is None
+                or _graph.const_array(indices) is not None
+                or _graph.const_array(data) is None
+            ):
                 return None
             return producer
         if producer.op_type not in _MOVES or producer.inputs[0] is None:

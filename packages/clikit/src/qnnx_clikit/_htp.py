@@ -1,0 +1,54 @@
+"""Measured QNN HTP facts that more than one package reads: the graphs qnnx-opcheck refuses are the graphs a
+qnnx-export pass rewrites, so both read the one copy kept here (the leaves cannot import each other).
+
+Shapes are static (every dim an int); an unknown shape is for the caller to decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["RANDOM_OPS", "htp_averages_wrongly", "merges_heads"]
+
+# ONNX ops whose output is not a function of their inputs: never folded into a constant (ONNX Runtime's constant
+# folding skips them, and so does qnnx-export's planner).
+RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
+
+
+def htp_averages_wrongly(
+    shape: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    *,
+    ceil: bool,
+    count_pad: bool,
+) -> bool:
+    """Whether QNN HTP averages an AveragePool wrongly (static ``shape`` ``[N, C, *spatial]``, no dilation, explicit
+    ``pads`` as ONNX orders them: every begin, then every end): a ceil_mode window hanging over the end,
+    count_include_pad with padding or at rank 5, or a pad of half the kernel or more (measured on onnxruntime-qnn
+    2.7.0's HTP simulator, soc_model 60: 0.21-1.1 of the output's scale off, or a wrong shape)."""
+    spatial = len(kernel)
+    if count_pad and (any(pads) or spatial >= 3):
+        return True
+    for axis in range(spatial):
+        before, after = pads[axis], pads[axis + spatial]
+        if (before or after) and 2 * max(before, after) >= kernel[axis]:
+            return True
+        if ceil and (shape[axis + 2] + before + after - kernel[axis]) % strides[axis]:
+            return True  # ceil_mode adds a last window that hangs over the end
+    return False
+
+
+def merges_heads(source: Sequence[int] | None, merged: Sequence[int] | None) -> bool:
+    """Whether ``merged`` is ``source`` ``[A, A, A, D]`` (A > 1) with its heads merged: ``[A, A, A*D]``, with
+    leading 1s or not. A MatMul of such an operand by a rank-2 right operand comes back wrong from QNN HTP with no
+    error (0.93 to 9082 of the output's max off, measured on onnxruntime-qnn 2.7.0's HTP simulator)."""
+    if source is None or merged is None or len(source) != 4 or not source[0] == source[1] == source[2] > 1:
+        return False
+    rows = list(merged[:-1])
+    while rows and rows[0] == 1:
+        rows.pop(0)
+    return rows == [source[0], source[1]] and merged[-1] == source[2] * source[3]

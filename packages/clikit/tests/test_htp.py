@@ -1,0 +1,96 @@
+"""The HTP facts qnnx-export's passes and qnnx-opcheck's rules both read: AveragePool windows HTP averages wrongly,
+heads merged before a MatMul, and the ops no constant folding evaluates."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+import qnnx_clikit as clikit
+
+_SIDE = st.integers(1, 12)
+
+
+@st.composite
+def _pool(draw: st.DrawFn) -> tuple[tuple[int, ...], list[int], list[int], list[int]]:
+    """A static [N, C, *spatial] shape (rank 3-5) with a kernel that fits, strides and explicit pads."""
+    spatial = draw(st.integers(1, 3))
+    sizes = draw(st.lists(st.integers(2, 16), min_size=spatial, max_size=spatial))
+    kernel = [draw(st.integers(1, size)) for size in sizes]
+    strides = draw(st.lists(st.integers(1, 4), min_size=spatial, max_size=spatial))
+    pads = [draw(st.integers(0, k)) for k in kernel] + [draw(st.integers(0, k)) for k in kernel]
+    return (1, 2, *sizes), kernel, strides, pads
+
+
+@given(_pool(), st.booleans())
+def test_a_pool_without_padding_ceil_or_count_pad_is_averaged_right(pool: tuple, count_pad: bool) -> None:
+    """Property: no pads and no ceil_mode is a pool HTP averages right, below rank 5 with or without
+    count_include_pad (there is nothing to count)."""
+    shape, kernel, strides, pads = pool
+    zeros = [0] * len(pads)
+    wrong = clikit.htp_averages_wrongly(shape, kernel, strides, zeros, ceil=False, count_pad=count_pad)
+    assert wrong == (count_pad and len(kernel) >= 3)
+
+
+@given(_pool(), st.booleans())
+def test_count_include_pad_with_any_pad_is_averaged_wrongly(pool: tuple, ceil: bool) -> None:
+    """Property: count_include_pad with a nonzero pad is always a defect, whatever the rest."""
+    shape, kernel, strides, pads = pool
+    assert clikit.htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=True) == (
+        any(pads) or len(kernel) >= 3
+    )
+
+
+@given(_pool())
+def test_ceil_mode_is_a_defect_exactly_when_a_window_hangs_over_the_end(pool: tuple) -> None:
+    """Property: without pads, ceil_mode is a defect exactly when some axis's windows do not tile it (the last
+    window would hang over the end)."""
+    shape, kernel, strides, _ = pool
+    zeros = [0] * (2 * len(kernel))
+    overhang = any((shape[i + 2] - k) % s for i, (k, s) in enumerate(zip(kernel, strides, strict=True)))
+    assert clikit.htp_averages_wrongly(shape, kernel, strides, zeros, ceil=True, count_pad=False) == overhang
+
+
+def test_efficientnet_pool_is_averaged_wrongly() -> None:
+    """AvgPool2d(3, 2, padding=1, ceil_mode=True) on 16x16 (EfficientNet-style): the last window hangs over."""
+    assert clikit.htp_averages_wrongly((2, 3, 16, 16), [3, 3], [2, 2], [1, 1, 1, 1], ceil=True, count_pad=False)
+    assert not clikit.htp_averages_wrongly((2, 3, 16, 16), [3, 3], [2, 2], [1, 1, 1, 1], ceil=False, count_pad=False)
+
+
+def test_a_pad_of_half_the_kernel_is_averaged_wrongly() -> None:
+    """A pad of half the kernel or more is a defect even without ceil_mode and count_include_pad."""
+    assert clikit.htp_averages_wrongly((1, 1, 8), [2], [1], [1, 0], ceil=False, count_pad=False)
+    assert not clikit.htp_averages_wrongly((1, 1, 8), [3], [1], [1, 0], ceil=False, count_pad=False)
+
+
+@given(a=st.integers(2, 8), d=st.integers(1, 16), ones=st.integers(0, 2))
+def test_heads_merged_as_many_as_the_leading_dims_are_the_class(a: int, d: int, ones: int) -> None:
+    """Property: [A, A, A, D] (A > 1) reshaped to [A, A, A*D], with any leading 1s, is the class."""
+    assert clikit.merges_heads((a, a, a, d), (1,) * ones + (a, a, a * d))
+
+
+@given(
+    source=st.lists(_SIDE, min_size=1, max_size=5).map(tuple),
+    merged=st.lists(_SIDE, min_size=1, max_size=5).map(tuple),
+)
+def test_the_class_keeps_the_elements_and_needs_three_equal_leading_dims(source: tuple, merged: tuple) -> None:
+    """Property: anything in the class is a reshape of a rank-4 source with three equal dims > 1 and the same
+    element count."""
+    if clikit.merges_heads(source, merged):
+        assert len(source) == 4 and source[0] == source[1] == source[2] > 1
+        assert math.prod(source) == math.prod(merged)
+
+
+def test_unknown_shapes_and_single_heads_are_not_the_class() -> None:
+    """An unknown shape, or A = 1, is not the class."""
+    assert not clikit.merges_heads(None, (2, 2, 8))
+    assert not clikit.merges_heads((2, 2, 2, 4), None)
+    assert not clikit.merges_heads((1, 1, 1, 4), (1, 1, 4))
+
+
+def test_random_ops_are_the_onnx_sampling_ops() -> None:
+    """The ops no constant folding evaluates are ONNX's sampling ops, and only those."""
+    assert {"RandomNormal", "RandomUniform", "Multinomial", "Bernoulli"} <= clikit.RANDOM_OPS
+    assert not clikit.RANDOM_OPS & {"Add", "Shape", "QuantizeLinear"}

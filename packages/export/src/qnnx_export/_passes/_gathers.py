@@ -1,0 +1,212 @@
+"""Gathers QNN HTP cannot take as exported: GatherND, and Gather by runtime indices along an inner axis."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_export._naming import UniqueNames
+from qnnx_export._passes import _graph
+from qnnx_export._passes._base import QnnPass, register
+
+__all__ = ["GatherNDToGather", "GatherRuntimeIndicesAsRows"]
+
+
+# ----------------------------------------------------------------------------- GatherND -> Gather
+
+
+@register(order=10)
+class GatherNDToGather(QnnPass):
+    """Rewrite ``GatherND`` (``batch_dims=0``) into ``Reshape`` + ``Gather`` (or a bare ``Reshape``).
+
+    Two QNN HTP defects (onnxruntime-qnn 2.7.0, soc_model 60):
+
+    - GatherND on bool, int64 and uint8 data is rejected ("Failed to create GatherND node"), and Hugging Face's
+      attention-mask code emits it on a bool mask (``padding_mask[batch_idx, kv_idx]``).
+    - GatherND by *runtime* indices is silently wrong when the indices hold more than 8 tuples along their
+      second-to-last axis and each tuple selects a slice of rank 2: output row ``k`` is the slice of index tuple
+      ``k % 8``. Data ``[4, 16, 32]`` by indices ``[32, 1]`` (an MoE layer picking expert weights, ``w[ids]``
+      in PyTorch), ``[4, 5, 6]`` by ``[9, 1]``, ``[4, 3, 5, 6]`` by ``[16, 2]``: wrong; by ``[8, 1]``, ``[4, 8, 1]``
+      or with rank-1 or rank-3 slices: right.
+
+    With constant indices the gather is a plain Gather of flattened row indices. With runtime indices whose last
+    dim is 1 it is a Gather along axis 0 by the indices without their last axis (right on HTP for runtime indices,
+    negative ones included). Both are exact: the same elements are selected.
+    """
+
+    name = "gathernd_to_gather"
+    defect = "GatherND is rejected on bool data and wrong by runtime indices with more than 8 rank-2 slices on QNN HTP"
+
+    @staticmethod
+    def _plan(node: ir.Node) -> tuple[np.ndarray | None, tuple[int, ...], tuple[int, ...]] | None:
+        if node.op_type != "GatherND":
+            return None
+        batch_dims = node.attributes.get("batch_dims")
+        if batch_dims is not None and batch_dims.as_int() != 0:
+            return None
+        data_shape = _graph.static_shape(node.inputs[0])
+        indices = _graph.const_array(node.inputs[1])
+        if data_shape is None or indices is None or indices.ndim < 1:
+            return GatherNDToGather._runtime_plan(node, data_shape)
+        m = indices.shape[-1]
+        if m > len(data_shape) or m == 0:
+            return None
+        dims = np.array(data_shape[:m], dtype=np.int64)
+        idx = indices.astype(np.int64)
+        idx = np.where(idx < 0, idx + dims, idx)
+        if (idx < 0).any() or (idx >= dims).any():
+            return None  # out of range: leave the node, ORT will report it
+        # Row-major strides of the indexed leading block: strides[k] = prod(dims[k + 1 :]).
+        strides = np.ones(m, dtype=np.int64)
+        for k in range(m - 2, -1, -1):
+            strides[k] = strides[k + 1] * dims[k + 1]
+        flat = (idx * strides).sum(axis=-1)
+        rows = int(np.prod(dims))
+        return flat, (rows, *data_shape[m:]), tuple(indices.shape[:-1]) + tuple(data_shape[m:])
+
+    @staticmethod
+    def _runtime_plan(
+        node: ir.Node, data_shape: tuple[int, ...] | None
+    ) -> tuple[None, tuple[int, ...], tuple[int, ...]] | None:
+        """For runtime indices of static shape ``[..., 1]``: the indices' shape without their last axis, and the
+        output's shape."""
+        index_shape = _graph.static_shape(node.inputs[1])
+        if data_shape is None or not data_shape or index_shape is None or not index_shape or index_shape[-1] != 1:
+            return None
+        if _graph.const_array(node.inputs[1]) is not None:
+            return None  # constant indices of another form: out of range or empty, left to ORT
+        return None, index_shape[:-1], (*index_shape[:-1], *data_shape[1:])
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "GatherND" for n in graph if self._plan(n) is not None]
+
+    @staticmethod
+    def _rewrite_runtime(
+        graph: ir.Graph, node: ir.Node, rows_shape: tuple[int, ...], out_shape: tuple[int, ...], names: UniqueNames
+    ) -> None:
+        data, indices, out = (cast(ir.Value, v) for v in (*node.inputs, node.outputs[0]))
+        target = _graph.add_initializer(graph, names("index_shape"), np.array(rows_shape, dtype=np.int64))
+        rows = _graph.new_value(names("index"), indices.dtype, rows_shape)
+        result = _graph.new_value(names("out"), out.dtype, out_shape)
+        graph.insert_before(node, ir.Node("", "Reshape", [indices, target], outputs=[rows]))
+        graph.insert_before(
+            node, ir.Node("", "Gather", [data, rows], attributes=[ir.AttrInt64("axis", 0)], outputs=[result])
+        )
+        _graph.replace_value(graph, out, result)
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_gathernd")
+        changed = False
+        for node in list(graph):
+            plan = self._plan(node)
+            if plan is None:
+                continue
+            flat, flat_shape, out_shape = plan
+            if flat is None:
+                self._rewrite_runtime(graph, node, flat_shape, out_shape, names)
+                changed = True
+                continue
+            data, out = cast(ir.Value, node.inputs[0]), node.outputs[0]  # _plan read its shape
+            rows = _graph.add_initializer(graph, names("rows_shape"), np.array(flat_shape, dtype=np.int64))
+            flat_data = _graph.new_value(names("rows"), data.dtype, flat_shape)
+            new_nodes = [ir.Node("", "Reshape", [data, rows], outputs=[flat_data])]
+            if flat.size == flat_shape[0] and np.array_equal(flat.reshape(-1), np.arange(flat_shape[0])):
+                # The gather selects every row in order: only a reshape.
+                final_shape = _graph.add_initializer(graph, names("out_shape"), np.array(out_shape, dtype=np.int64))
+                result = _graph.new_value(names("out"), out.dtype, out_shape)
+                new_nodes.append(ir.Node("", "Reshape", [flat_data, final_shape], outputs=[result]))
+            else:
+                index = _graph.add_initializer(graph, names("index"), flat.astype(np.int32))
+                result = _graph.new_value(names("out"), out.dtype, out_shape)
+                new_nodes.append(
+                    ir.Node("", "Gather", [flat_data, index], attributes=[ir.AttrInt64("axis", 0)], outputs=[result])
+                )
+            for n in new_nodes:
+                graph.insert_before(node, n)
+            _graph.replace_value(graph, out, result)
+            changed = True
+        return changed
+
+
+# ------------------------------------------------------------------------------ Gather by runtime indices
+
+
+@register(order=30)
+class GatherRuntimeIndicesAsRows(QnnPass):
+    """Gather by runtime indices along an inner axis as a gather of rows: data ``[A, N, B]`` (``A`` and ``B`` the
+    products of the dims before and after the axis) is transposed to ``[N, A*B]``, gathered along axis 0 by the
+    flattened indices and brought back to the output's shape.
+
+    QNN HTP's Gather by runtime indices is wrong, silently, along an inner axis when a dim before it is larger
+    than 1: ``[2, 16, 64]`` along axis 1 by 4 indices, ``[3, 3, 5]`` along axis 1, ``[2, 5, 8, 3]`` along axis 2 by a
+    scalar index, ``[3, 1, 1]`` along axis 1; also along the last axis by indices of rank >= 2 when the output
+    reaches rank 5. Along axis 0 (any index rank) and along the last axis by 0-D or 1-D indices it is right, and so
+    is every Gather by constant indices (onnxruntime-qnn 2.7.0, soc_model 60). The rewrite only moves elements
+    (exact); it needs static shapes, and leaves the node alone without them.
+    """
+
+    name = "gather_runtime_indices_as_rows"
+    defect = "Gather by runtime indices along an inner axis is wrong on QNN HTP when a dim before the axis is > 1"
+
+    def match(self, node: ir.Node) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+        if not _graph.is_op(node, "Gather") or len(node.inputs) != 2:
+            return None
+        data, indices = node.inputs
+        if data is None or indices is None or _graph.const_array(indices) is not None:
+            return None
+        data_shape, index_shape = _graph.static_shape(data), _graph.static_shape(indices)
+        if data_shape is None or index_shape is None or not data_shape:
+            return None
+        attr = node.attributes.get("axis")
+        axis = attr.as_int() if attr is not None else 0
+        axis = axis + len(data_shape) if axis < 0 else axis
+        if not 0 <= axis < len(data_shape) or math.prod(data_shape[:axis]) == 1:
+            return None  # along the leading axis (or after unit dims only): right as it is
+        if axis == len(data_shape) - 1 and len(index_shape) <= 1:
+            return None  # along the last axis by 0-D or 1-D indices: right as it is
+        return axis, data_shape, index_shape
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_gather_rows")
+        matched = self.matched(graph)
+        for node, (axis, data_shape, index_shape) in matched:
+            _Rows(graph, node, names).gather(axis, data_shape, index_shape)
+        return bool(matched)
+
+
+class _Rows:
+    """Writes the row-gather form of one Gather node, each new node inserted before it."""
+
+    def __init__(self, graph: ir.Graph, node: ir.Node, names: UniqueNames) -> None:
+        self.graph, self.node, self.names = graph, node, names
+        self.dtype = cast(ir.Value, node.inputs[0]).dtype
+
+    def _emit(self, op: str, inputs: list[ir.Value], shape: tuple[int, ...], **attrs: Any) -> ir.Value:
+        result = _graph.new_value(self.names(op.lower()), self.dtype, shape)
+        attributes = [ir.AttrInt64s(k, v) if isinstance(v, list) else ir.AttrInt64(k, v) for k, v in attrs.items()]
+        self.graph.insert_before(self.node, ir.Node("", op, inputs, attributes=attributes, outputs=[result]))
+        return result
+
+    def _reshape(self, source: ir.Value, shape: tuple[int, ...]) -> ir.Value:
+        target = _graph.add_initializer(self.graph, self.names("shape"), np.array(shape, dtype=np.int64))
+        return self._emit("Reshape", [source, target], shape)
+
+    def gather(self, axis: int, data_shape: tuple[int, ...], index_shape: tuple[int, ...]) -> None:
+        data, indices, out = (cast(ir.Value, v) for v in (*self.node.inputs, self.node.outputs[0]))
+        before, size, after = math.prod(data_shape[:axis]), data_shape[axis], math.prod(data_shape[axis + 1 :])
+        count = math.prod(index_shape)
+        blocks = self._emit(
+            "Transpose", [self._reshape(data, (before, size, after))], (size, before, after), perm=[1, 0, 2]
+        )
+        rows = self._reshape(blocks, (size, before * after))
+        flat_shape = _graph.add_initializer(self.graph, self.names("flat_shape"), np.array([count], dtype=np.int64))
+        flat = _graph.new_value(self.names("flat_indices"), indices.dtype, (count,))
+        self.graph.insert_before(self.node, ir.Node("", "Reshape", [indices, flat_shape], outputs=[flat]))
+        picked = self._emit("Gather", [rows, flat], (count, before * after), axis=0)
+        picked = self._reshape(picked, (count, before, after))
+        back = self._emit("Transpose", [picked], (before, count, after), perm=[1, 0, 2])
+        result = self._reshape(back, (*data_shape[:axis], *index_shape, *data_shape[axis + 1 :]))
+        _graph.replace_value(self.graph, out, result)
