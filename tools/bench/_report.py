@@ -2,7 +2,7 @@
 sections other tools write into benchmarks.md.
 
 The figures are read by ``_figures``, judged against ``_targets.TARGETS``, written as prose and tables by
-``_sections`` (and ``_sections_more``) and drawn by ``_plots``.
+``_sections`` (and ``_sections_detail``) and drawn by ``_plots``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from _figures import (
     stage_share,
     stages,
 )
-from _sections_more import (
+from _sections_detail import (
     accuracy_section,
     failures_section,
     import_section,

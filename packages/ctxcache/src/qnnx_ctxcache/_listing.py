@@ -12,20 +12,18 @@ import attrs
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
-from qnnx_ctxcache._layout import FUTURE_TOLERANCE, HEX2, HEX64, Layout, is_key_prefix
+from qnnx_ctxcache._layout import FUTURE_TOLERANCE, HEX2, HEX64, is_key_prefix
 from qnnx_ctxcache._manifest import LAST_USED_NAME, MANIFEST_NAME, read_manifest
+from qnnx_ctxcache._part import StorePart
 from qnnx_ctxcache._pins import Pins
 from qnnx_ctxcache._results import EntryDetails, EntryInfo, StoreStats
-from qnnx_ctxcache._stats import Counters
 
 
 @attrs.define(eq=False)
-class Listing:
+class Listing(StorePart):
     """What the cache holds: entries, their details and sizes, and the counters of this and other processes."""
 
-    _layout: Layout
     _pins: Pins
-    _counters: Counters
 
     def entry_dirs(self) -> Iterator[tuple[str, Path]]:
         """(key, directory) of every published entry, in key order; names that are not entries are passed over."""

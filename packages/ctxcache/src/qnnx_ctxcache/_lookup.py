@@ -11,24 +11,21 @@ import attrs
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
-from qnnx_ctxcache._layout import Layout
 from qnnx_ctxcache._manifest import LAST_USED_NAME, CheckResult
+from qnnx_ctxcache._part import StorePart
 from qnnx_ctxcache._pins import Pins
 from qnnx_ctxcache._results import Entry
-from qnnx_ctxcache._stats import Counters
 from qnnx_ctxcache._verify import Verifier, memo_token, recall, remember, safe_check
 
 _log = logging.getLogger(__name__)
 
 
 @attrs.define(eq=False)
-class Lookup:
+class Lookup(StorePart):
     """The valid entry for a key, or None; a bad entry is quarantined, counted and missed, never raised."""
 
-    _layout: Layout
     _pins: Pins
     _verifier: Verifier
-    _counters: Counters
     #: Keys a caller invalidated that could not be quarantined (read-only root): misses from now on.
     bad_keys: set[str] = attrs.field(factory=set, init=False)
 

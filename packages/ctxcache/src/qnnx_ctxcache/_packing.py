@@ -14,15 +14,14 @@ import attrs
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey, host_material
-from qnnx_ctxcache._layout import Layout
 from qnnx_ctxcache._listing import Listing
 from qnnx_ctxcache._lookup import Lookup
 from qnnx_ctxcache._manifest import LAST_USED_NAME, MANIFEST_NAME, CheckResult
+from qnnx_ctxcache._part import StorePart
 from qnnx_ctxcache._pins import Pins
 from qnnx_ctxcache._prune import Pruner
 from qnnx_ctxcache._publish import Publisher
 from qnnx_ctxcache._results import PackReport, Problem, UnpackReport
-from qnnx_ctxcache._stats import Counters
 from qnnx_ctxcache._verify import check_dir, safe_check
 from qnnx_ctxcache.errors import ArchiveError, EntryNotFoundError, StoreNotWritableError
 
@@ -33,16 +32,14 @@ _log = logging.getLogger(__name__)
 
 
 @attrs.define(eq=False)
-class Packer:
+class Packer(StorePart):
     """``pack`` and ``unpack``; an unpacked entry is published like a build."""
 
-    _layout: Layout
     _listing: Listing
     _pins: Pins
     _lookup: Lookup
     _publisher: Publisher
     _pruner: Pruner
-    _counters: Counters
 
     def pack(
         self, archive_path: str | os.PathLike[str], keys: Iterable[CacheKey | str] | None, compression: str

@@ -12,24 +12,22 @@ import filelock
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
-from qnnx_ctxcache._layout import HEX64, ROOT_MARKER, Layout
+from qnnx_ctxcache._layout import HEX64, ROOT_MARKER
 from qnnx_ctxcache._listing import Listing
+from qnnx_ctxcache._part import StorePart
 from qnnx_ctxcache._pins import Pins, is_stale_owner
 from qnnx_ctxcache._results import PruneReport
-from qnnx_ctxcache._stats import Counters
 from qnnx_ctxcache.errors import InvalidOptionsError, NotACacheRootError
 
 _log = logging.getLogger(__name__)
 
 
 @attrs.define(eq=False)
-class Pruner:
+class Pruner(StorePart):
     """Keeping the cache under its size cap, deleting entries, and cleaning up what crashed processes left."""
 
-    _layout: Layout
     _listing: Listing
     _pins: Pins
-    _counters: Counters
 
     def auto_prune(self, keep: frozenset[str]) -> None:
         """Prune to ``StoreOptions.max_size_bytes`` when the cache is over it, sparing ``keep``; never raises."""

@@ -18,7 +18,7 @@ import attrs
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey, canonical_json
-from qnnx_ctxcache._layout import HOST_ID, Layout, errname
+from qnnx_ctxcache._layout import HOST_ID, errname
 from qnnx_ctxcache._lookup import Lookup
 from qnnx_ctxcache._manifest import (
     LAST_USED_NAME,
@@ -29,9 +29,9 @@ from qnnx_ctxcache._manifest import (
     inspect_context_model,
     safe_relpath,
 )
+from qnnx_ctxcache._part import StorePart
 from qnnx_ctxcache._prune import Pruner
 from qnnx_ctxcache._results import BuildResult, Entry
-from qnnx_ctxcache._stats import Counters
 from qnnx_ctxcache._verify import memo_token, remember, safe_check
 from qnnx_ctxcache._version import __version__
 from qnnx_ctxcache.errors import BuildOutputError
@@ -43,13 +43,11 @@ PRIVATE_TMP: list[Path] = []
 
 
 @attrs.define(eq=False)
-class Publisher:
+class Publisher(StorePart):
     """A build's way into the store (an unpacked entry takes the same last steps): staging, checks, one rename."""
 
-    _layout: Layout
     _lookup: Lookup
     _pruner: Pruner
-    _counters: Counters
 
     def build_private(self, key: CacheKey, build: Callable[[Path], BuildResult], reason: str) -> Entry:
         """Build into a private temp dir outside the cache; the entry is not persisted."""

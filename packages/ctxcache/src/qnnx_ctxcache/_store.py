@@ -103,12 +103,12 @@ class ContextStore:
         self._layout = layout
         self._counters = counters = Counters(layout)
         self._pins = pins = Pins(layout)
-        self._listing = listing = Listing(layout, pins, counters)
-        self._verifier = verifier = Verifier(layout, listing, counters)
-        self._lookup = lookup = Lookup(layout, pins, verifier, counters)
-        self._pruner = pruner = Pruner(layout, listing, pins, counters)
-        self._publisher = publisher = Publisher(layout, lookup, pruner, counters)
-        self._packer = Packer(layout, listing, pins, lookup, publisher, pruner, counters)
+        self._listing = listing = Listing(layout, counters, pins)
+        self._verifier = verifier = Verifier(layout, counters, listing)
+        self._lookup = lookup = Lookup(layout, counters, pins, verifier)
+        self._pruner = pruner = Pruner(layout, counters, listing, pins)
+        self._publisher = publisher = Publisher(layout, counters, lookup, pruner)
+        self._packer = Packer(layout, counters, listing, pins, lookup, publisher, pruner)
         _OPEN_STORES.add(self)
 
     @property

@@ -13,11 +13,10 @@ from typing import ParamSpec
 import attrs
 
 from qnnx_ctxcache import _fs
-from qnnx_ctxcache._layout import Layout
 from qnnx_ctxcache._listing import Listing
 from qnnx_ctxcache._manifest import MANIFEST_NAME, CheckResult, Signature, check_entry
+from qnnx_ctxcache._part import StorePart
 from qnnx_ctxcache._results import Problem, VerifyReport
-from qnnx_ctxcache._stats import Counters
 
 _log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -75,12 +74,10 @@ def recall(token: MemoToken | None) -> dict[str, Signature] | None:
 
 
 @attrs.define(eq=False)
-class Verifier:
+class Verifier(StorePart):
     """The full and cheap checks of published entries, and moving bad ones to quarantine."""
 
-    _layout: Layout
     _listing: Listing
-    _counters: Counters
 
     def reject(self, key_hex: str, result: CheckResult) -> None:
         """Log, count and quarantine an entry a lookup found bad (the lookup then misses)."""
