@@ -356,6 +356,36 @@ def test_fuse_rmsnorm_keeps_results(
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@given(depth=st.integers(2, 4), weighted=st.booleans(), rows=st.integers(1, 6), seed=seeds(999))
+def test_fuse_rmsnorm_fuses_a_norm_of_a_norm(depth: int, weighted: bool, rows: int, seed: int) -> None:
+    """RMSNorms applied one after another (``norm(norm(x))``, as an embedding norm before a block's pre-norm) all
+    fuse: each outer norm reads the inner one's fused output, no decomposed norm is left (the pass's postcondition
+    held, so the export does not give up), and the values are unchanged."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((1, rows, 8)) * 30).astype(np.float32)
+    nodes, inits, src = [], {"eps": np.array(1e-6, np.float32), "axes": np.array([-1], np.int64)}, "x"
+    for i in range(depth):
+        nodes += [
+            onnx.helper.make_node("Mul", [src, src], [f"p{i}"]),
+            onnx.helper.make_node("ReduceMean", [f"p{i}", "axes"], [f"m{i}"], keepdims=1),
+            onnx.helper.make_node("Add", [f"m{i}", "eps"], [f"a{i}"]),
+            onnx.helper.make_node("Sqrt", [f"a{i}"], [f"s{i}"]),
+            onnx.helper.make_node("Reciprocal", [f"s{i}"], [f"r{i}"]),
+            onnx.helper.make_node("Mul", [src, f"r{i}"], [f"n{i}"]),
+        ]
+        src = f"n{i}"
+        if weighted:
+            inits[f"w{i}"] = (1 + 0.1 * rng.standard_normal(8)).astype(np.float32)
+            nodes.append(onnx.helper.make_node("Mul", [src, f"w{i}"], [f"y{i}"]))
+            src = f"y{i}"
+    nodes.append(onnx.helper.make_node("Identity", [src], ["y"]))
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits)
+    after, changed, m = _apply(model, "fuse_rmsnorm")
+    assert changed and [n.op_type for n in m.graph].count("RMSNormalization") == depth
+    assert not PASS_REGISTRY["fuse_rmsnorm"]().find_defects(m.graph)
+    np.testing.assert_allclose(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0], rtol=1e-4)
+
+
 def test_fuse_rmsnorm_over_several_axes_reshapes() -> None:
     """RMSNorm over the last two axes is fused through a Reshape (QNN HTP normalizes the last axis only)."""
     rng = np.random.default_rng(0)

@@ -204,7 +204,11 @@ class FuseRMSNorm(QnnPass):
     def rewrite(self, graph: ir.Graph) -> bool:
         names = _graph.fresh_names(graph, "qnnx_rmsnorm")
         matches = self._matches(graph)
+        # A norm of a norm (``norm(norm(x))``): the inner one's output is replaced before the outer one is rewritten,
+        # so the outer one reads the replacement, and the inner decomposed nodes are left with no use.
+        replaced: dict[ir.Value, ir.Value] = {}
         for x, axes, eps, _norm, weight, last in matches:
+            x = replaced.get(x, x)
             shape = _graph.static_shape(x)
             assert shape is not None
             lead, trail = shape[: len(shape) - len(axes)], shape[len(shape) - len(axes) :]
@@ -244,6 +248,7 @@ class FuseRMSNorm(QnnPass):
                 normed = restored
             graph.insert_after(last, new_nodes)
             _graph.replace_value(graph, out, normed)
+            replaced[out] = normed
         return bool(matches)
 
 
