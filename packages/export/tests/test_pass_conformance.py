@@ -170,6 +170,59 @@ def test_logsoftmax_unit_axis_shape_classes(shape: tuple[int, ...], data: st.Dat
     _check(model, {"x": _x(shape, scale, seed=len(shape))}, ("logsoftmax_unit_axis",))
 
 
+# ------------------------------------------------------------------------------------------------- L2 norms
+
+
+def _l2_norm(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool, form: str) -> onnx.ModelProto:
+    """``ReduceL2(x)`` (``form="reduce_l2"``) or the hand-written ``Sqrt(ReduceSum(x * x))`` over ``axes``."""
+    inits = {"axes": np.array(axes, np.int64)}
+    if form == "reduce_l2":
+        nodes = [h.make_node("ReduceL2", ["x", "axes"], ["y"], keepdims=int(keepdims))]
+    else:
+        nodes = [
+            h.make_node("Mul", ["x", "x"], ["p"]),
+            h.make_node("ReduceSum", ["p", "axes"], ["s"], keepdims=int(keepdims)),
+            h.make_node("Sqrt", ["s"], ["y"]),
+        ]
+    out = tuple(1 if i in axes else d for i, d in enumerate(shape)) if keepdims else None
+    return make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, out)], inits)
+
+
+@_examples
+@given(
+    shape=_shapes,
+    data=st.data(),
+    keepdims=st.booleans(),
+    form=st.sampled_from(["reduce_l2", "sqrt_sum"]),
+    scale=st.sampled_from([1e-4, 1.0, 300.0, 3000.0]),
+)
+def test_l2_norm_prescaled_shape_classes(
+    shape: tuple[int, ...], data: st.DataObject, keepdims: bool, form: str, scale: float
+) -> None:
+    """An L2 norm over any axis set of a rank 1-4 tensor (the pass's classes) is right on QNN after the pass, for
+    rows whose squares underflow float16 (|x| ~ 1e-4) and rows whose sum of squares is past HTP's float16 range
+    (|x| ~ 300-3000), where HTP's own norm returns about 362 at most."""
+    shape = shape[:4]
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1), label="axes")))
+    model = _l2_norm(shape, axes, keepdims, form)
+    x = _x(shape, scale, seed=len(shape) + len(axes))
+    if float(np.sqrt((x.astype(np.float64) ** 2).sum(axis=axes)).max()) >= 65504:
+        reject()  # the norm itself is past float16's range: no float16 device can return it
+    _check(model, {"x": x}, ("l2_norm_prescaled",))
+
+
+@pytest.mark.parametrize("scale", [300.0, 1e-4])
+def test_htp_l2_norm_is_wrong_without_the_pass(scale: float) -> None:
+    """The defect the pass exists for, measured: HTP's ReduceL2 of 16 elements of about 300 (norm about 1100)
+    saturates near 362, and of elements of about 1e-4 loses its squares; if a QNN release fixes it, this fails and
+    the pass can go."""
+    model = _l2_norm((1, 8, 16), (2,), True, "reduce_l2")
+    x = _x((1, 8, 16), scale, seed=0)
+    (want,) = _onnx_reference(model, {"x": x})
+    (got,) = qnn_session(model.SerializeToString()).run(None, {"x": x})
+    assert float(np.abs(got - want).max() / np.abs(want).max()) > 0.1
+
+
 # ------------------------------------------------------------------------------------------ Gather, then scaled
 
 
@@ -389,6 +442,7 @@ COVERED_HERE = frozenset(
         "avgpool_whole_windows",
         "einsum_as_matmul",
         "linear_heads_as_matmul",
+        "l2_norm_prescaled",
         *_ELEMENTWISE,
     }
 )

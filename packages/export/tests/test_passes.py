@@ -386,6 +386,41 @@ def test_fuse_rmsnorm_fuses_a_norm_of_a_norm(depth: int, weighted: bool, rows: i
     np.testing.assert_allclose(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0], rtol=1e-4)
 
 
+@given(
+    shape=shapes(min_rank=1, max_side=6),
+    data=st.data(),
+    keepdims=st.booleans(),
+    hand_written=st.booleans(),
+    scale=st.sampled_from([0.0, 1e-3, 1.0, 500.0]),
+)
+def test_l2_norm_prescaled_keeps_results(
+    shape: list[int], data: st.DataObject, keepdims: bool, hand_written: bool, scale: float
+) -> None:
+    """ReduceL2 and Sqrt(ReduceSum(x * x)) become m * norm(x / m) with m the largest |x| over the axes: the same
+    values on the CPU EP (a row of zeros stays 0, not NaN), and a second run finds nothing left to rewrite."""
+    axes = sorted(data.draw(st.sets(st.integers(-len(shape), len(shape) - 1), min_size=1), label="axes"))
+    if len({a % len(shape) for a in axes}) != len(axes):
+        axes = sorted({a % len(shape) for a in axes})
+    inits = {"axes": np.array(axes, np.int64)}
+    if hand_written:
+        nodes = [
+            onnx.helper.make_node("Mul", ["x", "x"], ["p"]),
+            onnx.helper.make_node("ReduceSum", ["p", "axes"], ["s"], keepdims=int(keepdims)),
+            onnx.helper.make_node("Sqrt", ["s"], ["y"]),
+        ]
+    else:
+        nodes = [onnx.helper.make_node("ReduceL2", ["x", "axes"], ["y"], keepdims=int(keepdims))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, None)], inits)
+    x = (np.random.default_rng(len(shape)).standard_normal(shape) * scale).astype(np.float32)
+    after, changed, m = _apply(model, "l2_norm_prescaled")
+    assert changed
+    (want,), (got,) = _run(model.SerializeToString(), {"x": x}), _run(after, {"x": x})
+    assert got.shape == want.shape and not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)
+    ((_, again),) = run_passes(m, ("l2_norm_prescaled",))
+    assert not again
+
+
 def test_fuse_rmsnorm_over_several_axes_reshapes() -> None:
     """RMSNorm over the last two axes is fused through a Reshape (QNN HTP normalizes the last axis only)."""
     rng = np.random.default_rng(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import cast
 
@@ -18,6 +19,7 @@ __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
     "AvgPoolWholeWindows",
     "FoldScaleIntoGatherTable",
+    "L2NormPrescaled",
     "LogSoftmaxUnitAxis",
     "SafeSoftmaxWithoutInf",
 ]
@@ -361,3 +363,143 @@ def _gathered_table(value: ir.Value) -> ir.Node | None:
         if producer.op_type not in _MOVES or producer.inputs[0] is None:
             return None
         value = producer.inputs[0]
+
+
+# ------------------------------------------------------------------- L2 norms computed on a prescaled input
+
+# The divisor's floor: the smallest normal float16. A row of zeros stays zero; smaller rows are scaled less.
+_L2_FLOOR = 2.0**-14
+_L2_MAX_RANK = 4  # at rank 5 the QNN EP declines the rewrite's ReduceMax (and ReduceL2 with keepdims)
+_PRESCALED = "qnnx_l2_scaled"  # the name (prefix) of the prescaled input this pass writes
+
+
+@dataclass(frozen=True)
+class _L2Norm:
+    x: ir.Value
+    axes: tuple[int, ...]
+    keepdims: bool
+    hand_written: bool  # Sqrt(ReduceSum(x * x)) rather than ReduceL2(x)
+
+
+@register(order=105)
+class L2NormPrescaled(QnnPass):
+    """Compute an L2 norm of ``x`` as ``m * ||x / m||`` with ``m`` the largest ``|x|`` over the reduced axes.
+
+    QNN HTP sums the squares of an L2 norm in float16 and saturates the sum: ``ReduceL2`` of a row returns at most
+    about 362 (the square root of HTP's largest float16), so any row whose norm is larger comes back wrong without
+    an error, e.g. 362 for a true 1102 (elements of about 300 over 16 values), and rows of elements below about 1e-4
+    lose their squares to underflow (a norm of 2.4e-4 for a true 3.7e-4; onnxruntime-qnn 2.7.0, soc 60). Both the
+    ONNX ``ReduceL2`` (``torch.linalg.vector_norm``, ``F.normalize``, ``Tensor.norm``) and the hand-written
+    ``Sqrt(ReduceSum(x * x))`` are rewritten. Divided by its largest magnitude, every element lies in [-1, 1] and
+    the sum of squares is at most the number of elements reduced, so it neither overflows nor loses the large
+    terms; the norm is then scaled back, exact in real arithmetic (``m`` has a floor of 2^-14 so that a row of
+    zeros stays zero). Shape classes: ranks 1-4, every axis set, keepdims or not, with a static input shape, and
+    fewer than 65504 reduced elements (``tests/test_pass_conformance.py``). At rank 5 the QNN EP declines the
+    rewrite's ReduceMax (and ReduceL2 with keepdims), so a rank-5 norm is left as it is.
+    """
+
+    name = "l2_norm_prescaled"
+    defect = "QNN HTP's L2 norm saturates its float16 sum of squares: norms above about 362 come back wrong"
+
+    def match(self, node: ir.Node) -> _L2Norm | None:
+        """The norm's input, axes and keepdims, for a float ReduceL2 or Sqrt(ReduceSum(x * x)); else None."""
+        hand_written = _graph.is_op(node, "Sqrt")
+        reduce = _graph.input_producer(node) if hand_written else node
+        if reduce is None or not _graph.is_op(reduce, "ReduceSum" if hand_written else "ReduceL2"):
+            return None
+        if hand_written:
+            uses = list(reduce.outputs[0].uses())
+            if len(uses) != 1 or reduce.outputs[0].is_graph_output():
+                return None
+            square = _graph.input_producer(reduce)
+            if square is None or not square.inputs:
+                return None
+            if _graph.is_op(square, "Mul") and square.inputs[0] is square.inputs[1]:
+                x = square.inputs[0]
+            elif _graph.is_op(square, "Pow") and (exponent := _graph.const_array(square.inputs[1])) is not None:
+                if exponent.size != 1 or float(exponent.reshape(-1)[0]) != 2.0:
+                    return None
+                x = square.inputs[0]
+            else:
+                return None
+        else:
+            x = reduce.inputs[0] if reduce.inputs else None
+        shape = _graph.static_shape(x)
+        if x is None or shape is None or not shape or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return None
+        producer = x.producer()
+        if producer is not None and (producer.outputs[0].name or "").startswith(_PRESCALED):
+            return None  # already this pass's prescaled input
+        if reduce.attributes.get_int("noop_with_empty_axes", 0):
+            return None
+        axes_input = reduce.inputs[1] if len(reduce.inputs) > 1 else None
+        if axes_input is not None:
+            found = _graph.const_array(axes_input)
+            if found is None:
+                return None
+            axes_list = [int(a) for a in found.reshape(-1)]
+        elif "axes" in reduce.attributes:  # before opset 18
+            axes_list = list(reduce.attributes.get_ints("axes", []))
+        else:
+            axes_list = []
+        rank = len(shape)
+        if rank > _L2_MAX_RANK:
+            return None
+        axes = tuple(sorted({a % rank for a in axes_list})) if axes_list else tuple(range(rank))
+        if math.prod(shape[a] for a in axes) >= 65504:
+            return None
+        return _L2Norm(x, axes, bool(reduce.attributes.get_int("keepdims", 1)), hand_written)
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def prescaled(names: UniqueNames, node: ir.Node, norm: _L2Norm) -> tuple[list[ir.Node], ir.Value]:
+            x, dtype = norm.x, cast(ir.DataType, norm.x.dtype)
+            shape = cast(tuple[int, ...], _graph.static_shape(x))
+            kept = tuple(1 if i in norm.axes else d for i, d in enumerate(shape))
+            out_shape = _graph.static_shape(node.outputs[0])
+            axes = _graph.add_initializer(graph, names("axes"), np.array(norm.axes, dtype=np.int64))
+            floor = _graph.add_initializer(graph, names("floor"), np.array(_L2_FLOOR, dtype=dtype.numpy()))
+            values = {
+                key: _graph.new_value(names(key), dtype, dims)
+                for key, dims in (
+                    ("abs", shape),
+                    ("max", kept),
+                    ("scale", kept),
+                    ("scaled", shape),
+                    ("norm", out_shape),
+                )
+            }
+            nodes = [
+                ir.Node("", "Abs", [x], outputs=[values["abs"]]),
+                ir.Node(
+                    "",
+                    "ReduceMax",
+                    [values["abs"], axes],
+                    attributes=[ir.AttrInt64("keepdims", 1)],
+                    outputs=[values["max"]],
+                ),
+                ir.Node("", "Max", [values["max"], floor], outputs=[values["scale"]]),
+                ir.Node("", "Div", [x, values["scale"]], outputs=[values["scaled"]]),
+            ]
+            keep = [ir.AttrInt64("keepdims", int(norm.keepdims))]
+            if norm.hand_written:
+                squares = _graph.new_value(names("squares"), dtype, shape)
+                total = _graph.new_value(names("sum"), dtype, out_shape)
+                nodes += [
+                    ir.Node("", "Mul", [values["scaled"], values["scaled"]], outputs=[squares]),
+                    ir.Node("", "ReduceSum", [squares, axes], attributes=keep, outputs=[total]),
+                    ir.Node("", "Sqrt", [total], outputs=[values["norm"]]),
+                ]
+            else:
+                nodes.append(
+                    ir.Node("", "ReduceL2", [values["scaled"], axes], attributes=keep, outputs=[values["norm"]])
+                )
+            factor = values["scale"]
+            if not norm.keepdims:
+                target = _graph.add_initializer(graph, names("shape"), np.array(out_shape or (), dtype=np.int64))
+                factor = _graph.new_value(names("factor"), dtype, out_shape)
+                nodes.append(ir.Node("", "Reshape", [values["scale"], target], outputs=[factor]))
+            out = _graph.new_value(names("out"), dtype, out_shape)
+            nodes.append(ir.Node("", "Mul", [values["norm"], factor], outputs=[out]))
+            return nodes, out
+
+        return self.replace_matched(graph, "qnnx_l2", prescaled)
