@@ -114,16 +114,18 @@ def test_rms_norm_of_large_rows_is_right_on_qnn(magnitude: float, eps: float) ->
 
 @given(
     magnitude=st.sampled_from([1e-4, 1.0, 300.0]),
-    form=st.sampled_from(["normalize", "norm", "hand_written"]),
+    form=st.sampled_from(["normalize", "norm", "hand_written", "std", "rms"]),
 )
 def test_l2_norms_of_large_and_tiny_rows_are_right_on_qnn(magnitude: float, form: str) -> None:
-    """F.normalize, Tensor.norm and sqrt(sum(x * x)) of rows whose sum of squares is past float16's range (|x| ~
-    300, where HTP's own norm saturates near 362) or underflows it (|x| ~ 1e-4) run on QNN and are right."""
+    """F.normalize, Tensor.norm, sqrt(sum(x * x)), std and an RMS of rows whose squares sum past float16's range
+    (|x| ~ 300, where HTP's own norm saturates near 362) or underflow it (|x| ~ 1e-4) run on QNN and are right."""
     x = torch.randn(2, 8, 32) * magnitude
     fn = {
         "normalize": lambda t: F.normalize(t, dim=-1),
         "norm": lambda t: t.norm(dim=-1, keepdim=True),
         "hand_written": lambda t: (t * t).sum(-1, keepdim=True).sqrt(),
+        "std": lambda t: t.std(-1),
+        "rms": lambda t: t.pow(2).mean(-1, keepdim=True).sqrt(),
     }[form]
     out, reports = _run(fn, x)
     assert all(r.on_qnn for r in reports), [r.summary() for r in reports]

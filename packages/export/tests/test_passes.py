@@ -390,26 +390,36 @@ def test_fuse_rmsnorm_fuses_a_norm_of_a_norm(depth: int, weighted: bool, rows: i
     shape=shapes(min_rank=1, max_side=6),
     data=st.data(),
     keepdims=st.booleans(),
-    hand_written=st.booleans(),
+    form=st.sampled_from(["reduce_l2", "sqrt_sum", "sqrt_mean", "std"]),
     scale=st.sampled_from([0.0, 1e-3, 1.0, 500.0]),
 )
 def test_l2_norm_prescaled_keeps_results(
-    shape: list[int], data: st.DataObject, keepdims: bool, hand_written: bool, scale: float
+    shape: list[int], data: st.DataObject, keepdims: bool, form: str, scale: float
 ) -> None:
-    """ReduceL2 and Sqrt(ReduceSum(x * x)) become m * norm(x / m) with m the largest |x| over the axes: the same
+    """ReduceL2, Sqrt(ReduceSum(x * x)), Sqrt(ReduceMean(x ** 2)) and torch.onnx's std (squares, mean, Bessel
+    factor, root) become the same computation on x / m, scaled back by m (the largest |x| over the axes): the same
     values on the CPU EP (a row of zeros stays 0, not NaN), and a second run finds nothing left to rewrite."""
-    axes = sorted(data.draw(st.sets(st.integers(-len(shape), len(shape) - 1), min_size=1), label="axes"))
-    if len({a % len(shape) for a in axes}) != len(axes):
-        axes = sorted({a % len(shape) for a in axes})
-    inits = {"axes": np.array(axes, np.int64)}
-    if hand_written:
-        nodes = [
-            onnx.helper.make_node("Mul", ["x", "x"], ["p"]),
-            onnx.helper.make_node("ReduceSum", ["p", "axes"], ["s"], keepdims=int(keepdims)),
-            onnx.helper.make_node("Sqrt", ["s"], ["y"]),
-        ]
-    else:
-        nodes = [onnx.helper.make_node("ReduceL2", ["x", "axes"], ["y"], keepdims=int(keepdims))]
+    axes = sorted({a % len(shape) for a in data.draw(st.sets(st.integers(-len(shape), len(shape) - 1), min_size=1))})
+    n = int(np.prod([shape[a] for a in axes]))
+    inits = {"axes": np.array(axes, np.int64), "two": np.array(2.0, np.float32)}
+    k = int(keepdims)
+    make = onnx.helper.make_node
+    nodes = {
+        "reduce_l2": [make("ReduceL2", ["x", "axes"], ["y"], keepdims=k)],
+        "sqrt_sum": [make("Mul", ["x", "x"], ["p"]), make("ReduceSum", ["p", "axes"], ["s"], keepdims=k)],
+        "sqrt_mean": [make("Pow", ["x", "two"], ["p"]), make("ReduceMean", ["p", "axes"], ["s"], keepdims=k)],
+        "std": [
+            make("ReduceMean", ["x", "axes"], ["mean"], keepdims=1),
+            make("Sub", ["x", "mean"], ["d"]),
+            make("Mul", ["d", "d"], ["p"]),
+            make("ReduceMean", ["p", "axes"], ["v"], keepdims=k),
+            make("Mul", ["v", "n"], ["vn"]),
+            make("Div", ["vn", "n1"], ["s"]),
+        ],
+    }[form]
+    if form != "reduce_l2":
+        nodes.append(make("Sqrt", ["s"], ["y"]))
+    inits["n"], inits["n1"] = np.array(n, np.float32), np.array(max(n - 1, 1), np.float32)
     model = make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, None)], inits)
     x = (np.random.default_rng(len(shape)).standard_normal(shape) * scale).astype(np.float32)
     after, changed, m = _apply(model, "l2_norm_prescaled")

@@ -378,41 +378,71 @@ class _L2Norm:
     x: ir.Value
     axes: tuple[int, ...]
     keepdims: bool
-    hand_written: bool  # Sqrt(ReduceSum(x * x)) rather than ReduceL2(x)
+    reduce: ir.Node  # ReduceL2, or the ReduceSum/ReduceMean of the squares under a Sqrt
+    square: ir.Node | None  # the Mul(x, x) or Pow(x, 2) of a root of squares; None for ReduceL2
+
+
+# Between a reduction of squares and its Sqrt: ops that only reshape or scale by a constant, which commute with the
+# prescaling (std's Bessel correction is Mul(n) then Div(n - 1), with a Reshape for keepdim).
+_ROOT_PATH_OPS = frozenset({"Mul", "Div", "Reshape", "Squeeze", "Unsqueeze"})
+
+
+def _single_use(value: ir.Value) -> bool:
+    return len(list(value.uses())) == 1 and not value.is_graph_output()
 
 
 @register(order=105)
 class L2NormPrescaled(QnnPass):
-    """Compute an L2 norm of ``x`` as ``m * ||x / m||`` with ``m`` the largest ``|x|`` over the reduced axes.
+    """Compute an L2 norm, or the root of a mean of squares, of ``x`` on ``x / m``, with ``m`` the largest ``|x|``
+    over the reduced axes, and scale the result back by ``m``.
 
-    QNN HTP sums the squares of an L2 norm in float16 and saturates the sum: ``ReduceL2`` of a row returns at most
-    about 362 (the square root of HTP's largest float16), so any row whose norm is larger comes back wrong without
-    an error, e.g. 362 for a true 1102 (elements of about 300 over 16 values), and rows of elements below about 1e-4
-    lose their squares to underflow (a norm of 2.4e-4 for a true 3.7e-4; onnxruntime-qnn 2.7.0, soc 60). Both the
-    ONNX ``ReduceL2`` (``torch.linalg.vector_norm``, ``F.normalize``, ``Tensor.norm``) and the hand-written
-    ``Sqrt(ReduceSum(x * x))`` are rewritten. Divided by its largest magnitude, every element lies in [-1, 1] and
-    the sum of squares is at most the number of elements reduced, so it neither overflows nor loses the large
-    terms; the norm is then scaled back, exact in real arithmetic (``m`` has a floor of 2^-14 so that a row of
-    zeros stays zero). Shape classes: ranks 1-4, every axis set, keepdims or not, with a static input shape, and
-    fewer than 65504 reduced elements (``tests/test_pass_conformance.py``). At rank 5 the QNN EP declines the
-    rewrite's ReduceMax (and ReduceL2 with keepdims), so a rank-5 norm is left as it is.
+    QNN HTP sums squares in float16 and saturates the sum: ``ReduceL2`` of a row returns at most about 362 (the
+    square root of HTP's largest float16), so any row whose norm is larger comes back wrong without an error, e.g.
+    362 for a true 1102 (elements of about 300 over 16 values), and rows of elements below about 1e-4 lose their
+    squares to underflow (a norm of 2.4e-4 for a true 3.7e-4; onnxruntime-qnn 2.7.0, soc 60). The same holds for a
+    root of a mean of squares: ``Tensor.std`` of rows of about 300 came back 0.30 of its scale off. Rewritten: the
+    ONNX ``ReduceL2`` (``torch.linalg.vector_norm``, ``F.normalize``, ``Tensor.norm``), and a ``Sqrt`` of a
+    ``ReduceSum``/``ReduceMean`` of ``x * x`` or ``x ** 2`` reached through constant scalings and reshapes (a
+    hand-written norm or RMS, ``std`` with or without its correction, where ``x`` is ``x - mean``). Divided by its
+    largest magnitude, every element lies in [-1, 1] and the sum of squares is at most the number of elements
+    reduced, so it neither overflows nor loses the large terms; the result is then scaled back, exact in real
+    arithmetic (``m`` has a floor of 2^-14 so that a row of zeros stays zero). Shape classes: ranks 1-4, every axis
+    set, keepdims or not, with a static input shape, and fewer than 65504 reduced elements
+    (``tests/test_pass_conformance.py``). At rank 5 the QNN EP declines the rewrite's ReduceMax (and ReduceL2 with
+    keepdims), so a rank-5 norm is left as it is. A variance itself (no root) is not rewritten: where its squares
+    overflow, so does the variance, and the backend's output-range check sees that.
     """
 
     name = "l2_norm_prescaled"
-    defect = "QNN HTP's L2 norm saturates its float16 sum of squares: norms above about 362 come back wrong"
+    defect = "QNN HTP saturates a float16 sum of squares: L2 norms above about 362 (and std, RMS) come back wrong"
 
     def match(self, node: ir.Node) -> _L2Norm | None:
-        """The norm's input, axes and keepdims, for a float ReduceL2 or Sqrt(ReduceSum(x * x)); else None."""
-        hand_written = _graph.is_op(node, "Sqrt")
-        reduce = _graph.input_producer(node) if hand_written else node
-        if reduce is None or not _graph.is_op(reduce, "ReduceSum" if hand_written else "ReduceL2"):
-            return None
-        if hand_written:
-            uses = list(reduce.outputs[0].uses())
-            if len(uses) != 1 or reduce.outputs[0].is_graph_output():
+        """The norm's input, axes, keepdims and nodes, for a float ReduceL2 or a root of a reduction of squares."""
+        square: ir.Node | None = None
+        reduce: ir.Node | None
+        if _graph.is_op(node, "ReduceL2"):
+            reduce = node
+            x = reduce.inputs[0] if reduce.inputs else None
+        elif _graph.is_op(node, "Sqrt"):
+            reduce = _graph.input_producer(node)
+            while reduce is not None and reduce.op_type in _ROOT_PATH_OPS and reduce.domain in ("", "ai.onnx"):
+                if not _single_use(reduce.outputs[0]):
+                    return None
+                if reduce.op_type in ("Mul", "Div"):
+                    scalars = [_graph.const_array(v) for v in reduce.inputs[1:2]]
+                    if not scalars or scalars[0] is None or scalars[0].size != 1:
+                        return None  # only a constant scalar factor (or divisor) commutes with the prescaling
+                reduce = _graph.input_producer(reduce)
+            if (
+                reduce is None
+                or reduce.op_type not in ("ReduceSum", "ReduceMean")
+                or reduce.domain not in ("", "ai.onnx")
+            ):
+                return None
+            if not _single_use(reduce.outputs[0]):
                 return None
             square = _graph.input_producer(reduce)
-            if square is None or not square.inputs:
+            if square is None or not square.inputs or not _single_use(square.outputs[0]):
                 return None
             if _graph.is_op(square, "Mul") and square.inputs[0] is square.inputs[1]:
                 x = square.inputs[0]
@@ -423,9 +453,11 @@ class L2NormPrescaled(QnnPass):
             else:
                 return None
         else:
-            x = reduce.inputs[0] if reduce.inputs else None
+            return None
         shape = _graph.static_shape(x)
         if x is None or shape is None or not shape or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return None
+        if _graph.static_shape(node.outputs[0]) is None:
             return None
         producer = x.producer()
         if producer is not None and (producer.outputs[0].name or "").startswith(_PRESCALED):
@@ -448,14 +480,14 @@ class L2NormPrescaled(QnnPass):
         axes = tuple(sorted({a % rank for a in axes_list})) if axes_list else tuple(range(rank))
         if math.prod(shape[a] for a in axes) >= 65504:
             return None
-        return _L2Norm(x, axes, bool(reduce.attributes.get_int("keepdims", 1)), hand_written)
+        return _L2Norm(x, axes, bool(reduce.attributes.get_int("keepdims", 1)), reduce, square)
 
     def rewrite(self, graph: ir.Graph) -> bool:
         def prescaled(names: UniqueNames, node: ir.Node, norm: _L2Norm) -> tuple[list[ir.Node], ir.Value]:
             x, dtype = norm.x, cast(ir.DataType, norm.x.dtype)
             shape = cast(tuple[int, ...], _graph.static_shape(x))
             kept = tuple(1 if i in norm.axes else d for i, d in enumerate(shape))
-            out_shape = _graph.static_shape(node.outputs[0])
+            out_shape = cast(tuple[int, ...], _graph.static_shape(node.outputs[0]))
             axes = _graph.add_initializer(graph, names("axes"), np.array(norm.axes, dtype=np.int64))
             floor = _graph.add_initializer(graph, names("floor"), np.array(_L2_FLOOR, dtype=dtype.numpy()))
             values = {
@@ -480,22 +512,19 @@ class L2NormPrescaled(QnnPass):
                 ir.Node("", "Max", [values["max"], floor], outputs=[values["scale"]]),
                 ir.Node("", "Div", [x, values["scale"]], outputs=[values["scaled"]]),
             ]
-            keep = [ir.AttrInt64("keepdims", int(norm.keepdims))]
-            if norm.hand_written:
-                squares = _graph.new_value(names("squares"), dtype, shape)
-                total = _graph.new_value(names("sum"), dtype, out_shape)
-                nodes += [
-                    ir.Node("", "Mul", [values["scaled"], values["scaled"]], outputs=[squares]),
-                    ir.Node("", "ReduceSum", [squares, axes], attributes=keep, outputs=[total]),
-                    ir.Node("", "Sqrt", [total], outputs=[values["norm"]]),
-                ]
-            else:
+            if norm.square is None:  # ReduceL2 of the prescaled input
+                keep = [ir.AttrInt64("keepdims", int(norm.keepdims))]
                 nodes.append(
                     ir.Node("", "ReduceL2", [values["scaled"], axes], attributes=keep, outputs=[values["norm"]])
                 )
+            else:  # the squares of the prescaled input feed the same reduction; a new Sqrt reads its result
+                squares = _graph.new_value(names("squares"), dtype, shape)
+                nodes.append(ir.Node("", "Mul", [values["scaled"], values["scaled"]], outputs=[squares]))
+                norm.reduce.replace_input_with(0, squares)
+                nodes.append(ir.Node("", "Sqrt", [node.inputs[0]], outputs=[values["norm"]]))
             factor = values["scale"]
-            if not norm.keepdims:
-                target = _graph.add_initializer(graph, names("shape"), np.array(out_shape or (), dtype=np.int64))
+            if kept != out_shape:
+                target = _graph.add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
                 factor = _graph.new_value(names("factor"), dtype, out_shape)
                 nodes.append(ir.Node("", "Reshape", [values["scale"], target], outputs=[factor]))
             out = _graph.new_value(names("out"), dtype, out_shape)
