@@ -123,6 +123,8 @@ def place(
                 program, quantization = build_quantized(ctx, dev, graph_id)
             else:
                 program = build_program(ctx, dev)
+            if attempts:
+                _confirm_usable(dev)
         except DeviceRejected as exc:
             attempts.append(_report.Attempt(device=dev, ok=False, reason=exc.cause, seconds=time.perf_counter() - t))
             if opts.strict and device != "auto":
@@ -161,6 +163,22 @@ def place(
     if not exclude and attempts and all(a.reason and a.reason.startswith("skipped") for a in attempts):
         _warn_no_device_once(reason)  # nothing was even tried: say so once, not per graph
     return eager(reason, attempts, warn=False, export=export_report(ctx))
+
+
+def _confirm_usable(device: str) -> None:
+    """Raise DeviceRejected when the full probe (which initializes the backend, once per process) finds ``device``
+    unusable.
+
+    The chain trusts the quick probe because building the session is the real test of a device, but a session that
+    puts nothing on QNN (ONNX Runtime folded every node of the graph into a constant) never initializes the backend:
+    measured here, a graph ``torch.full((3,), 1e6)`` that the NPU refused for float16's range was then reported on
+    the GPU of a machine without an Adreno GPU. A device reached after an earlier one refused the graph is confirmed.
+    """
+    import qnnx_detection
+
+    status = qnnx_detection.probe().backend(device)
+    if not status.available:
+        raise DeviceRejected(f"skipped: {status.reason}")
 
 
 _no_device_warned = threading.Event()
