@@ -48,6 +48,20 @@ def test_a_fallback_after_the_export_reports_torch_onnx_and_why_the_fast_path_de
     assert "exported by torch.onnx (the direct translator declined: no translation for aten.tan" in rep.summary()
 
 
+def test_explain_names_the_exporter_of_each_graph():
+    """explain() shows how each graph was exported: torch.onnx and the decline for tan, the direct translator for a
+    matmul."""
+    report = qnnx_backend.explain(lambda x: torch.tan(x @ x).sum(-1), torch.rand(4, 4), soc_model=60)
+    exports = [g.export for g in report.graphs]
+    assert exports and all(e is not None for e in exports)
+    assert exports[0].exporter == "torch.onnx" and "aten.tan" in exports[0].fast_path_declined
+    assert sum(exports[0].op_types.values()) == report.graphs[0].onnx_nodes
+    assert "exported by torch.onnx (the direct translator declined:" in str(report)
+    plain = qnnx_backend.explain(lambda x: torch.relu(x @ x), torch.rand(4, 4), soc_model=60)
+    assert plain.graphs[0].export.exporter == "fast"
+    assert "exported by qnnx-export's direct translator" in str(plain)
+
+
 def test_an_analysis_refusal_reports_its_problem_kinds_and_no_export():
     """A graph the analysis keeps in PyTorch (an empty tensor) reports the problem kind and was never exported."""
     rep = _report(lambda x: (x * 2.0).sum(-1), torch.randn(0))

@@ -110,10 +110,11 @@ class ExportReport:
     after its export. Their sum is ``onnx_nodes`` when the graph runs on QNN."""
 
     def summary(self) -> str:
-        """E.g. ``exported by torch.onnx (the direct translator declined: no translation of aten.sort)``."""
+        """E.g. ``exported by torch.onnx (the direct translator declined: no translation for aten.sort.default)``."""
+        by = "qnnx-export's direct translator" if self.exporter == "fast" else self.exporter
         if self.fast_path_declined:
-            return f"exported by {self.exporter} (the direct translator declined: {self.fast_path_declined})"
-        return f"exported by {self.exporter}"
+            return f"exported by {by} (the direct translator declined: {self.fast_path_declined})"
+        return f"exported by {by}"
 
 
 @attrs.frozen(kw_only=True)
