@@ -122,11 +122,41 @@ def test_common_ops_run_on_qnn(ci_records):
     assert not off, "common ops not on QNN:\n" + "\n".join(off)
 
 
+def test_graph_records_come_from_the_compile_report(ci_records):
+    """Each graph of a common op records the FX ops, the exporter and the ONNX ops its compile report carries; a
+    zero-size graph records the analysis problem kind that kept it in PyTorch and no export."""
+    for cid in COMMON:
+        for g in ci_records[cid]["graphs"]:
+            assert g["fx_ops"] and g["problem_kinds"] == [], _line(ci_records[cid])
+            assert g["exporter"] in ("fast", "torch.onnx") and g["onnx_ops"], _line(ci_records[cid])
+    for g in ci_records["zero_size.mul_sum#0"]["graphs"]:
+        assert g["problem_kinds"] == ["empty_tensor"] and g["category"] == "analysis: empty_tensor"
+        assert "exporter" not in g and "onnx_ops" not in g
+
+
 def test_zero_size_tensors_never_reach_qnn(ci_records):
     for cid in ZERO_SIZE:
         rec = ci_records[cid]
         assert rec["status"] == "fallback", _line(rec)
         assert all(g["device"] == "eager" for g in rec["graphs"]), _line(rec)
+
+
+def test_a_run_with_its_own_out_folder_keeps_its_jsonl_there(tmp_path, monkeypatch):
+    """run.py --out DIR writes the JSONL under DIR (a subset run leaves the full run's alone); docs/ keeps build/."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run.py puts its folder first to import its siblings
+    for sibling in ("harness", "report"):
+        monkeypatch.delitem(sys.modules, sibling, raising=False)
+    spec = importlib.util.spec_from_file_location("qnnx_conformance_run", HARNESS.parent / "run.py")
+    assert spec is not None and spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    for sibling in ("harness", "report"):  # gone again at the end of the test
+        monkeypatch.setitem(sys.modules, sibling, sys.modules[sibling])
+    assert run.parse_args(["--out", str(tmp_path)]).jsonl == tmp_path / "cases.jsonl"
+    assert run.parse_args([]).jsonl == run.report.DEFAULT_JSONL
+    assert run.parse_args(["--out", str(ROOT / "docs")]).jsonl == run.report.DEFAULT_JSONL
+    given = tmp_path / "elsewhere.jsonl"
+    assert run.parse_args(["--out", str(tmp_path), "--jsonl", str(given)]).jsonl == given
 
 
 @pytest.mark.slow

@@ -463,76 +463,9 @@ def _identical(a: Any, b: Any) -> bool:
 
 # --- what the backend did ---------------------------------------------------------------------------------------
 
-_DIAG: list[dict[str, Any]] = []
-_PROBES = [False]
-
-
-def _target_name(node: Any) -> str:
-    """``torch.tan``, ``F.avg_pool2d``, ``aten.sort``, ``.sum`` (a Tensor method): the op of an FX node."""
-    target = node.target
-    if node.op == "call_method":
-        return f".{target}"
-    if isinstance(target, str):
-        return target
-    name = getattr(target, "__name__", None)
-    if name is None or type(target).__name__ == "OpOverload":
-        return str(target).removesuffix(".default")
-    module = getattr(target, "__module__", None) or ""
-    prefix = {
-        "torch.nn.functional": "F",
-        "torch._C._nn": "F",
-        "_operator": "operator",
-        "torch._C._VariableFunctions": "torch",
-    }
-    module = prefix.get(module, module)
-    if not module and type(target).__name__ == "builtin_function_or_method":
-        module = "torch"  # torch.* functions defined in C report no module
-    return f"{module}.{name}" if module else name
-
-
-def install_probes() -> None:
-    """Record, per compiled graph, the ATen ops, the analysis problem kinds, the exporter used and the ONNX ops.
-
-    Wraps ``qnnx_export.analyze`` and ``qnnx_export.export`` (the backend looks both up on the module at each
-    compile); the wrappers pass every argument and result through unchanged.
-    """
-    if _PROBES[0]:
-        return
-    _PROBES[0] = True
-    import qnnx_export
-
-    real_analyze, real_export = qnnx_export.analyze, qnnx_export.export
-
-    def analyze(gm: Any, *args: Any, **kwargs: Any) -> Any:
-        result = real_analyze(gm, *args, **kwargs)
-        with contextlib.suppress(Exception):
-            ops = sorted({_target_name(n) for n in gm.graph.nodes if n.op in ("call_function", "call_method")})
-            _DIAG.append({"fx_ops": ops[:40], "problem_kinds": sorted({p.kind for p in result.problems})})
-        return result
-
-    def export(*args: Any, **kwargs: Any) -> Any:
-        try:
-            result = real_export(*args, **kwargs)
-        except Exception as exc:
-            if _DIAG:
-                _DIAG[-1]["export_error"] = head(exc, 200)
-            raise
-        with contextlib.suppress(Exception):
-            if _DIAG:
-                graph = result.structure.graph
-                _DIAG[-1].update(
-                    exporter=getattr(result, "exporter", None),
-                    fast_path_declined=sanitize(getattr(result, "fast_path_declined", None), 200),
-                    onnx_ops=sorted({n.op_type for n in graph.node})[:40],
-                )
-        return result
-
-    qnnx_export.analyze = analyze
-    qnnx_export.export = export
-
 
 def fallback_category(graph: dict[str, Any]) -> str:
-    """A coarse reason why a graph runs in PyTorch, from its compile report (and the recorded analysis)."""
+    """A coarse reason why a graph runs in PyTorch, from its compile report's record (attempts, problem kinds)."""
     attempts = graph.get("attempts") or []
     tried = [a for a in attempts if not a.get("ok") and not str(a.get("reason", "")).startswith("skipped")]
     if not attempts:
@@ -566,10 +499,14 @@ def _fallback_reason(graph: dict[str, Any]) -> str:
     return sanitize(graph.get("reason"), 200) or ""
 
 
-def _graph_records(reports: Sequence[Any], diags: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+_EXPORT_FAILED = "ONNX export failed: "
+
+
+def _graph_records(reports: Sequence[Any]) -> list[dict[str, Any]]:
+    """The JSONL record of each graph, read from its compile report alone (the FX ops, the analysis problem kinds,
+    the exporter and the ONNX op types are report fields)."""
     out = []
-    paired = len(reports) == len(diags)
-    for n, rep in enumerate(reports):
+    for rep in reports:
         g: dict[str, Any] = {
             "graph_id": rep.graph_id,
             "device": rep.device,
@@ -583,13 +520,16 @@ def _graph_records(reports: Sequence[Any], diags: Sequence[dict[str, Any]]) -> l
             "passes_applied": list(rep.passes_applied),
             "soc_model": rep.soc_model,
             "input_shapes": [list(s) for s in rep.input_shapes][:8],
+            "fx_ops": sorted(rep.fx_ops)[:40],
+            "problem_kinds": list(rep.problem_kinds),
         }
-        exporter = getattr(rep, "exporter", None)  # a report field in later versions of the backend
-        if exporter is not None:
-            g["exporter"] = exporter
-        if paired:
-            for k, v in diags[n].items():
-                g.setdefault(k, v)
+        if rep.export is not None:
+            g["exporter"] = rep.export.exporter
+            g["fast_path_declined"] = sanitize(rep.export.fast_path_declined, 200)
+            g["onnx_ops"] = sorted(rep.export.op_types)[:40]
+        failed = [a.reason for a in rep.attempts if a.reason and a.reason.startswith(_EXPORT_FAILED)]
+        if failed:
+            g["export_error"] = sanitize(failed[0].removeprefix(_EXPORT_FAILED), 200)
         if rep.device == "eager":
             g["category"] = fallback_category(g)
         out.append(g)
@@ -651,7 +591,6 @@ def run_case(case: Case, phase: Callable[[str], None] = lambda _p: None) -> dict
     phase("compiled")
     torch._dynamo.reset()
     qnnx_backend.clear_compile_reports()
-    _DIAG.clear()
     t1 = time.perf_counter()
     error: BaseException | None = None
     got: Any = None
@@ -664,7 +603,7 @@ def run_case(case: Case, phase: Callable[[str], None] = lambda _p: None) -> dict
         except Exception as exc:
             error = exc
     rec["compiled_seconds"] = round(time.perf_counter() - t1, 2)
-    graphs = _graph_records(qnnx_backend.compile_reports(), list(_DIAG))
+    graphs = _graph_records(qnnx_backend.compile_reports())
     rec["graphs"] = graphs
     msgs = []
     for w in caught:
@@ -769,9 +708,13 @@ def worker_main(argv: Sequence[str]) -> int:
     import torch
 
     import qnnx_backend  # noqa: F401  (registers nothing new, but fail early if the backend is missing)
+    import qnnx_detection
+
+    # The machine's devices, initialized once before any case (as qnnx_backend.is_available() does): every case then
+    # sees the same devices, instead of the quick probe's until a case makes the backend run the full one.
+    qnnx_detection.probe()
 
     configure_dynamo()
-    install_probes()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     ids = json.loads(args.cases_file.read_text()) if args.cases_file else None
     done = set(read_jsonl(args.jsonl))

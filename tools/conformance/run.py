@@ -5,8 +5,8 @@ Each case (one sample input of one op) runs in eager PyTorch and through
 ``fallback`` (matches, some graph ran in PyTorch), ``wrong`` (differs from eager), ``error`` (the compiled call
 raised), ``crash`` (the process died or hung) or ``invalid`` (eager raised); see harness.py for the rules. Cases run
 in a worker subprocess that this script restarts after a crash; one JSON line per case goes to ``--jsonl`` as it
-finishes, so an interrupted run continues with ``--resume``. At the end ``<out>/conformance.md`` and
-``<out>/conformance.json`` are written (``--report-only`` rewrites them from the JSONL).
+finishes (``<out>/cases.jsonl`` when ``--out`` is given), so an interrupted run continues with ``--resume``. At the end
+``<out>/conformance.md`` and ``<out>/conformance.json`` are written (``--report-only`` rewrites them from the JSONL).
 
 On x86_64 the QNN HTP device is the simulator inside onnxruntime-qnn: fp16 numerics, slow; a case takes about
 0.2-2 s, the first sample of every op about half an hour on 2 cores.
@@ -75,8 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--jsonl",
         type=Path,
-        default=report.DEFAULT_JSONL,
-        help="one JSON line per case (default build/conformance/cases.jsonl)",
+        default=None,
+        help="one JSON line per case (default <out>/cases.jsonl with --out, else build/conformance/cases.jsonl)",
     )
     p.add_argument("--resume", action="store_true", help="keep the JSONL and skip the cases already in it")
     p.add_argument(
@@ -94,6 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--report-only", action="store_true", help="rewrite <out>/conformance.md/json from the JSONL")
     args = p.parse_args(argv)
+    if args.jsonl is None:
+        # A run with its own --out keeps its JSONL there: a subset run must not overwrite the full run's.
+        args.jsonl = report.DEFAULT_JSONL if args.out.resolve() == ROOT / "docs" else args.out / "cases.jsonl"
     if args.timeout <= 0:
         p.error(f"--timeout {args.timeout} is not valid; accepted: seconds > 0")
     if args.cases_per_worker < 1:

@@ -10,7 +10,14 @@ from qnnx_backend._backend import is_available, qnn_backend
 from qnnx_backend._calibrate import calibrate
 from qnnx_backend._explain import DeviceExplanation, ExplainReport, GraphExplanation, NodeExplanation, explain
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._report import Attempt, CompileReport, QuantizationReport, clear_compile_reports, compile_reports
+from qnnx_backend._report import (
+    Attempt,
+    CompileReport,
+    ExportReport,
+    QuantizationReport,
+    clear_compile_reports,
+    compile_reports,
+)
 from qnnx_backend._saved import LoadedModel, SaveReport, load, save
 from qnnx_backend._version import __version__
 
@@ -21,6 +28,7 @@ __all__ = [
     "CompileReport",
     "DeviceExplanation",
     "ExplainReport",
+    "ExportReport",
     "GraphExplanation",
     "LoadedModel",
     "NodeExplanation",

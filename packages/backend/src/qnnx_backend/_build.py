@@ -22,11 +22,11 @@ import torch
 from qnnx_backend import _session
 from qnnx_backend._calibrate import HOW_TO
 from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, minority, with_plan
-from qnnx_backend._export import CompileContext, export_once
+from qnnx_backend._export import CompileContext, export_once, export_report
 from qnnx_backend._parts import PartedModel, held_weight_bytes, stage_parts
 from qnnx_backend._program import NoSessionProgram, Program, QnnProgram, SessionSource, Target, output_dtypes
 from qnnx_backend._quantize import QuantizeFailed, measure
-from qnnx_backend._report import QuantizationReport
+from qnnx_backend._report import ExportReport, QuantizationReport
 from qnnx_backend._session import DeviceRejected, StagedModel
 from qnnx_backend._split import CpuPlan, with_island
 from qnnx_backend.errors import QnnFallbackWarning, QuantizationError
@@ -182,7 +182,7 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         return _build_cached(ctx, setup)
     model = export_once(ctx)
     if model.signature.num_onnx_outputs == 0:
-        return NoSessionProgram(model.signature, setup.target)
+        return NoSessionProgram(model.signature, setup.target, export_report(ctx, model))
     plan = check_ops(model, device, setup.target.soc_model, ctx)
     staged = StagedModel(model)  # recreate() reads it again: it lives as long as the program
     source: StagedModel | PartedModel | str = _in_parts(staged, ctx, device, plan.nodes)
@@ -216,6 +216,7 @@ def build_program(ctx: CompileContext, device: str) -> Program:
         cpu_nodes=dict(plan.nodes),
         weight_bytes=held,
         context_bytes=written,
+        export=export_report(ctx, model),
     )
 
 
@@ -277,9 +278,10 @@ def _in_parts(
 
 
 class _NothingToCompile(Exception):
-    def __init__(self, signature: GraphSignature) -> None:
+    def __init__(self, signature: GraphSignature, export: ExportReport | None) -> None:
         super().__init__("the graph has no ONNX outputs")
         self.signature = signature
+        self.export = export
 
 
 _store_lock = threading.Lock()
@@ -324,7 +326,7 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
     def build(staging: Path) -> qnnx_ctxcache.BuildResult:
         model = export_once(ctx)
         if model.signature.num_onnx_outputs == 0:
-            raise _NothingToCompile(model.signature)
+            raise _NothingToCompile(model.signature, export_report(ctx, model))
         plan = check_ops(model, device, target.soc_model, ctx)
         staged = StagedModel(model)
         held = held_weight_bytes(model.structure, device)
@@ -357,6 +359,9 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             "cpu_nodes": dict(plan.nodes),
             "weight_bytes": held,
         }
+        exported = export_report(ctx, model)
+        if exported is not None:  # how it was exported, for the report of a later hit (which exports nothing)
+            metadata["export"] = attrs.asdict(exported)
         files = (
             [f"part{k}_{_session.CTX_FILE}" for k in range(len(source.paths))]
             if isinstance(source, PartedModel)
@@ -402,17 +407,28 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             source_model=built.get("staged"),  # the ONNX model it was compiled from (none on a hit)
             weight_bytes=entry.metadata.get("weight_bytes"),  # None in entries written before it was recorded
             context_bytes=entry.metadata.get("context_bytes"),  # None in entries written before it was recorded
+            export=_export_from(entry.metadata.get("export")),  # None in entries written before it was recorded
         )
 
     t = time.perf_counter()
     try:
         _entry, program = store.load_or_rebuild(key, build, load)
     except _NothingToCompile as nothing:
-        return NoSessionProgram(nothing.signature, target)
+        return NoSessionProgram(nothing.signature, target, nothing.export)
     except qnnx_detection.errors.SessionCreationError as exc:  # the context did not load, even rebuilt once
         raise DeviceRejected(exc.cause) from exc
     program_: Program = program
     return program_
+
+
+def _export_from(recorded: Any) -> ExportReport | None:
+    """The export report a cache entry's metadata holds; None when it holds none (or one this version cannot read)."""
+    if not isinstance(recorded, Mapping):
+        return None
+    try:
+        return ExportReport(**recorded)
+    except TypeError:
+        return None
 
 
 def build_quantized(ctx: CompileContext, device: str, graph_id: int) -> tuple[Program, QuantizationReport]:

@@ -21,10 +21,11 @@ from qnnx_backend import _report
 from qnnx_backend._build import build_program, build_quantized
 from qnnx_backend._calibrate import Calibration
 from qnnx_backend._compare import EagerReference
-from qnnx_backend._export import CompileContext, analyze
+from qnnx_backend._export import CompileContext, analyze, export_report
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._program import Program
 from qnnx_backend._session import DeviceRejected
+from qnnx_backend._trace import op_counts
 from qnnx_backend.errors import QnnDeviceError, QnnFallbackWarning, UnsupportedGraphError
 
 logger = logging.getLogger(__name__)
@@ -55,13 +56,20 @@ def place(
         "strict": opts.strict,
         "input_shapes": shapes,
         "bucket": bucket,
+        "fx_ops": op_counts(gm),
     }
 
     def eager(
-        reason: str, attempts: Sequence[_report.Attempt] = (), *, warn: bool
+        reason: str,
+        attempts: Sequence[_report.Attempt] = (),
+        *,
+        warn: bool,
+        export: _report.ExportReport | None = None,
     ) -> tuple[None, _report.CompileReport, None]:
         timings["total"] = time.perf_counter() - start
-        rep = _report.CompileReport(device="eager", reason=reason, attempts=tuple(attempts), timings=timings, **base)
+        rep = _report.CompileReport(
+            device="eager", reason=reason, attempts=tuple(attempts), timings=timings, export=export, **base
+        )
         _report.record(rep)
         if warn:
             warnings.warn(
@@ -83,6 +91,7 @@ def place(
     t = time.perf_counter()
     analysis = analyze(gm, args, opts)
     timings["analyze"] = time.perf_counter() - t
+    base["problem_kinds"] = tuple(sorted({p.kind for p in analysis.problems}))
     if analysis.problems:
         details = [p.detail for p in analysis.problems]
         if opts.strict:
@@ -114,6 +123,8 @@ def place(
                 program, quantization = build_quantized(ctx, dev, graph_id)
             else:
                 program = build_program(ctx, dev)
+            if attempts:
+                _confirm_usable(dev)
         except DeviceRejected as exc:
             attempts.append(_report.Attempt(device=dev, ok=False, reason=exc.cause, seconds=time.perf_counter() - t))
             if opts.strict and device != "auto":
@@ -139,6 +150,7 @@ def place(
             weight_copies=1 if program.weight_bytes else 0,
             timings=timings,
             quantization=quantization,
+            export=program.export,
             **base,
         )
         _report.record(rep)
@@ -150,7 +162,23 @@ def place(
     reason = f"no QNN device could take the graph ({reasons})"
     if not exclude and attempts and all(a.reason and a.reason.startswith("skipped") for a in attempts):
         _warn_no_device_once(reason)  # nothing was even tried: say so once, not per graph
-    return eager(reason, attempts, warn=False)
+    return eager(reason, attempts, warn=False, export=export_report(ctx))
+
+
+def _confirm_usable(device: str) -> None:
+    """Raise DeviceRejected when the full probe (which initializes the backend, once per process) finds ``device``
+    unusable.
+
+    The chain trusts the quick probe because building the session is the real test of a device, but a session that
+    puts nothing on QNN (ONNX Runtime folded every node of the graph into a constant) never initializes the backend:
+    measured here, a graph ``torch.full((3,), 1e6)`` that the NPU refused for float16's range was then reported on
+    the GPU of a machine without an Adreno GPU. A device reached after an earlier one refused the graph is confirmed.
+    """
+    import qnnx_detection
+
+    status = qnnx_detection.probe().backend(device)
+    if not status.available:
+        raise DeviceRejected(f"skipped: {status.reason}")
 
 
 _no_device_warned = threading.Event()

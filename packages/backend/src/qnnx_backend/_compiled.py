@@ -21,7 +21,16 @@ from qnnx_backend import _buckets, _chain, _report
 from qnnx_backend._calibrate import HOW_TO, Calibration, active_session
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._progress import compile_progress
-from qnnx_backend._trace import Examples, compiling, gc_paused, remember, size_positions, specialize, writes_arguments
+from qnnx_backend._trace import (
+    Examples,
+    compiling,
+    gc_paused,
+    op_counts,
+    remember,
+    size_positions,
+    specialize,
+    writes_arguments,
+)
 from qnnx_backend._variant import PAST_BUDGET, Eager, QnnVariant, Specialized
 from qnnx_backend.errors import QnnDeviceError, QnnFallbackWarning, QuantizationError, UnsupportedGraphError
 
@@ -192,6 +201,7 @@ class QnnGraph(SerializableCallable):
             requested_device=self._options.device,
             strict=False,
             reason=PAST_BUDGET,
+            fx_ops=op_counts(self._gm),
         )
         _report.record(rep)
         return Eager(self._gm, rep)

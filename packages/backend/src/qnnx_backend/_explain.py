@@ -13,7 +13,7 @@ import attrs
 
 from qnnx_backend._options import CHAIN, OPCHECK_BACKEND, BackendOptions, effective_device
 from qnnx_backend._parts import held_weight_bytes, part_reports, plan_for
-from qnnx_backend._report import DEVICE_LABELS, PartReport, QuantizationReport
+from qnnx_backend._report import DEVICE_LABELS, ExportReport, PartReport, QuantizationReport
 from qnnx_backend._split import CpuPlan, plan_cpu_nodes
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,9 @@ class GraphExplanation:
     weight_bytes: int | None = None
     """The bytes of the graph's weights as its device would hold them (float32 counted as float16 on the NPU,
     quantized weights at their width); one copy per compiled graph. None when it runs in eager PyTorch."""
+    export: ExportReport | None = None
+    """How the graph was exported (the exporter, why the direct translator declined, the op types of the model
+    explained); None when it was not exported (device ``"cpu"``, refused by the analysis, or the export failed)."""
 
     def nodes_on_qnn(self) -> int:
         """Nodes placed (or predicted) on QNN."""
@@ -131,6 +134,8 @@ class ExplainReport:
             lines.append("")
             head = f"graph {g.index}: {g.fx_nodes} FX nodes -> {g.onnx_nodes} ONNX nodes; runs on {DEVICE_LABELS.get(g.final_device, g.final_device)}"
             lines.append(head + (f" ({g.reason})" if g.reason else ""))
+            if g.export is not None:
+                lines.append(f"  {g.export.summary()}")
             if g.passes_applied:
                 lines.append(f"  rewrite passes: {', '.join(g.passes_applied)}")
             if g.quantization is not None:
@@ -209,7 +214,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     import qnnx_detection
     import qnnx_opcheck
     from qnnx_backend._check import fp16_range_refusal
-    from qnnx_backend._export import CompileContext, analyze, export_once
+    from qnnx_backend._export import CompileContext, analyze, export_once, export_report
     from qnnx_backend._quantize import explain_quantized
     from qnnx_backend._session import DeviceRejected, StagedModel
     from qnnx_backend._trace import compiling
@@ -242,6 +247,8 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             with compiling():  # export traces with process-global side effects: serialize with Dynamo
                 exported: Any = export_once(range_ctx)  # the float export: an ExportedGraph
         except DeviceRejected as exc:
+            # torch.onnx's model may have failed its check on the CPU EP: how it was exported is still known
+            base["export"] = export_report(range_ctx)
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=str(exc), **base))
             continue
         quantization = None
@@ -328,6 +335,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 parts=parts,
                 max_graph_bytes=opts.max_graph_bytes if parts else None,
                 weight_bytes=held,
+                export=export_report(range_ctx, exported),
                 **base,
             )
         )

@@ -21,6 +21,7 @@ from qnnx_backend._compare import EagerReference
 from qnnx_backend._faithful import check_on_cpu
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._quantize import QuantizedModel, QuantizeFailed, failure, quantize_model
+from qnnx_backend._report import ExportReport
 from qnnx_backend._session import DeviceRejected
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class ExportMemo:
 
     exported: Any = None
     export_refusal: str | None = None
+    export_report: ExportReport | None = None  # also when torch.onnx's model then failed its check on the CPU EP
     fingerprint: str | None = None
     quantized: Any = None
     quantize_refusal: str | None = None
@@ -125,6 +127,24 @@ def export_once(ctx: CompileContext) -> CompilableModel:
     return exported
 
 
+def op_type_counts(structure: onnx.ModelProto) -> dict[str, int]:
+    """The nodes of the model's main graph by op type, sorted by name."""
+    counts: dict[str, int] = {}
+    for node in structure.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def export_report(ctx: CompileContext, compiled: CompilableModel | None = None) -> ExportReport | None:
+    """What the graph's export made, from what the export has in hand (no ONNX parsing): the exporter, why the
+    direct translator declined, and the op types of ``compiled`` (the model compiled, e.g. the QDQ model; by default
+    the float export). None when the graph was not exported (or its export failed)."""
+    report = ctx.memo.export_report
+    if report is None or compiled is None or compiled is ctx.memo.exported:
+        return report
+    return attrs.evolve(report, op_types=op_type_counts(compiled.structure))
+
+
 def _quantized_once(exported: Any, ctx: CompileContext) -> QuantizedModel:
     """The QDQ model of ``exported`` for ``ctx.calibration``, made once per graph (``ctx.memo``); raises
     QuantizeFailed, with the same cause for every device once it failed."""
@@ -165,6 +185,11 @@ def _export(ctx: CompileContext) -> Any:
         raise DeviceRejected(memo.export_refusal) from exc
     finally:
         ctx.timings["export"] = time.perf_counter() - t
+    memo.export_report = ExportReport(
+        exporter=exported.exporter,
+        fast_path_declined=exported.fast_path_declined,
+        op_types=op_type_counts(exported.structure),
+    )
     if exported.exporter == "torch.onnx":
         # torch.onnx lowers some ops unfaithfully without an error: verify its model on the CPU EP first.
         t = time.perf_counter()

@@ -19,7 +19,7 @@ import torch
 
 from qnnx_backend import _session
 from qnnx_backend._parts import PartedModel, part_infos
-from qnnx_backend._report import PartReport
+from qnnx_backend._report import ExportReport, PartReport
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
@@ -81,6 +81,8 @@ class Program(Protocol):
     def weight_bytes(self) -> int | None: ...
     @property
     def context_bytes(self) -> int | None: ...
+    @property
+    def export(self) -> ExportReport | None: ...
 
     def run(self, args: Sequence[object]) -> Any: ...
 
@@ -97,9 +99,10 @@ class NoSessionProgram:
     weight_bytes: int | None = 0
     context_bytes: int | None = None
 
-    def __init__(self, signature: GraphSignature, target: Target) -> None:
+    def __init__(self, signature: GraphSignature, target: Target, export: ExportReport | None = None) -> None:
         self.signature = signature
         self.target = target
+        self.export = export
         self.placement: Mapping[str, int] = {}
         self.cpu_nodes: Mapping[str, str] = {}
 
@@ -205,6 +208,7 @@ class QnnProgram:
         source_model: _session.StagedModel | None = None,
         weight_bytes: int | None = None,
         context_bytes: int | None = None,
+        export: ExportReport | None = None,
     ) -> None:
         self.session = session
         self.signature = signature
@@ -224,6 +228,8 @@ class QnnProgram:
         """The graph's weight bytes as the device holds them (None when unknown)."""
         self.context_bytes = context_bytes
         """The bytes on disk of the compiled context(s) it runs from (None when none was written or loaded)."""
+        self.export = export
+        """How the graph was exported (None when unknown: a loaded saved function, an older cache entry)."""
         self._input_names = [i.name for i in session.get_inputs()]
         self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
         self._output_names = [o.name for o in session.get_outputs()]

@@ -95,6 +95,29 @@ class PartReport:
 
 
 @attrs.frozen(kw_only=True)
+class ExportReport:
+    """How a graph became its ONNX model: which exporter made it, why the direct translator declined it (when it
+    did), and the model's op types."""
+
+    exporter: str
+    """``"fast"`` (qnnx-export's direct ATen-to-ONNX translator), ``"torch.onnx"``, or ``"none"`` (a graph whose
+    outputs are all inputs or constants: nothing to export)."""
+    fast_path_declined: str | None = None
+    """Why the direct translator declined the graph, when ``exporter="auto"`` then used torch.onnx; None otherwise."""
+    op_types: Mapping[str, int] = attrs.field(factory=dict)
+    """The nodes of the ONNX model's main graph by op type, e.g. ``{"MatMul": 2, "Add": 1}``: the model that was
+    compiled (the QDQ model when the graph runs quantized), or the float model when the graph fell back to PyTorch
+    after its export. Their sum is ``onnx_nodes`` when the graph runs on QNN."""
+
+    def summary(self) -> str:
+        """E.g. ``exported by torch.onnx (the direct translator declined: no translation for aten.sort.default)``."""
+        by = "qnnx-export's direct translator" if self.exporter == "fast" else self.exporter
+        if self.fast_path_declined:
+            return f"exported by {by} (the direct translator declined: {self.fast_path_declined})"
+        return f"exported by {by}"
+
+
+@attrs.frozen(kw_only=True)
 class CompileReport:
     """What happened to one Dynamo graph (one static shape): where it runs and why.
 
@@ -146,6 +169,17 @@ class CompileReport:
     weight_copies: int = 0
     """How many copies of the graph's weights its contexts hold: 1 on QNN (each part holds its own slice), 0 in
     eager PyTorch or for a graph without weights."""
+    fx_ops: Mapping[str, int] = attrs.field(factory=dict)
+    """The graph's operations as Dynamo traced them, with their counts: ``torch.tan``, ``F.layer_norm``
+    (``torch.nn.functional``), ``operator.add``, ``.sum`` (a Tensor method), ``aten.sort`` (an ATen op). Empty for a
+    loaded saved function."""
+    problem_kinds: tuple[str, ...] = ()
+    """The kinds of the problems qnnx-export's graph analysis found (``GraphProblem.kind``, e.g.
+    ``"input_mutation"``, ``"empty_tensor"``), sorted: any of them keeps the graph in PyTorch (see ``reason``)."""
+    export: ExportReport | None = None
+    """How the graph was exported to ONNX (the exporter, why the direct translator declined, the op types); None
+    when it was not exported (device ``"cpu"``, refused by the analysis or before the export, the export failed,
+    a loaded saved function, or a context-cache entry written before this was recorded)."""
 
     @property
     def on_qnn(self) -> bool:
@@ -171,6 +205,8 @@ class CompileReport:
             detail = f"{where} ({kind}, {soc}), {self.onnx_nodes} ONNX nodes{split}, cache {self.cache}"
         else:
             detail = f"{where}: {self.reason}"
+        if self.export is not None and self.export.exporter == "torch.onnx":
+            detail += f", {self.export.summary()}"  # the fast path is the usual one: only the other is named
         if self.parts:
             sizes = ", ".join(f"{p.weight_bytes / 2**20:.1f}" for p in self.parts)
             detail += f", in {len(self.parts)} parts ({sizes} MiB of weights)"

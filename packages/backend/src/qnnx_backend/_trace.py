@@ -70,6 +70,42 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: 
     return static
 
 
+# The modules of FX targets, as a report names them: ``F.layer_norm`` rather than ``torch.nn.functional.layer_norm``.
+_MODULE_ALIASES = {
+    "torch.nn.functional": "F",
+    "torch._C._nn": "F",
+    "_operator": "operator",
+    "torch._C._VariableFunctions": "torch",
+}
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """The operation of a ``call_function`` or ``call_method`` node, short: ``torch.tan``, ``F.avg_pool2d``,
+    ``operator.add``, ``.sum`` (a Tensor method), ``aten.sort`` (an ATen op overload, ``.default`` dropped)."""
+    target = node.target
+    if node.op == "call_method":
+        return f".{target}"
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__name__", None)
+    if name is None or type(target).__name__ == "OpOverload":
+        return str(target).removesuffix(".default")
+    module = _MODULE_ALIASES.get(getattr(target, "__module__", None) or "", getattr(target, "__module__", None) or "")
+    if not module and type(target).__name__ == "builtin_function_or_method":
+        module = "torch"  # torch.* functions defined in C report no module
+    return f"{module}.{name}" if module else name
+
+
+def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """How many times the graph calls each operation (:func:`op_name`), by name."""
+    counts: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            name = op_name(node)
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def writes_arguments(gm: torch.fx.GraphModule) -> bool:
     """Whether the graph updates any of its arguments (inputs or buffers) in place (read from the graph alone: the
     backend call must not add guards on symbolic sizes)."""
