@@ -583,6 +583,16 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "at session creation; pads, strides, output_padding and output_shape right (7.1e-4)",
     }
     p["node_conditions"] = _node_conditions()
+    p["int64_reshape_rank5"] = {
+        "status": "unsupported",
+        "kind": "crash",
+        "ops": ["Reshape"],
+        "reason": "a Reshape of int64 data to a 5-D output stops the process inside the QNN EP (SIGSEGV while the "
+        "session is created, with or without CPU fallback)",
+        "evidence": "measured 2026-12-03 with onnxruntime-qnn 2.7.0 soc60: Reshape of int64 [1, 4] to [1, 4, 1, 1, 1] "
+        "and [1, 4, 3, 2] to [1, 4, 3, 2, 1] (also after ArgMax, as adaptive_max_pool3d's indices): SIGSEGV; the same "
+        "Reshapes of int32 or float32 data, and int64 ones to 3-D or 4-D outputs: right",
+    }
     p["int64_saturation"] = {
         "status": "hazard",
         "kind": "caveat",

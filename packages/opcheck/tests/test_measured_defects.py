@@ -396,3 +396,62 @@ def test_the_live_simulator_agrees_on_array_feature_extractor(
     vouched = _verdict(m, "afe").status == "supported"
     error = _qnn_error(m, feeds)
     assert (error <= 1e-2) == vouched, error
+
+
+def _reshape(dtype: int, source: tuple[int, ...], target: tuple[int, ...]) -> onnx.ModelProto:
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", dtype, list(source))],
+        [helper.make_tensor_value_info("y", dtype, None)],
+        [numpy_helper.from_array(np.array(target, np.int64), "shape")],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+@given(
+    dims=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    out_rank=st.integers(1, 5),
+    dtype=st.sampled_from([TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT]),
+)
+def test_a_reshape_of_int64_data_to_five_dims_is_refused_as_a_crash(dims: list[int], out_rank: int, dtype: int) -> None:
+    """A Reshape of int64 data to a 5-D output stops the process inside the QNN EP: opcheck refuses exactly that
+    class (any source shape), as a crash; int32 and float32 data, and int64 data to fewer dims, stay vouched for."""
+    n = int(np.prod(dims))
+    target = (n, *[1] * (out_rank - 1))
+    v = _verdict(_reshape(dtype, tuple(dims), target), "reshape")
+    if dtype == TensorProto.INT64 and out_rank == 5:
+        assert (v.status, v.kind) == ("unsupported", "crash"), v
+    else:
+        assert v.kind != "crash", v
+
+
+_RESHAPE_CHILD = """
+import sys, contextlib, numpy as np, onnx, onnxruntime as ort, onnxruntime_qnn as oq
+ort.set_default_logger_severity(3)
+with contextlib.suppress(Exception):
+    ort.register_execution_provider_library(oq.get_ep_name(), oq.get_library_path())
+device = next(d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider")
+so = ort.SessionOptions()
+so.add_provider_for_devices([device], {"backend_path": oq.get_qnn_htp_path(), "soc_model": "60"})
+session = ort.InferenceSession(sys.stdin.buffer.read(), sess_options=so)
+print(session.run(None, {"x": np.zeros((1, 4, 3, 2), np.int64)})[0].shape)
+"""
+
+
+def test_the_int64_reshape_to_five_dims_still_stops_the_process() -> None:
+    """The measured crash behind the refusal, in a child process: if a QNN release fixes it, this fails and the
+    rule can go. The same Reshape to four dims runs."""
+    import subprocess
+    import sys
+
+    codes = []
+    for target in ((1, 4, 3, 2, 1), (1, 4, 6, 1)):
+        m = _reshape(TensorProto.INT64, (1, 4, 3, 2), target)
+        child = subprocess.run(
+            [sys.executable, "-c", _RESHAPE_CHILD], input=m.SerializeToString(), capture_output=True, timeout=300
+        )
+        codes.append(child.returncode)
+    assert codes[0] < 0 and codes[1] == 0, codes

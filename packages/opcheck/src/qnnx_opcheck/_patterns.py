@@ -432,6 +432,18 @@ class Patterns:
             return any(self.values.may_hold_nonfinite(name) for name in others)
         return any(self.values.reaches_output_unabsorbed(o) for o in node.output if o)
 
+    @rule("int64_reshape_rank5")
+    def _is_int64_reshape_rank5(self, index: int, node: NodeView) -> bool:
+        """Reshape of int64 data to a 5-D output (the output's rank from its shape, else from the constant shape
+        input); an output rank that cannot be known is not counted."""
+        if not node.input or self.view.dtype(node.input[0]) != "int64":
+            return False
+        shape = self.view.shape(node.output[0]) if node.output and node.output[0] else None
+        if shape is not None:
+            return len(shape) == 5
+        target = self.view.const_value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        return target is not None and target.size == 5
+
     @rule("runtime_indices")
     def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
         """GatherElements/ScatterElements whose indices are computed at run time (they may be negative, which
