@@ -120,8 +120,8 @@ def _inputs(experts: int, tokens: int = 6) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def test_routing_exports_directly_and_runs_on_qnn() -> None:
-    """The grouped_mm routing has no grouped product left after export, the direct translator takes it, and the
-    model matches eager on the CPU EP (exactly the selected products) and on the HTP simulator (fp16)."""
+    """The grouped_mm routing exports through the direct translator and matches eager on the CPU EP (exactly the
+    selected products) and on the HTP simulator (fp16)."""
     fn, args = _routing(4), _inputs(4)
     cap = only(capture(fn, *args)[0])
     exported = qe.export(cap.gm, cap.example_inputs, analysis=cap.analysis)

@@ -3,8 +3,8 @@
 transformers' default experts implementation (``grouped_mm``) sorts the token-expert pairs by expert, counts them
 per expert (``histc``), turns the counts into group ends (``cumsum``) and multiplies each group by its expert's
 weights with a grouped matrix product whose groups have data-dependent sizes
-(``transformers::grouped_mm_fallback`` under torch.compile in float32, ``aten._grouped_mm`` in bfloat16). No
-exporter takes the grouped product, and torch.onnx writes the rest with ops QNN HTP computes in fp16 or declines.
+(``transformers::grouped_mm_fallback`` under torch.compile in float32). No exporter takes the grouped product, and
+torch.onnx writes the rest with ops QNN HTP computes in fp16 or declines.
 Three local rewrites of the Dynamo graph make the whole layer static-shape and exact on integers:
 
 - the grouped product is computed densely: every row by every expert's weights, and each row keeps its own
@@ -85,10 +85,10 @@ def _val(arg: Any) -> Any:
 
 
 def _is_grouped_mm(target: Any) -> bool:
+    """transformers' grouped product in float32 (``aten._grouped_mm``, which it calls in bfloat16, takes only
+    bfloat16 under Dynamo, a dtype qnnx does not export)."""
     name = getattr(target, "_qualified_op_name", None) or (target.name() if hasattr(target, "name") else None)
-    if isinstance(name, str) and name.split(".")[0] in ("transformers::grouped_mm_fallback", "aten::_grouped_mm"):
-        return True
-    return target is getattr(torch, "_grouped_mm", None) or target is getattr(torch.nn.functional, "grouped_mm", None)
+    return isinstance(name, str) and name.split(".")[0] == "transformers::grouped_mm_fallback"
 
 
 def _grouped_mm_args(node: Any) -> tuple[Any, Any, Any] | None:
