@@ -137,8 +137,15 @@ def test_exporter_is_part_of_the_cache_key_material(a, b):
 @pytest.mark.parametrize("value", [0, -3, True, 1.5, "64", None])
 def test_bad_max_dense_experts_names_what_is_accepted(value):
     """max_dense_experts takes an int >= 1; anything else is refused with the accepted values and the default."""
-    with pytest.raises(InvalidOptionsError, match=r"max_dense_experts=.*accepted: an int >= 1.*default 64"):
+    with pytest.raises(InvalidOptionsError, match=r"max_dense_experts=.*accepted: an int >= 1.*default 32"):
         BackendOptions.from_mapping({"max_dense_experts": value})
+
+
+def test_max_dense_experts_default_is_the_exports():
+    """The backend's default bound on dense experts is qnnx-export's, so a direct export and a compile agree."""
+    import qnnx_export
+
+    assert BackendOptions().max_dense_experts == qnnx_export.ExportOptions().max_dense_experts == 32
 
 
 @pytest.mark.parametrize(

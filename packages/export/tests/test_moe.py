@@ -68,12 +68,13 @@ def test_dense_grouped_mm_ignores_other_experts_overflow() -> None:
 @given(
     low=st.integers(-5, 5),
     bins=st.integers(2, 8),
-    ids=st.lists(st.integers(-8, 16), min_size=1, max_size=20),
+    ids=st.lists(st.integers(-8, 16) | st.sampled_from([2**32 + 1, -(2**32) + 2]), min_size=1, max_size=20),
     dtype=st.sampled_from([torch.int32, torch.int64]),
 )
 def test_counts_cumsum_equals_cumsum_of_histc(low: int, bins: int, ids: list[int], dtype: torch.dtype) -> None:
-    """Counting integer ids per bin gives torch.histc's counts, out-of-range ids dropped, cumulated in ``dtype`` (two
-    bins or more: with one, min == max and histc takes its range from the data, which the rewrite leaves alone)."""
+    """Counting integer ids per bin gives torch.histc's counts, out-of-range ids dropped (int64 ids past int32
+    included), cumulated in ``dtype`` (two bins or more: with one, min == max and histc takes its range from the
+    data, which the rewrite leaves alone)."""
     values = torch.tensor(ids)
     ref = torch.cumsum(torch.histc(values.float(), bins=bins, min=low, max=low + bins - 1), 0, dtype=dtype)
     got = counts_cumsum(values, low, bins, dtype)

@@ -267,11 +267,17 @@ def _max_graphs(value: object) -> int:
     return value
 
 
+# The most experts whose grouped product is computed densely (qnnx-export's own default, which a test holds equal):
+# on the simulator the dense form took 2-2.5x the time of transformers' batched_mm up to 16 experts, about 4x at 32
+# and 6x at 64 and 128 (a 16-token prefill; docs/benchmarks.md, "Mixture of experts").
+DEFAULT_MAX_DENSE_EXPERTS = 32
+
+
 def _max_dense_experts(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidOptionsError(
             f"max_dense_experts={value!r} is not valid; accepted: an int >= 1 (the most experts of a mixture-of-"
-            "experts layer computed densely, every token by every expert; default 64)."
+            f"experts layer computed densely, every token by every expert; default {DEFAULT_MAX_DENSE_EXPERTS})."
         )
     return value
 
@@ -456,13 +462,13 @@ class BackendOptions:
     the translator or an error; ``"torch.onnx"``: always torch.onnx."""
 
     max_dense_experts: int = attrs.field(
-        default=64,
+        default=DEFAULT_MAX_DENSE_EXPERTS,
         converter=_max_dense_experts,
         metadata=keyed(lambda o: {"max_dense_experts": str(o.max_dense_experts)}),
     )
     """A mixture-of-experts layer with transformers' default experts (``grouped_mm``: tokens sorted by expert,
     groups of data-dependent sizes) runs on QNN with static shapes by multiplying every token by every expert and
-    keeping its own experts' products: up to this many experts (default 64); with more, the graph runs in PyTorch
+    keeping its own experts' products: up to this many experts (default 32); with more, the graph runs in PyTorch
     (an error under ``strict``) and the reason names this option. See the README's *Mixture-of-experts models*."""
 
     quantize: QuantizeSpec | None = attrs.field(

@@ -67,8 +67,9 @@ def dense_grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tens
 def counts_cumsum(ids: torch.Tensor, low: int, bins: int, dtype: torch.dtype) -> torch.Tensor:
     """``cumsum(histc(ids.float(), bins, low, low + bins - 1), 0, dtype=dtype)`` for integer ``ids``, counted on
     the integers: bin ``b`` holds the ids equal to ``low + b``."""
-    values = torch.arange(low, low + bins, dtype=torch.int32, device=ids.device)
-    hits = (ids.reshape(-1, 1).to(torch.int32) == values.unsqueeze(0)).to(torch.int32)
+    # Compared in the ids' own dtype: an int64 id past int32 must not wrap into a bin (on QNN, int64 saturates).
+    values = torch.arange(low, low + bins, dtype=ids.dtype, device=ids.device)
+    hits = (ids.reshape(-1, 1) == values.unsqueeze(0)).to(torch.int32)
     return torch.cumsum(hits.sum(dim=0), dim=0).to(dtype)
 
 
@@ -145,7 +146,7 @@ def _integer_source(node: Any) -> Any:
     src_val, val = _val(src), _val(node)
     if not isinstance(src_val, torch.Tensor) or not isinstance(val, torch.Tensor):
         return None
-    if src_val.is_floating_point() or src_val.dtype == torch.bool or val.dtype != torch.float32:
+    if src_val.dtype not in (torch.int32, torch.int64) or val.dtype != torch.float32:
         return None
     converts = (node.op == "call_method" and node.target in ("float", "to", "type")) or node.target in (
         torch.ops.aten._to_copy.default,
@@ -212,7 +213,8 @@ def _rewrite_floor_index(node: Any) -> bool:
     ids_val, x_val = _val(ids), _val(x)
     if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
         return False
-    if not isinstance(ids_val, torch.Tensor) or ids_val.is_floating_point() or ids_val.dtype == torch.bool:
+    # int32/int64 only: a uint8 or bool index is a mask, not positions.
+    if not isinstance(ids_val, torch.Tensor) or ids_val.dtype not in (torch.int32, torch.int64):
         return False
     if not isinstance(x_val, torch.Tensor) or x_val.dim() == 0:
         return False

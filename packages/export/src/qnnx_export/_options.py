@@ -16,7 +16,7 @@ MIN_OPSET = 20
 MAX_OPSET = 23
 _TWO_GIB = 2 * 1024**3
 # Above this many experts a grouped expert product is not computed densely (docs/benchmarks.md, "Mixture of experts").
-DEFAULT_MAX_DENSE_EXPERTS = 64
+DEFAULT_MAX_DENSE_EXPERTS = 32
 
 
 def _check_opset(_inst: object, _attr: attrs.Attribute, value: int) -> None:
@@ -107,7 +107,7 @@ class ExportOptions:
             never handed to torch.onnx (it would drop them): the export fails instead.
         max_dense_experts: A mixture-of-experts layer's grouped expert product (transformers' default
             ``grouped_mm`` experts) is computed densely, every row by every expert, when it has at most this many
-            experts; with more the export fails and names the option. Default 64.
+            experts; with more the export fails and names the option. Default 32.
     """
 
     opset: int = attrs.field(default=DEFAULT_OPSET, validator=_check_opset)
