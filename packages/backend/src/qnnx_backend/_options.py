@@ -268,8 +268,9 @@ def _max_graphs(value: object) -> int:
 
 
 # The most experts whose grouped product is computed densely (qnnx-export's own default, which a test holds equal):
-# on the simulator the dense form took 2-2.5x the time of transformers' batched_mm up to 16 experts, about 4x at 32
-# and 6x at 64 and 128 (a 16-token prefill; docs/benchmarks.md, "Mixture of experts").
+# on the simulator the dense form took 0.8-3.1x the time of transformers' batched_mm up to 16 experts, 1.5-5.4x at 32,
+# 2.9-10.5x at 64 and 4.8-10x at 128 (a one-layer Mixtral at 1 and 16 tokens; docs/benchmarks.md, "Mixture of
+# experts").
 DEFAULT_MAX_DENSE_EXPERTS = 32
 
 
