@@ -3,6 +3,7 @@ _moe compute what PyTorch computes, and the whole routing exports and runs on QN
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Callable, Iterator
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from export_capture import capture, only
 from export_qnn_helpers import cpu_session, qnn_session, rel_err, run_exported
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qnnx_export as qe
@@ -112,8 +113,8 @@ def _routing(experts: int, bins_high: int | None = None) -> Callable[..., torch.
     return routed
 
 
-def _inputs(experts: int, tokens: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
+def _inputs(experts: int, tokens: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(tokens, 8, generator=g)
     top_k_index = torch.stack([torch.randperm(max(experts, TOP_K), generator=g)[:TOP_K] for _ in range(tokens)])
     top_k_index = top_k_index.clamp(max=experts - 1)
@@ -132,6 +133,27 @@ def test_routing_exports_directly_and_runs_on_qnn() -> None:
     assert rel_err(cpu[0] if isinstance(cpu, (tuple, list)) else cpu, ref) <= 1e-5
     qnn = run_exported(qnn_session(exported.model_bytes()), exported, cap.example_inputs)
     assert rel_err(qnn[0] if isinstance(qnn, (tuple, list)) else qnn, ref) <= 2e-2
+
+
+@settings(max_examples=6)
+@given(experts=st.integers(2, 6), tokens=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_routing_export_matches_eager_for_any_routing(experts: int, tokens: int, seed: int) -> None:
+    """Property: whatever the experts' count, the tokens and their chosen experts (experts that no token chose
+    included), the exported routing gives eager's result on the CPU EP."""
+    fn, args = _routing(experts), _inputs(experts, tokens, seed)
+    cap = only(capture(fn, *args)[0])
+    exported = qe.export(cap.gm, cap.example_inputs, analysis=cap.analysis)
+    got = run_exported(cpu_session(exported.model_bytes()), exported, cap.example_inputs)
+    assert rel_err(got[0] if isinstance(got, (tuple, list)) else got, fn(*args)) <= 1e-5
+
+
+def test_the_dense_cost_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """The export logs each grouped product it computes densely, with its rows and experts (the cost a user pays)."""
+    fn, args = _routing(4), _inputs(4)
+    cap = only(capture(fn, *args)[0])
+    with caplog.at_level(logging.INFO, logger="qnnx_export._moe"):
+        qe.export(cap.gm, cap.example_inputs, analysis=cap.analysis)
+    assert any("12 rows x 4 experts (4 expert products per row instead of 1)" in r.message for r in caplog.records)
 
 
 def test_more_experts_than_max_dense_experts_is_an_error_naming_the_option() -> None:
