@@ -117,10 +117,11 @@ def _rewrite_grouped_mm(node: Any, max_dense_experts: int) -> bool:
     experts = int(_val(found[1]).shape[0])
     if experts > max_dense_experts:
         raise ExportError(
-            f"the grouped expert product at {node.name} has {experts} experts and is computed densely here (every "
-            f"row by every expert: {experts} expert products per row instead of 1), which max_dense_experts="
-            f"{max_dense_experts} refuses; raise max_dense_experts to accept the cost, or use transformers' "
-            'model.set_experts_implementation("batched_mm") (the selected experts\' weights are gathered per row).'
+            f"the grouped expert product (FX node {node.name!r}) has {experts} experts and is computed densely "
+            f"here (every row by every expert: {experts} expert products per row instead of 1), which "
+            f"max_dense_experts={max_dense_experts} refuses; raise max_dense_experts to accept the cost, or use "
+            "transformers' model.set_experts_implementation(\"batched_mm\") (the selected experts' weights are "
+            "gathered per row)."
         )
     rows, out = _val(found[0]).shape[0], _val(found[1]).shape[2]
     log.info(
