@@ -387,7 +387,7 @@ def test_fast_exporter_refuses_a_graph_it_cannot_translate_naming_why():
     """exporter='fast' with an op outside the translator: strict mode raises with the translator's reason."""
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.topk(x.relu(), 2, dim=-1).values * 2
+        return torch.flip(x.relu(), [1]) * 2
 
     compiled = torch.compile(fn, backend="qnn", options={**NPU_STRICT, "exporter": "fast"})
     with pytest.raises((QnnDeviceError, UnsupportedGraphError), match="direct translator cannot take"), torch.no_grad():

@@ -134,6 +134,20 @@ def test_exporter_is_part_of_the_cache_key_material(a, b):
     assert (ma == mb) == (a == b)
 
 
+@pytest.mark.parametrize("value", [0, -3, True, 1.5, "64", None])
+def test_bad_max_dense_experts_names_what_is_accepted(value):
+    """max_dense_experts takes an int >= 1; anything else is refused with the accepted values and the default."""
+    with pytest.raises(InvalidOptionsError, match=r"max_dense_experts=.*accepted: an int >= 1.*default 32"):
+        BackendOptions.from_mapping({"max_dense_experts": value})
+
+
+def test_max_dense_experts_default_is_the_exports():
+    """The backend's default bound on dense experts is qnnx-export's, so a direct export and a compile agree."""
+    import qnnx_export
+
+    assert BackendOptions().max_dense_experts == qnnx_export.ExportOptions().max_dense_experts == 32
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -236,6 +250,7 @@ _KEYED_VALUES = {
     "verify_rtol": st.floats(min_value=1e-4, max_value=1.0),
     "max_graphs": st.integers(min_value=1, max_value=64),
     "max_graph_bytes": st.sampled_from([1 << 20, 1 << 30]),
+    "max_dense_experts": st.sampled_from([8, 64]),
     "buckets": st.sampled_from([None, "auto", (16, 64)]),
 }
 
@@ -250,7 +265,15 @@ def test_cache_material_follows_exactly_the_keyed_options(a, b):
 
     oa, ob = BackendOptions.from_mapping(a), BackendOptions.from_mapping(b)
     keyed = [f.name for f in attrs.fields(BackendOptions) if callable(f.metadata[CACHE_KEY])]
-    assert set(keyed) == {"fp16", "provider_options", "partition", "disable_passes", "exporter", "max_graph_bytes"}
+    assert set(keyed) == {
+        "fp16",
+        "provider_options",
+        "partition",
+        "disable_passes",
+        "exporter",
+        "max_graph_bytes",
+        "max_dense_experts",
+    }
     same = all(getattr(oa, n) == getattr(ob, n) for n in keyed if n != "partition")
     same = same and oa.resolved_partition == ob.resolved_partition
     assert (oa.cache_material() == ob.cache_material()) == same

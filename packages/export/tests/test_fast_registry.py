@@ -261,6 +261,24 @@ EXAMPLES: dict[str, _Example] = {
     "aten.zeros_like.default": _ex(lambda x: aten.zeros_like.default(x), _X),
     "aten.ones_like.default": _ex(lambda i: aten.ones_like.default(i), _ints(3, 4)),
     "aten.full_like.default": _ex(lambda x: aten.full_like.default(x, 2.5), _X),
+    # every position of the uninitialized tensor written (how transformers inverts a permutation)
+    "aten.empty_like.default": _ex(
+        lambda p, r: aten.index_put.default(aten.empty_like.default(p), [p], r),
+        lambda: torch.randperm(6),
+        lambda: torch.arange(6) * 3,
+    ),
+    # scans and orderings (distinct values: the order of equal ones is not promised)
+    "aten.cumsum.default": _ex(
+        lambda x, i: (aten.cumsum.default(x, 1), aten.cumsum.default(i, 0, dtype=torch.int32)), _X, _ints(5)
+    ),
+    "aten.topk.default": _ex(
+        lambda x: (*_items(aten.topk.default(x, 2), 2), *_items(aten.topk.default(x, 2, 0, False), 2)), _X
+    ),
+    "aten.sort.default": _ex(
+        lambda x, p: (*_items(aten.sort.default(x, 0, True), 2), *_items(aten.sort.default(p), 2)),
+        _X,
+        lambda: torch.randperm(7),
+    ),
 }
 
 

@@ -177,7 +177,10 @@ def _export(ctx: CompileContext) -> Any:
             default = qnnx_export.ExportOptions().resolved_passes()
             passes = tuple(p for p in default if p not in opts.disable_passes)
         export_options = qnnx_export.ExportOptions(
-            passes=passes, exporter=opts.exporter, lift_mutations=bool(ctx.analysis.mutated_indices)
+            passes=passes,
+            exporter=opts.exporter,
+            lift_mutations=bool(ctx.analysis.mutated_indices),
+            max_dense_experts=opts.max_dense_experts,
         )
         exported = qnnx_export.export(ctx.gm, export_args, options=export_options, analysis=ctx.analysis)
     except Exception as exc:

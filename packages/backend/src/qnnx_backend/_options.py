@@ -267,6 +267,22 @@ def _max_graphs(value: object) -> int:
     return value
 
 
+# The most experts whose grouped product is computed densely (qnnx-export's own default, which a test holds equal):
+# on the simulator the dense form took 0.8-3.1x the time of transformers' batched_mm up to 16 experts, 1.5-5.4x at 32,
+# 2.9-10.5x at 64 and 4.8-10x at 128 (a one-layer Mixtral at 1 and 16 tokens; docs/benchmarks.md, "Mixture of
+# experts").
+DEFAULT_MAX_DENSE_EXPERTS = 32
+
+
+def _max_dense_experts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOptionsError(
+            f"max_dense_experts={value!r} is not valid; accepted: an int >= 1 (the most experts of a mixture-of-"
+            f"experts layer computed densely, every token by every expert; default {DEFAULT_MAX_DENSE_EXPERTS})."
+        )
+    return value
+
+
 # The weights one QNN HTP context may hold before a graph is split into parts. HTP addresses about 2 GiB per context
 # (builds that need more fail with QNN_MEMORY_ALLOCATION_ERROR), and activations, the KV cache and spill-fill
 # buffers share it with the weights; published Snapdragon LLM deployments keep each part near 1 GiB of weights.
@@ -445,6 +461,16 @@ class BackendOptions:
     """How the graph becomes ONNX. ``"auto"``: qnnx-export's direct ATen->ONNX translator when it covers every op
     of the graph (about 10x faster than torch.onnx; see docs/export.md), ``torch.onnx.export`` otherwise; ``"fast"``:
     the translator or an error; ``"torch.onnx"``: always torch.onnx."""
+
+    max_dense_experts: int = attrs.field(
+        default=DEFAULT_MAX_DENSE_EXPERTS,
+        converter=_max_dense_experts,
+        metadata=keyed(lambda o: {"max_dense_experts": str(o.max_dense_experts)}),
+    )
+    """A mixture-of-experts layer with transformers' default experts (``grouped_mm``: tokens sorted by expert,
+    groups of data-dependent sizes) runs on QNN with static shapes by multiplying every token by every expert and
+    keeping its own experts' products: up to this many experts (default 32); with more, the graph runs in PyTorch
+    (an error under ``strict``) and the reason names this option. See the README's *Mixture-of-experts models*."""
 
     quantize: QuantizeSpec | None = attrs.field(
         default=None,

@@ -192,7 +192,7 @@ def _attr_name(placeholder_name: str, names: UniqueNames) -> str:
 
 
 def _build_frozen_module(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis, max_dense_experts: int
 ) -> tuple[
     Callable[[], torch.fx.GraphModule],
     list[tuple[str, int]],
@@ -228,6 +228,9 @@ def _build_frozen_module(
                 name = _attr_name(node.name, used)
                 root.register_buffer(name, example_inputs[i].detach())
                 env[node] = graph.get_attr(name)
+                # Its shape and dtype, which the rewrites of unfuse read (the experts' count of a grouped product).
+                if "example_value" in node.meta:
+                    env[node].meta["example_value"] = node.meta["example_value"]
             else:
                 new = graph.placeholder(node.name)
                 new.meta = dict(node.meta)
@@ -244,7 +247,7 @@ def _build_frozen_module(
             if not hasattr(root, top):
                 setattr(root, top, getattr(gm, top))
         new = graph.node_copy(node, lambda n: env[n])
-        unfuse(new)
+        unfuse(new, max_dense_experts=max_dense_experts)
         env[node] = new
 
     if output_node is None:
@@ -303,7 +306,9 @@ def _export_lifted(
     (a written value that is also a result, or a graph input, declines as before). Its ONNX inputs are renamed to
     the names of Dynamo's graph, which the signature uses."""
     traced, writes = lifted
-    make_frozen, traced_inputs, _, onnx_nodes, _ = _build_frozen_module(traced, example_inputs, analysis)
+    make_frozen, traced_inputs, _, onnx_nodes, _ = _build_frozen_module(
+        traced, example_inputs, analysis, options.max_dense_experts
+    )
     (out_arg,) = next(n for n in traced.graph.nodes if n.op == "output").args
     if len(onnx_nodes) != len(out_arg):
         raise ExportError(
@@ -383,7 +388,9 @@ def export(
             f"the graph cannot be exported faithfully ({len(analysis.problems)} problem(s)):\n{lines}",
             problems=analysis.problems,
         )
-    make_frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(gm, example_inputs, analysis)
+    make_frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(
+        gm, example_inputs, analysis, options.max_dense_experts
+    )
     user_args = tuple(example_inputs[i].detach() for _, i in user_inputs)
     digest = weight_digest(example_inputs, analysis)
     t1 = time.perf_counter()
@@ -408,6 +415,7 @@ def export(
                 outputs=onnx_nodes,
                 opset=options.opset,
                 written=written,
+                max_dense_experts=options.max_dense_experts,
             )
             exporter = "fast"
         except _fast.Declined as exc:

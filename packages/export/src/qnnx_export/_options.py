@@ -7,7 +7,7 @@ import attrs
 from qnnx_export import _pass_names
 from qnnx_export.errors import InvalidOptionsError
 
-__all__ = ["DEFAULT_OPSET", "EXPORTERS", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
+__all__ = ["DEFAULT_MAX_DENSE_EXPERTS", "DEFAULT_OPSET", "EXPORTERS", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
 
 # Opset 20 is the lowest that writes GELU as a single ``Gelu`` node (QNN rejects a bare Erf), and it
 # stays below opset 21, whose GroupNormalization form fails QNN session creation (onnxruntime-qnn 2.7.0).
@@ -15,6 +15,8 @@ DEFAULT_OPSET = 20
 MIN_OPSET = 20
 MAX_OPSET = 23
 _TWO_GIB = 2 * 1024**3
+# Above this many experts a grouped expert product is not computed densely (docs/benchmarks.md, "Mixture of experts").
+DEFAULT_MAX_DENSE_EXPERTS = 32
 
 
 def _check_opset(_inst: object, _attr: attrs.Attribute, value: int) -> None:
@@ -51,6 +53,14 @@ def _check_threshold(_inst: object, _attr: attrs.Attribute, value: int) -> None:
 
 
 EXPORTERS = ("auto", "fast", "torch.onnx")
+
+
+def _check_max_dense_experts(_inst: object, _attr: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOptionsError(
+            f"ExportOptions.max_dense_experts={value!r} is not accepted; use an int >= 1 (the most experts whose "
+            f"grouped product is computed densely; default {DEFAULT_MAX_DENSE_EXPERTS})."
+        )
 
 
 def _check_exporter(_inst: object, _attr: attrs.Attribute, value: str) -> None:
@@ -95,6 +105,9 @@ class ExportOptions:
             analysis from :func:`qnnx_export.lift_mutations`: the new values become extra outputs
             (:attr:`GraphSignature.writebacks`). Only the direct translator captures writes, so such a graph is
             never handed to torch.onnx (it would drop them): the export fails instead.
+        max_dense_experts: A mixture-of-experts layer's grouped expert product (transformers' default
+            ``grouped_mm`` experts) is computed densely, every row by every expert, when it has at most this many
+            experts; with more the export fails and names the option. Default 32.
     """
 
     opset: int = attrs.field(default=DEFAULT_OPSET, validator=_check_opset)
@@ -102,6 +115,7 @@ class ExportOptions:
     external_data_threshold: int = attrs.field(default=_TWO_GIB, validator=_check_threshold)
     exporter: str = attrs.field(default="auto", validator=_check_exporter)
     lift_mutations: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    max_dense_experts: int = attrs.field(default=DEFAULT_MAX_DENSE_EXPERTS, validator=_check_max_dense_experts)
 
     def resolved_passes(self) -> tuple[str, ...]:
         """Return the pass names that will run (the default pipeline when ``passes`` is None)."""

@@ -30,6 +30,7 @@ import attrs
 from qnnx_export._fast._registry import REGISTRY, OpTable, import_op_modules
 from qnnx_export._fast._trace import trace_aten
 from qnnx_export._fast._translator import Declined, Translator, ir_dtype
+from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -64,6 +65,7 @@ def translate(
     outputs: Sequence[Any],
     opset: int,
     written: Sequence[int] = (),
+    max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS,
 ) -> tuple[ir.Model, dict[str, str], tuple[Write, ...]]:
     """Translate a Dynamo graph to an ONNX model, or raise :class:`Declined`.
 
@@ -91,7 +93,7 @@ def translate(
         if x.dtype not in table.dtypes:
             raise Declined(f"argument {i} has dtype {x.dtype}")
     try:
-        traced = trace_aten(gm, example_inputs, outputs)
+        traced = trace_aten(gm, example_inputs, outputs, max_dense_experts=max_dense_experts)
     except Declined:
         raise
     except Exception as exc:  # the graph does not trace to ATen with fake tensors: torch.onnx decides

@@ -1,4 +1,4 @@
-"""Reductions over axes: mean, sum, max, min, and the softmax family."""
+"""Reductions and scans over axes: mean, sum, max, min, the softmax family, cumsum, and the orderings (topk, sort)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,46 @@ def _safe_softmax(t: Translator, node: Node, x: Node, dim: int, dtype: torch.dty
     row_max = t.emit1("ReduceMax", [xv, t.ints([axis], "axes")], {"keepdims": 1}, dtype=val.dtype, shape=row_shape)
     masked = t.emit1("Equal", [row_max, t.scalar(float("-inf"), val.dtype)], dtype=torch.bool, shape=row_shape)
     return t.out("Where", [masked, t.scalar(0.0, val.dtype), soft])
+
+
+@handles(aten.cumsum.default)
+def _cumsum(t: Translator, node: Node, x: Node, dim: int, *, dtype: torch.dtype | None = None) -> ir.Value:
+    """``cumsum`` in the output's dtype (PyTorch's: ``dtype``, or int64 for integer and bool inputs)."""
+    val = node.meta["val"]
+    if fake(x).dim() == 0:
+        return t.operand(x, val.dtype)
+    axis = onnx_axis(dim, fake(x).dim())
+    return t.out("CumSum", [t.operand(x, val.dtype), t.initializer(torch.tensor(axis, dtype=torch.int64), "axis")])
+
+
+def _top_k(t: Translator, node: Node, x: Node, k: int, dim: int, largest: bool) -> tuple[ir.Value, ir.Value]:
+    rank = fake(x).dim()
+    if rank == 0:
+        raise Declined(f"{node.target} of a 0-d tensor")
+    if fake(x).dtype == torch.bool:
+        raise Declined(f"{node.target} of a bool tensor")
+    values, indices = node.meta["val"]
+    shape = tuple(values.shape)
+    got = t.emit(
+        "TopK",
+        [t.value(x), t.ints([k], "k")],
+        {"axis": onnx_axis(dim, rank), "largest": int(bool(largest)), "sorted": 1},
+        outputs=[(values.dtype, shape), (indices.dtype, shape)],
+    )
+    return got[0], got[1]
+
+
+@handles(aten.topk.default)
+def _topk(
+    t: Translator, node: Node, x: Node, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+) -> tuple[ir.Value, ir.Value]:
+    """``topk`` as TopK (always sorted, which ``sorted=False`` allows)."""
+    return _top_k(t, node, x, k, dim, largest)
+
+
+@handles(aten.sort.default)
+def _sort(t: Translator, node: Node, x: Node, dim: int = -1, descending: bool = False) -> tuple[ir.Value, ir.Value]:
+    """``sort`` as a TopK of the whole axis. Only the overload without ``stable=True``: PyTorch promises no order
+    among equal values there, and HTP's TopK may return equal values in another order than the CPU's."""
+    size = fake(x).shape[onnx_axis(dim, fake(x).dim())] if fake(x).dim() else 1
+    return _top_k(t, node, x, int(size), dim, descending)

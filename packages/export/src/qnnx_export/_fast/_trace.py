@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS
+
 if TYPE_CHECKING:
     import torch.fx
 
@@ -12,7 +14,11 @@ __all__ = ["trace_aten"]
 
 
 def trace_aten(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], outputs: Sequence[torch.fx.Node]
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    outputs: Sequence[torch.fx.Node],
+    *,
+    max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS,
 ) -> torch.fx.GraphModule:
     """Trace ``gm`` to an ATen graph with fake tensors; its outputs are the nodes ``outputs`` of ``gm``.
 
@@ -42,7 +48,7 @@ def trace_aten(
         if node.op == "output":
             continue
         new = graph.node_copy(node, lambda n: env[n])
-        unfuse(new)
+        unfuse(new, max_dense_experts=max_dense_experts)
         env[node] = new
     graph.output(tuple(env[n] for n in outputs))
     lifted = torch.fx.GraphModule(gm, graph)

@@ -1,0 +1,128 @@
+"""Hugging Face mixture-of-experts decoders with transformers' default experts implementation (``grouped_mm``: tokens
+sorted by expert, groups of data-dependent sizes) run wholly on QNN with eager's logits and tokens."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from integration_helpers import assert_close_fp16
+
+import qnnx_backend
+from qnnx_backend.errors import QnnDeviceError
+
+transformers = pytest.importorskip("transformers")
+
+NPU_STRICT = {"device": "npu", "strict": True, "soc_model": 60}
+VOCAB = 128
+
+
+def _moe_decoder(family: str, experts: int = 4, **extra: object) -> torch.nn.Module:
+    """A tiny random-init MoE decoder (hidden 32, 2 layers, 2 of ``experts`` experts per token), its experts
+    implementation left at transformers' default."""
+    torch.manual_seed(0)
+    common: dict[str, object] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "num_experts_per_tok": 2,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        **extra,
+    }
+    if family == "mixtral":
+        config = transformers.MixtralConfig(**common, intermediate_size=64, num_local_experts=experts)
+        model = transformers.MixtralForCausalLM(config)
+    elif family == "qwen2_moe":
+        config = transformers.Qwen2MoeConfig(
+            **common,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_experts=experts,
+        )
+        model = transformers.Qwen2MoeForCausalLM(config)
+    elif family == "olmoe":
+        model = transformers.OlmoeForCausalLM(
+            transformers.OlmoeConfig(**common, intermediate_size=64, num_experts=experts)
+        )
+    else:  # gpt_oss: transposed expert weights with biases, a clamped gate, sliding and full attention
+        config = transformers.GptOssConfig(
+            **common,
+            intermediate_size=64,
+            num_local_experts=experts,
+            head_dim=8,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+        model = transformers.GptOssForCausalLM(config)
+    model.eval()
+    assert model.config._experts_implementation == "grouped_mm"  # the default this file is about
+    return model
+
+
+def _compiled_logits(model: torch.nn.Module, ids: torch.Tensor, **options: object) -> torch.Tensor:
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(lambda t: model(input_ids=t).logits, backend="qnn", options=options)
+        return compiled(ids)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe", "gpt_oss"])
+def test_default_experts_decoder_runs_wholly_on_qnn_with_eagers_logits(family: str) -> None:
+    """With the default grouped_mm experts, the graph (router top-k, sort by expert, integer group ends, the dense
+    grouped product, the inverse permutation) runs wholly on QNN under strict device='npu' and gives eager's logits
+    (cosine 0.9999995-0.9999996 measured; it ran in PyTorch before); the first-call check is off so that nothing
+    hides a wrong result."""
+    model = _moe_decoder(family, use_cache=False)
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    out = _compiled_logits(model, ids, **NPU_STRICT, verify=False)
+    reports = list(qnnx_backend.compile_reports())
+    assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
+    assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
+
+
+def test_more_experts_than_max_dense_experts_run_in_pytorch_and_say_why() -> None:
+    """Above max_dense_experts the graph runs in PyTorch (eager's logits exactly) and the report names the option;
+    under strict device='npu' the same refusal is an error."""
+    model = _moe_decoder("mixtral", use_cache=False)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    out = _compiled_logits(model, ids, soc_model=60, max_dense_experts=3)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "eager" and "max_dense_experts=3" in (report.reason or ""), report.summary()
+    torch.testing.assert_close(out, ref)
+    with pytest.raises(QnnDeviceError, match="4 experts"):
+        _compiled_logits(model, ids, **NPU_STRICT, max_dense_experts=3)
+
+
+def test_compile_for_generation_of_a_default_experts_decoder_gives_eagers_tokens() -> None:
+    """compile_for_generation on a default-experts Mixtral: the prefill bucket and the decode step (static cache
+    writes lifted) both run wholly on QNN, and greedy generation gives eager's 12 tokens."""
+    from qnnx_backend.hf import compile_for_generation
+
+    model = _moe_decoder("mixtral")
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+    kwargs = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
+    with torch.no_grad():
+        ref = model.generate(prompt, **kwargs)
+    qnnx_backend.clear_compile_reports()
+    compile_for_generation(model, max_cache_len=48, options=NPU_STRICT)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(prompt, **kwargs)
+    reports = list(qnnx_backend.compile_reports())
+    assert len(reports) == 2 and all(r.device == "npu" and not r.cpu_nodes for r in reports), [
+        r.summary() for r in reports
+    ]
+    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
