@@ -347,7 +347,9 @@ def block_weights(
     """Write ``source``'s int4 MatMul/Gemm weights chosen by :func:`block_plan` block-wise into ``out`` with
     onnxruntime's block quantizer (``MatMulNBitsQuantizer``, QDQ format, symmetric: a block-wise int4
     ``DequantizeLinear`` before the MatMul, which the QDQ tooling then wraps in 16-bit activations: the form HTP
-    takes). A chosen Gemm becomes a MatMul (and an Add of its bias) first: the block quantizer takes MatMul only.
+    takes). A chosen Gemm becomes a MatMul (and an Add of its bias) first: the block quantizer takes MatMul only, and
+    onnxruntime 1.32's QDQ tooling fails on a Gemm's bias over block-wise weights (it sizes the int32 bias by the
+    weight's scales: "cannot reshape array of size 256 into shape (64,)").
     Returns :func:`block_plan`'s answer; nodes keep their names."""
     import onnx
     from onnx import helper, numpy_helper
