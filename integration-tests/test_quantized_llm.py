@@ -1,13 +1,12 @@
 """Quantized decoders on trained weights: a tiny Llama trained here in seconds on a synthetic language (arithmetic
 progressions modulo 61), so that its next-token distributions are peaked like a real LM's, generates through
-``compile_for_generation`` + ``calibrate`` with ``a16w8`` and the ``llm-a16w4`` recipe, every graph quantized
+``compile_for_generation`` + ``calibrate`` with ``a16w8`` and the ``llm-a16w4`` recipe (int4 blocks of 32), every graph quantized
 on the QNN HTP simulator; tokens are judged against float eager PyTorch by teacher forcing."""
 
 from __future__ import annotations
 
 import copy
 import functools
-import math
 from pathlib import Path
 from typing import Any
 
@@ -151,20 +150,19 @@ def test_a16w8_keeps_eagers_tokens_on_a_trained_decoder(a16w8_run: dict[str, Any
 
 
 def test_llm_recipe_runs_int4_blocks_on_qnn_and_keeps_eagers_tokens(tmp_path: Path, a16w8_run: dict[str, Any]) -> None:
-    """llm-a16w4 through generate(): both graphs quantized wholly on QNN with int4 per-channel weights in every
+    """llm-a16w4 through generate(): both graphs quantized wholly on QNN with int4 weights in blocks of 32 in every
     decoder-block Linear and an int8 per-channel head (the report lists them per layer), at least 99% of the tokens
-    eager's argmax (all 128 measured), the loss within 0.05 nats of eager's, a context smaller than a16w8's.
-    Its decode logits sit near 17.5 dB (int4 noise); the prefill graph's worst output is the padding's cache rows,
-    which no token reads (HTP and the CPU EP's QDQ arithmetic part there), so the figures are asserted finite only."""
+    eager's argmax (all 128 measured), the loss within 0.05 nats of eager's, a context smaller than a16w8's, and
+    decode logits above what one int4 scale per output channel gave on this model (17.5 dB; blocks: 20.0)."""
     run = measure("llm-a16w4", tmp_path)
-    _assert_quantized_on_qnn(run["reports"], min_sqnr=-math.inf)
+    _assert_quantized_on_qnn(run["reports"], min_sqnr=15)
     for report in run["reports"]:
         weights = report.quantization.weights
         assert "int8 per-channel: 1 MatMul in lm_head" in weights, weights
         blocks = [w for w in weights if "model.layers.*" in w]
-        assert len(blocks) == 7 and all(w.startswith("int4 per-channel: 2 MatMul") for w in blocks), weights
+        assert len(blocks) == 7 and all(w.startswith("int4 blocks of 32: 2 MatMul") for w in blocks), weights
     decode = next(r for r in run["reports"] if r.input_shapes[0] == (1, 1))
-    assert decode.quantization.sqnr_db > 12, decode.summary()
+    assert decode.quantization.sqnr_db > 19, decode.summary()
     assert run["agreement"] >= 0.99, run
     assert abs(run["loss"] - run["eager_loss"]) <= 0.05, run
     assert run["context_bytes"] < a16w8_run["context_bytes"], (run["context_bytes"], a16w8_run["context_bytes"])

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from qnnx_backend import BackendOptions
 from qnnx_backend._quantspec import (
     ACTIVATION_TYPES,
+    BLOCK_SIZES,
     CALIBRATIONS,
     DEFAULT_MIN_SQNR,
     LLM_MODULE_WEIGHT_TYPES,
@@ -80,6 +81,9 @@ def test_mapping_starts_from_its_scheme_and_overrides():
         ({"min_sqnr": float("nan")}, r"min_sqnr=nan is not valid"),
         ({"keep_float_ops": "Softmax"}, r"keep_float_ops='Softmax' is not valid; accepted: a list of names"),
         ({"keep_float_modules": [""]}, r"keep_float_modules holds \[''\]; accepted: non-empty strings"),
+        ({"scheme": "a16w4", "block_size": 48}, r"block_size=48 is not valid; accepted: 16, 32, 64, 128"),
+        ({"scheme": "a16w4", "block_size": "32"}, r"block_size='32' is not valid; accepted: 16, 32, 64, 128"),
+        ({"block_size": 32}, r"block_size=32 applies to int4 weights and this scheme has none; use scheme 'a16w4'"),
     ],
 )
 def test_bad_values_name_the_value_the_accepted_ones_and_an_example(value, match):
@@ -103,6 +107,7 @@ def test_llm_recipe_is_int4_in_the_blocks_8_bit_head_16_bit_activations():
     assert wider.weight_type_of("model.layers.1.mlp.down_proj") == "int4"
     assert wider.label == "llm-a16w4 (9 module weight type(s))"
     assert dict(spec.module_weight_types) == dict(LLM_MODULE_WEIGHT_TYPES)
+    assert spec.block_size == 32
     assert wider.cache_material() != spec.cache_material()
 
 
@@ -125,6 +130,34 @@ def test_module_weight_type_is_the_longest_name_found_in_the_path(path, table):
     else:
         longest = max(len(n.split(".")) for n in found)
         assert got in {table[n] for n in found if len(n.split(".")) == longest}
+
+
+@given(
+    value=st.integers(-512, 512) | st.sampled_from([None, True, 32.0, "32"]), scheme=st.sampled_from(sorted(PRESETS))
+)
+def test_block_size_is_one_of_the_measured_powers_of_two(value, scheme):
+    """Property: block_size validates exactly when it is None or one of 16, 32, 64, 128 (ints) on a scheme with
+    int4 weights; any other value raises an error naming it, the accepted sizes and the fix."""
+    mapping = {"scheme": scheme, "weight_type": "int4", "block_size": value}
+    valid = value is None or (type(value) is int and value in BLOCK_SIZES)
+    if valid:
+        assert _quantize(mapping).block_size == value
+        return
+    with pytest.raises(InvalidOptionsError, match=rf"block_size={value!r} is not valid; accepted: 16, 32, 64, 128"):
+        _quantize(mapping)
+
+
+@given(block=st.sampled_from([None, *BLOCK_SIZES]))
+def test_block_size_shows_in_the_label_and_the_cache_key(block):
+    """Property: a16w4 with a block size says it in its label and compiles apart from per-channel a16w4; the recipe
+    labels only a departure from its blocks of 32; a recipe without int4 weights left has no block size."""
+    spec = _quantize({"scheme": "a16w4", "block_size": block})
+    assert ("blocks of" in spec.label) is (block is not None)
+    assert (spec.cache_material() == _quantize("a16w4").cache_material()) is (block is None)
+    recipe = _quantize({"scheme": "llm-a16w4", "block_size": block})
+    assert ("int4" in recipe.label) is (block != 32)
+    no_int4 = {"layers": "int8", "h": "int8"}
+    assert _quantize({"scheme": "llm-a16w4", "module_weight_types": no_int4}).block_size is None
 
 
 def test_fp16_and_quantize_are_refused_together():
@@ -154,19 +187,25 @@ _VALID = {
         st.from_regex(r"[a-z_]+(\.[a-z0-9_]+){0,2}", fullmatch=True), st.sampled_from(WEIGHT_TYPES), max_size=3
     ),
 }
+_VALID_WITH_BLOCKS = {k: v for k, v in _VALID.items() if k != "weight_type"} | {
+    "block_size": st.sampled_from([None, *BLOCK_SIZES])
+}
 _ANY = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.lists(st.integers())
 
 
-@given(st.fixed_dictionaries({}, optional=_VALID))
+@given(
+    st.fixed_dictionaries({}, optional=_VALID)
+    | st.fixed_dictionaries({"weight_type": st.just("int4")}, optional=_VALID_WITH_BLOCKS)
+)
 def test_valid_mappings_validate(mapping):
     """Property: a mapping of known keys with accepted values always validates, and keeps what it says."""
     spec = _quantize(mapping)
-    for key in ("activation_type", "weight_type", "per_channel", "calibration", "min_sqnr"):
+    for key in ("activation_type", "weight_type", "per_channel", "calibration", "min_sqnr", "block_size"):
         if key in mapping:
             assert getattr(spec, key) == mapping[key]
 
 
-@given(st.dictionaries(st.sampled_from([*_VALID, "bits", "dtype"]), _ANY, max_size=4))
+@given(st.dictionaries(st.sampled_from([*_VALID, "block_size", "bits", "dtype"]), _ANY, max_size=4))
 def test_any_mapping_validates_or_raises_the_documented_error(mapping):
     """Property: any mapping either validates or raises InvalidOptionsError (never another exception), and an
     error message names the quantize option."""

@@ -1,13 +1,19 @@
-"""Which weights get which quantization: module weight types, symmetric signed weights, per-channel MatMul/Gemm."""
+"""Which weights get which quantization: module weight types, symmetric signed weights, per-channel MatMul/Gemm,
+block-wise int4 MatMul/Gemm weights (onnxruntime's block quantizer on the CPU EP; HTP's side is in integration-tests)."""
 
 from __future__ import annotations
 
-from hypothesis import given
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 from qnnx_backend import BackendOptions
-from qnnx_backend._quantize import weight_overrides
+from qnnx_backend._quantize import block_plan, block_weights, import_block_quantizer, weight_groups, weight_overrides
 
 
 def _spec(value: object):
@@ -61,3 +67,116 @@ def test_signed_weights_are_symmetric_and_per_channel_only_when_asked(weight, pe
         else:
             assert name not in got
     assert ("embed" in got) is signed and "bias" not in got and "scale" not in got
+
+
+def _block_spec(block: int, weight_type: str = "int4"):
+    return _spec({"scheme": "a16w4", "weight_type": weight_type, "block_size": block})
+
+
+@given(
+    k=st.integers(1, 300),
+    n=st.integers(1, 64),
+    block=st.sampled_from([16, 32, 64, 128]),
+    trans_b=st.booleans(),
+    op=st.sampled_from(["MatMul", "Gemm"]),
+)
+def test_a_weight_takes_blocks_exactly_when_the_block_divides_its_input_count(k, n, block, trans_b, op):
+    """Property: an int4 MatMul/Gemm weight is written in blocks exactly when the block divides its input count K
+    (the second dim under transB); otherwise it keeps the per-channel form, with K and the block in the reason."""
+    trans = {"transB": 1} if op == "Gemm" and trans_b else {}
+    node = helper.make_node(op, ["x", "w"], ["y"], name="mm", **trans)
+    dims = (n, k) if trans else (k, n)
+    plan = block_plan([node], {"w": dims}, _block_spec(block), {})
+    assert plan == {"mm": "" if k % block == 0 else f"K={k} is no multiple of {block}"}
+
+
+def test_blocks_apply_to_int4_weights_only_and_not_to_shared_or_computed_ones():
+    """Only int4 weights take blocks (the recipe's int8 head and uint16 table do not); a weight two nodes read, a
+    rank-3 weight and a Gemm with a scaled product keep their form, each with its reason."""
+    spec = _spec({"scheme": "llm-a16w4"})
+    got = block_plan(_nodes(), {**INITS, "q": (64, 64)}, spec, ORIGINS)
+    assert got == {"q_mm": ""}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="a"),
+        helper.make_node("MatMul", ["x", "w"], ["b"], name="b"),
+        helper.make_node("MatMul", ["x", "w3"], ["c"], name="c"),
+        helper.make_node("Gemm", ["x", "g"], ["d"], name="d", alpha=0.5),
+    ]
+    got = block_plan(nodes, {"w": (64, 8), "w3": (1, 64, 8), "g": (64, 8)}, _block_spec(32), {})
+    assert got == {
+        "a": "a weight shared by several nodes",
+        "b": "a weight shared by several nodes",
+        "c": "a rank-3 weight",
+        "d": "a Gemm with transA, alpha, beta or a computed bias",
+    }
+    assert block_plan(nodes, {"w": (64, 8)}, _spec("a16w4"), {}) == {}
+
+
+def _linear_model(op: str, k: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((n, k) if op == "Gemm" else (k, n)) * 0.1).astype(np.float32)
+    bias = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    inputs = ["x", "w", "b"] if op == "Gemm" else ["x", "w"]
+    attrs = {"transB": 1} if op == "Gemm" else {}
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["y"], name="linear", **attrs)],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@settings(deadline=None, max_examples=12)
+@given(op=st.sampled_from(["MatMul", "Gemm"]), blocks=st.integers(1, 4), n=st.integers(1, 24), seed=st.integers(0, 9))
+def test_block_weights_are_onnxruntimes_symmetric_int4_blocks_and_compute_the_same_product(
+    tmp_path_factory, op, blocks, n, seed
+):
+    """Property: a MatMul or Gemm (transB, bias) written in blocks of 16 is a block-wise int4 DequantizeLinear
+    (symmetric: no zero point) before a MatMul that keeps the node's name; on the CPU EP it computes the float
+    product within int4 rounding (each weight off by at most half its block's scale)."""
+    folder = tmp_path_factory.mktemp("blocks")
+    k = 16 * blocks
+    model = _linear_model(op, k, n, seed)
+    onnx.save_model(model, str(folder / "float.onnx"))
+    plan = block_weights(folder / "float.onnx", folder / "blocks.onnx", _block_spec(16), {}, [], False)
+    assert plan == {"linear": ""}
+    blocked = onnx.load(str(folder / "blocks.onnx"))
+    (dq,) = [node for node in blocked.graph.node if node.op_type == "DequantizeLinear"]
+    assert {a.name: a.i for a in dq.attribute} == {"axis": 0, "block_size": 16} and len(dq.input) == 2
+    assert any(node.op_type == "MatMul" and node.name == "linear" for node in blocked.graph.node)
+    x = np.random.default_rng(seed).standard_normal((4, k)).astype(np.float32)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = onnxruntime.InferenceSession(blocked.SerializeToString(), providers=["CPUExecutionProvider"])
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    w = w.T if op == "Gemm" else w
+    scale = np.abs(w).reshape(blocks, 16, n).max(axis=1) / 7  # the widest a symmetric int4 block's step can be
+    bound = np.abs(x).reshape(4, blocks, 16).sum(axis=2) @ (scale / 2) + 1e-5
+    error = np.abs(got.run(None, {"x": x})[0] - want.run(None, {"x": x})[0])
+    assert (error <= bound).all(), (error.max(), bound.min())
+
+
+def test_weight_groups_name_the_block_size_and_why_a_weight_kept_its_form(tmp_path):
+    """The report's weight text says "int4 blocks of 16" for a block-wise weight, and for a weight that kept its
+    per-channel form where blocks were asked for, the reason."""
+    model = _linear_model("MatMul", 32, 8, 0)
+    onnx.save_model(model, str(tmp_path / "float.onnx"))
+    block_weights(tmp_path / "float.onnx", tmp_path / "blocks.onnx", _block_spec(16), {}, [], False)
+    origins = {"linear": "[0].fc (Linear)"}
+    assert weight_groups(onnx.load(str(tmp_path / "blocks.onnx")), origins) == ("int4 blocks of 16: 1 MatMul in fc",)
+    assert weight_groups(onnx.load(str(tmp_path / "blocks.onnx")), origins, {"linear": "why"}) == (
+        "int4 blocks of 16 (why): 1 MatMul in fc",
+    )
+
+
+def test_importing_onnxruntimes_block_quantizer_leaves_the_process_logging_alone():
+    """onnxruntime's matmul_nbits_quantizer runs logging.basicConfig(level=INFO) on import; the backend's import of
+    it leaves the root logger's handlers and level as they were."""
+    import sys
+
+    sys.modules.pop("onnxruntime.quantization.matmul_nbits_quantizer", None)
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    assert import_block_quantizer().MatMulNBitsQuantizer is not None
+    assert (list(root.handlers), root.level) == before

@@ -479,10 +479,10 @@ class BackendOptions:
     )
     """Run each graph as a QDQ integer graph after calibrating it with :func:`qnnx_backend.calibrate`:
     ``"a16w8"`` (uint16 activations, uint8 weights; QNN's recommended default), ``"a8w8"``, ``"a16w4"`` (int4
-    weights, one scale per output channel), ``"llm-a16w4"`` (the decoder recipe: int4 decoder blocks, 8-bit head),
-    or a dict of settings (``scheme``, ``activation_type``, ``weight_type``, ``per_channel``, ``calibration``,
-    ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``, ``module_weight_types``); None: float graphs. See the
-    README's *Quantized models*."""
+    weights, one scale per output channel), ``"llm-a16w4"`` (the decoder recipe: int4 decoder blocks with one scale
+    per 32 inputs, 8-bit head), or a dict of settings (``scheme``, ``activation_type``, ``weight_type``,
+    ``per_channel``, ``calibration``, ``keep_float_ops``, ``keep_float_modules``, ``min_sqnr``,
+    ``module_weight_types``, ``block_size``); None: float graphs. See the README's *Quantized models*."""
 
     def __attrs_post_init__(self) -> None:
         if self.quantize is not None and self.fp16:
