@@ -583,6 +583,17 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "at session creation; pads, strides, output_padding and output_shape right (7.1e-4)",
     }
     p["node_conditions"] = _node_conditions()
+    p["partial_weight_block"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["DequantizeLinear"],
+        "reason": "block-wise quantized weights whose blocked dim is not a multiple of block_size (a short last "
+        "block): QNN HTP computes them wrongly without an error",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-03 (tools/probe_block_int4.py, form ort_qdq): a MatMul with "
+        "symmetric int4 weights of K = 200 under uint16 activations, blocks of 16 and 32: SQNR -9.7 dB on QNN "
+        "against 22 dB on the CPU EP; blocks of 64 and 128 were refused; K = 256 (blocks dividing it): 20-22 dB, "
+        "as the CPU EP",
+    }
     p["int64_reshape_rank5"] = {
         "status": "unsupported",
         "kind": "crash",

@@ -432,6 +432,21 @@ class Patterns:
             return any(self.values.may_hold_nonfinite(name) for name in others)
         return any(self.values.reaches_output_unabsorbed(o) for o in node.output if o)
 
+    @rule("partial_weight_block")
+    def is_partial_weight_block(self, index: int, node: NodeView) -> bool:
+        """A block-wise DequantizeLinear (``block_size`` > 0) whose blocked dim is not a multiple of the block; a dim
+        that cannot be known is counted (the class cannot be ruled out)."""
+        block = self.view.attr(node, "block_size")
+        if not isinstance(block, int) or block <= 0 or not node.input:
+            return False
+        dims = self._static_dims(node.input[0])
+        if dims is None:
+            return True
+        axis = self.view.attr(node, "axis")
+        axis = 1 if axis is None else int(axis)
+        axis = axis + len(dims) if axis < 0 else axis
+        return not 0 <= axis < len(dims) or dims[axis] % block != 0
+
     @rule("int64_reshape_rank5")
     def _is_int64_reshape_rank5(self, index: int, node: NodeView) -> bool:
         """Reshape of int64 data to a 5-D output (the output's rank from its shape, else from the constant shape

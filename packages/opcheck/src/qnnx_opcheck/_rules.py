@@ -103,6 +103,9 @@ class Checker:
             and domain in QDQ_DOMAINS
             and self.view.is_const(node.input[0])
         ):
+            short = self.view.pattern("partial_weight_block")
+            if short is not None and self.patterns.is_partial_weight_block(index, node):
+                return short["kind"], short["reason"], short.get("evidence"), self.view.dtype(node.input[0])
             return "fused", p["reason"], p.get("evidence"), self.view.dtype(node.input[0])
 
         if domain == "" and node.op_type in ("If", "Loop", "Scan") and self._control_flow_measured():
