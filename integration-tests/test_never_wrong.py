@@ -133,6 +133,32 @@ def test_l2_norms_of_large_and_tiny_rows_are_right_on_qnn(magnitude: float, form
     assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2  # relative: norms of 1e-4 rows are tiny
 
 
+_WIDE_FUNCTIONS = {
+    "softplus": F.softplus,
+    "logsigmoid": F.logsigmoid,
+    "mish": F.mish,
+    "log_softmax": lambda t: F.log_softmax(t, -1),
+    "logsumexp": lambda t: torch.logsumexp(t, -1),
+    "sigmoid_by_hand": lambda t: 1 / (1 + torch.exp(-t)),
+    "softmax_by_hand": lambda t: torch.exp(t - t.amax(-1, keepdim=True)).div(
+        torch.exp(t - t.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_WIDE_FUNCTIONS))
+def test_exponentials_of_wide_rows_are_right_on_qnn(name: str) -> None:
+    """Functions built on exp (softplus, logsigmoid, mish, log_softmax, logsumexp, a hand-written sigmoid and
+    softmax) of values spread over [-1000, 1000], where HTP's Exp, LogSoftmax and Mish return garbage, run on QNN
+    and are right."""
+    fn = _WIDE_FUNCTIONS[name]
+    x = torch.linspace(-1000, 1000, 2 * 8 * 16).reshape(2, 8, 16)[:, torch.randperm(8)]
+    out, reports = _run(fn, x)
+    assert all(r.on_qnn for r in reports), [r.summary() for r in reports]
+    ref = fn(x).double()
+    assert float((out.double() - ref).abs().max() / ref.abs().max().clamp(min=1.0)) < 1e-2
+
+
 def test_swin_window_partition_runs_wholly_on_qnn() -> None:
     """A 6-D window partition/reverse (Swin) compiles under strict NPU placement and matches eager."""
 

@@ -246,6 +246,106 @@ def test_htp_l2_norm_is_wrong_without_the_pass(scale: float) -> None:
     assert float(np.abs(got - want).max() / np.abs(want).max()) > 0.1
 
 
+# --------------------------------------------------------------------------- Exp beyond +-88, log-sum-exp, Mish
+
+
+def _wide(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Values spread over [-1000, 1000], where HTP's Exp, LogSoftmax, ReduceLogSumExp and Mish go wrong."""
+    return np.random.default_rng(seed).uniform(-1000.0, 1000.0, shape).astype(np.float32)
+
+
+@_examples
+@given(shape=_shapes, form=st.sampled_from(["sigmoid", "softplus", "exp_neg_abs"]))
+def test_exp_input_floor_shape_classes(shape: tuple[int, ...], form: str) -> None:
+    """Graphs that take Exp of numbers far beyond +-88 (a hand-written sigmoid, a hand-written softplus
+    log(1 + exp(x)) and exp(-|x|)) are right on QNN after the pass for any rank 1-5 and unit dims."""
+    inits = {"one": np.array(1.0, np.float32)}
+    nodes = {
+        "sigmoid": [
+            h.make_node("Neg", ["x"], ["n"]),
+            h.make_node("Exp", ["n"], ["e"]),
+            h.make_node("Add", ["e", "one"], ["d"]),
+            h.make_node("Div", ["one", "d"], ["y"]),
+        ],
+        "softplus": [
+            h.make_node("Relu", ["x"], ["r"]),
+            h.make_node("Abs", ["x"], ["a"]),
+            h.make_node("Neg", ["a"], ["n"]),
+            h.make_node("Exp", ["n"], ["e"]),
+            h.make_node("Add", ["e", "one"], ["d"]),
+            h.make_node("Log", ["d"], ["l"]),
+            h.make_node("Add", ["r", "l"], ["y"]),
+        ],
+        "exp_neg_abs": [
+            h.make_node("Abs", ["x"], ["a"]),
+            h.make_node("Neg", ["a"], ["n"]),
+            h.make_node("Exp", ["n"], ["y"]),
+        ],
+    }[form]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], inits)
+    _check(model, {"x": _wide(shape, len(shape))}, ("exp_input_floor",))
+
+
+@_examples
+@given(shape=_shapes, data=st.data(), op=st.sampled_from(["LogSoftmax", "ReduceLogSumExp"]), keepdims=st.booleans())
+def test_stable_log_sum_exp_shape_classes(shape: tuple[int, ...], data: st.DataObject, op: str, keepdims: bool) -> None:
+    """LogSoftmax over any axis longer than 1, and ReduceLogSumExp over any axis set, of rows spanning [-1000,
+    1000] are right on QNN after the passes (the written-out form and its clipped Exp)."""
+    if op == "LogSoftmax":
+        axes = [i for i, d in enumerate(shape) if d > 1]
+        if not axes:
+            reject()
+        axis = data.draw(st.sampled_from(axes), label="axis")
+        node = h.make_node("LogSoftmax", ["x"], ["y"], axis=axis)
+        model = make_model([node], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {})
+    else:
+        axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1), label="axes")))
+        node = h.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=int(keepdims))
+        out = tuple(1 if i in axes else d for i, d in enumerate(shape)) if keepdims else None
+        model = make_model(
+            [node],
+            [("x", TensorProto.FLOAT, shape)],
+            [("y", TensorProto.FLOAT, out)],
+            {"axes": np.array(axes, np.int64)},
+        )
+    # ONNX Runtime's CPU EP as the reference: ONNX's reference evaluator takes log(softmax), -inf for such rows.
+    passes = ("logsoftmax_unit_axis", "stable_log_sum_exp", "exp_input_floor")
+    _check(model, {"x": _wide(shape, len(shape))}, passes, reference=_cpu_reference)
+
+
+@_examples
+@given(shape=_shapes)
+def test_mish_as_softplus_shape_classes(shape: tuple[int, ...]) -> None:
+    """Mish of values in [-1000, 1000] is right on QNN after the passes (written as x * tanh(softplus(x)), the
+    softplus in its overflow-free form with a clipped Exp), for any rank 1-5."""
+    model = make_model(
+        [h.make_node("Mish", ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    _check(model, {"x": _wide(shape, len(shape))}, ("mish_as_softplus", "softplus_stable", "exp_input_floor"))
+
+
+@pytest.mark.parametrize(
+    ("op", "x", "want"),
+    [
+        ("Exp", -120.0, 0.0),
+        ("Exp", -1000.0, 0.0),
+        ("Exp", 120.0, 65504.0),  # saturated at least to float16's largest value
+        ("Mish", -120.0, 0.0),
+    ],
+)
+def test_htp_exp_and_mish_are_wrong_beyond_about_100(op: str, x: float, want: float) -> None:
+    """The defects these passes exist for, measured: HTP's Exp returns +-131008 or 0 outside about [-88, 88], and
+    its Mish about -x below -100; if a QNN release fixes them, this fails and the passes can go."""
+    model = make_model(
+        [h.make_node(op, ["x"], ["y"])], [("x", TensorProto.FLOAT, (1, 4))], [("y", TensorProto.FLOAT, (1, 4))], {}
+    )
+    (got,) = qnn_session(model.SerializeToString()).run(None, {"x": np.full((1, 4), x, np.float32)})
+    if want == 65504.0:
+        assert float(got.min()) < want
+    else:
+        assert float(np.abs(got).max()) > 1.0
+
+
 # ------------------------------------------------------------------------------------------ Gather, then scaled
 
 
@@ -466,6 +566,9 @@ COVERED_HERE = frozenset(
         "einsum_as_matmul",
         "linear_heads_as_matmul",
         "l2_norm_prescaled",
+        "exp_input_floor",
+        "stable_log_sum_exp",
+        "mish_as_softplus",
         *_ELEMENTWISE,
     }
 )

@@ -431,6 +431,66 @@ def test_l2_norm_prescaled_keeps_results(
     assert not again
 
 
+@given(shape=shapes(min_rank=1, max_side=5), scale=st.sampled_from([1.0, 10.0, 1000.0]))
+def test_exp_input_floor_keeps_every_float16_value(shape: list[int], scale: float) -> None:
+    """Exp(x) becomes Exp(Clip(x, -87, log(65504))): on the CPU EP every result float16 can hold is unchanged
+    (below 1.6e-38 the results are 0 or nearly so, above 65504 float16 saturates), and a second run changes nothing."""
+    model = make_model(
+        [onnx.helper.make_node("Exp", ["x"], ["y"])],
+        [("x", TensorProto.FLOAT, shape)],
+        [("y", TensorProto.FLOAT, shape)],
+        {},
+    )
+    x = (np.random.default_rng(len(shape)).standard_normal(shape) * scale).astype(np.float32)
+    after, changed, m = _apply(model, "exp_input_floor")
+    assert changed
+    (want,), (got,) = _run(model.SerializeToString(), {"x": x}), _run(after, {"x": x})
+    held = (want <= 65504) & (want >= 6e-8)
+    np.testing.assert_allclose(got[held], want[held], rtol=1e-6)
+    assert (got[want > 65504] <= 65504 * 1.0001).all() and (got[want < 6e-8] < 6e-8).all()
+    ((_, again),) = run_passes(m, ("exp_input_floor",))
+    assert not again
+
+
+@given(shape=shapes(min_rank=1, max_side=5), data=st.data(), reduce=st.booleans(), keepdims=st.booleans())
+def test_stable_log_sum_exp_keeps_results(shape: list[int], data: st.DataObject, reduce: bool, keepdims: bool) -> None:
+    """LogSoftmax and ReduceLogSumExp written out with the maximum subtracted compute the same values on the CPU EP
+    (rows spanning +-50, where every term is a float32 number)."""
+    x = np.random.default_rng(len(shape)).uniform(-50, 50, shape).astype(np.float32)
+    if reduce:
+        axes = sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1), label="axes"))
+        node = onnx.helper.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=int(keepdims))
+        inits = {"axes": np.array(axes, np.int64)}
+    else:
+        if max(shape) == 1:
+            shape, x = [*shape[:-1], 2], np.resize(x, [*shape[:-1], 2])
+        axis = data.draw(st.sampled_from([i for i, d in enumerate(shape) if d > 1]), label="axis")
+        node, inits = onnx.helper.make_node("LogSoftmax", ["x"], ["y"], axis=axis), {}
+    model = make_model([node], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, None)], inits)
+    after, changed, _ = _apply(model, "stable_log_sum_exp")
+    assert changed
+    (want,), (got,) = _run(model.SerializeToString(), {"x": x}), _run(after, {"x": x})
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@given(shape=shapes(min_rank=1, max_side=5), scale=st.sampled_from([1.0, 30.0]))
+def test_mish_as_softplus_keeps_results(shape: list[int], scale: float) -> None:
+    """Mish becomes x * tanh(softplus(x)), its definition: the same values on the CPU EP."""
+    model = make_model(
+        [onnx.helper.make_node("Mish", ["x"], ["y"])],
+        [("x", TensorProto.FLOAT, shape)],
+        [("y", TensorProto.FLOAT, shape)],
+        {},
+    )
+    x = (np.random.default_rng(len(shape)).standard_normal(shape) * scale).astype(np.float32)
+    after, changed, _ = _apply(model, "mish_as_softplus")
+    assert changed
+    np.testing.assert_allclose(
+        _run(after, {"x": x})[0], _run(model.SerializeToString(), {"x": x})[0], rtol=1e-5, atol=1e-6
+    )
+
+
 def test_fuse_rmsnorm_over_several_axes_reshapes() -> None:
     """RMSNorm over the last two axes is fused through a Reshape (QNN HTP normalizes the last axis only)."""
     rng = np.random.default_rng(0)

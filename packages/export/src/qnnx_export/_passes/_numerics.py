@@ -18,10 +18,13 @@ from qnnx_export._passes._base import QnnPass, register
 __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
     "AvgPoolWholeWindows",
+    "ExpInputFloor",
     "FoldScaleIntoGatherTable",
     "L2NormPrescaled",
     "LogSoftmaxUnitAxis",
+    "MishAsSoftplus",
     "SafeSoftmaxWithoutInf",
+    "StableLogSumExp",
 ]
 
 
@@ -532,3 +535,179 @@ class L2NormPrescaled(QnnPass):
             return nodes, out
 
         return self.replace_matched(graph, "qnnx_l2", prescaled)
+
+
+# ------------------------------------------------------------------ Exp of very negative inputs, log-sum-exp forms
+
+# exp(-87) = 1.6e-38 is 0 in float16 as exp of anything smaller; HTP's Exp is right down to -88 and wrong below.
+_EXP_FLOOR = -87.0
+# exp(11.0898) = 65503.6, float16's largest value. Above it HTP's Exp returns its overflow value 131008 (up to about
+# 88, and garbage beyond), which the ops after it do not treat as a large number: 1 / (1 + 131008) reads 131008.
+_EXP_CEILING = 11.0898
+_FLOORED = "qnnx_exp_floor"  # the name (prefix) of the floored input this pass writes
+
+
+@register(order=135)
+class ExpInputFloor(QnnPass):
+    """Compute ``Exp(x)`` as ``Exp(Clip(x, -87, 11.0898))``: 0 below -87 and float16's largest value (65504)
+    above ``log(65504)``, as float16 itself would give.
+
+    QNN HTP's Exp returns garbage outside about [-88, 88]: for very negative inputs -131008 (about -100 to -150),
+    -0 near -200 and +131008 at -1000 instead of 0; for large positive ones 0 (100-150, 500, 1000) or -131008 (200)
+    (onnxruntime-qnn 2.7.0, soc 60). Between 11.09 and 88 it returns 131008, HTP's overflow value, which the ops
+    after it do not read as a large number: ``1 / (1 + exp(12))`` came back 131008 instead of 6e-6.
+    Every graph that takes the exponential of a large negative number was silently wrong: a hand-written
+    ``1 / (1 + exp(-x))`` read 1 for x = -120 and 0 for x = 120, a hand-written softmax returned +-131008, and the
+    overflow-free softplus forms (``log(1 + exp(-|x|))``, which this package writes for softplus, logsigmoid and
+    mish) gave -34 at |x| ~ 100-120. ``exp(-87)`` is 1.6e-38, below float16's smallest value, and ``exp(11.0898)``
+    float16's largest, so the clip keeps every value float16 can hold and saturates the rest, as float16 does (an
+    output beyond 65504 is caught by the backend's output-range check; in float32, values above 65504 and below
+    1.6e-38 change). Every float Exp is rewritten (after the passes that write Exp nodes);
+    Softmax, Sigmoid and Tanh are ops of their own and are right there. Shape classes: any (elementwise).
+    """
+
+    name = "exp_input_floor"
+    defect = "Exp on QNN HTP returns its overflow value or garbage beyond log(65504), and +-131008 below -100 (silent)"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The float input of an Exp that is not already floored, or None."""
+        x = _graph.op_input(node, "Exp")
+        if x is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return None
+        producer = x.producer()
+        if producer is not None and (producer.outputs[0].name or "").startswith(_FLOORED):
+            return None
+        return x
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def floored(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            dtype = cast(ir.DataType, x.dtype)
+            low = _graph.add_initializer(graph, names("min"), np.array(_EXP_FLOOR, dtype=dtype.numpy()))
+            high = _graph.add_initializer(graph, names("max"), np.array(_EXP_CEILING, dtype=dtype.numpy()))
+            clipped = _graph.new_value(names("floor"), dtype, _graph.static_shape(x))
+            exp_nodes, out = _graph.one_node_like(names, "out", node, "Exp", [clipped])
+            return [ir.Node("", "Clip", [x, low, high], outputs=[clipped]), *exp_nodes], out
+
+        return self.replace_matched(graph, "qnnx_exp", floored)
+
+
+@register(order=101)
+class StableLogSumExp(QnnPass):
+    """Write ``LogSoftmax`` and ``ReduceLogSumExp`` out as ``x - m - log(sum(exp(x - m)))`` and
+    ``m + log(sum(exp(x - m)))``, with ``m`` the maximum over the axis.
+
+    QNN HTP's own LogSoftmax is wrong when a row spans more than about 100: over [-1000, 1000] the row's maximum
+    came back -85 instead of 0 and every value about 86 too low, and ReduceLogSumExp of rows in [100, 300] was 0.11
+    of its scale off, silently (onnxruntime-qnn 2.7.0, soc 60). Inside, HTP takes the exponential of numbers far below
+    the maximum, where its Exp is wrong (see ``exp_input_floor``, which floors the Exp this pass writes). Written out
+    with the maximum subtracted and the floor, every row is right. LogSoftmax over an axis of size 1 is left to
+    ``logsoftmax_unit_axis``, which runs first. Shape classes: static shapes, any rank and axis the ops accept.
+    """
+
+    name = "stable_log_sum_exp"
+    defect = "LogSoftmax and ReduceLogSumExp on QNN HTP are wrong for rows that span more than about 100 (silent)"
+
+    def match(self, node: ir.Node) -> tuple[ir.Value, tuple[int, ...], bool] | None:
+        """(x, axes, keepdims) of a float LogSoftmax or ReduceLogSumExp with a static input shape, or None."""
+        log_softmax = _graph.is_op(node, "LogSoftmax")
+        if not log_softmax and not _graph.is_op(node, "ReduceLogSumExp"):
+            return None
+        x = node.inputs[0] if node.inputs else None
+        shape = _graph.static_shape(x)
+        if x is None or not shape or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return None
+        if _graph.static_shape(node.outputs[0]) is None:
+            return None
+        rank = len(shape)
+        if log_softmax:
+            axis = node.attributes.get_int("axis", -1)
+            if not -rank <= axis < rank or shape[axis] == 1:
+                return None
+            return x, (axis % rank,), True
+        if node.attributes.get_int("noop_with_empty_axes", 0):
+            return None
+        axes_input = node.inputs[1] if len(node.inputs) > 1 else None
+        if axes_input is not None:
+            found = _graph.const_array(axes_input)
+            if found is None:
+                return None
+            axes_list = [int(a) for a in found.reshape(-1)]
+        else:
+            axes_list = list(node.attributes.get_ints("axes", []))
+        axes = tuple(sorted({a % rank for a in axes_list})) if axes_list else tuple(range(rank))
+        return x, axes, bool(node.attributes.get_int("keepdims", 1))
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def stable(
+            names: UniqueNames, node: ir.Node, found: tuple[ir.Value, tuple[int, ...], bool]
+        ) -> tuple[list[ir.Node], ir.Value]:
+            x, axes, _keepdims = found
+            dtype = cast(ir.DataType, x.dtype)
+            shape = cast(tuple[int, ...], _graph.static_shape(x))
+            kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+            out_shape = cast(tuple[int, ...], _graph.static_shape(node.outputs[0]))
+            axes_value = _graph.add_initializer(graph, names("axes"), np.array(axes, dtype=np.int64))
+            v = {
+                k: _graph.new_value(names(k), dtype, d)
+                for k, d in (
+                    ("max", kept),
+                    ("shifted", shape),
+                    ("exp", shape),
+                    ("sum", kept),
+                    ("log", kept),
+                    ("out", out_shape),
+                )
+            }
+            keep1 = [ir.AttrInt64("keepdims", 1)]
+            nodes = [
+                ir.Node("", "ReduceMax", [x, axes_value], attributes=keep1, outputs=[v["max"]]),
+                ir.Node("", "Sub", [x, v["max"]], outputs=[v["shifted"]]),
+                ir.Node("", "Exp", [v["shifted"]], outputs=[v["exp"]]),
+                ir.Node("", "ReduceSum", [v["exp"], axes_value], attributes=keep1, outputs=[v["sum"]]),
+                ir.Node("", "Log", [v["sum"]], outputs=[v["log"]]),
+            ]
+            if node.op_type == "LogSoftmax":
+                nodes.append(ir.Node("", "Sub", [v["shifted"], v["log"]], outputs=[v["out"]]))
+                return nodes, v["out"]
+            total = _graph.new_value(names("total"), dtype, kept)
+            nodes.append(ir.Node("", "Add", [v["max"], v["log"]], outputs=[total]))
+            if kept == out_shape:
+                return nodes, total
+            target = _graph.add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
+            nodes.append(ir.Node("", "Reshape", [total, target], outputs=[v["out"]]))
+            return nodes, v["out"]
+
+        return self.replace_matched(graph, "qnnx_lse", stable)
+
+
+@register(order=115)
+class MishAsSoftplus(QnnPass):
+    """Write ``Mish(x)`` as ``x * tanh(softplus(x))``, its definition, so that the softplus takes the overflow-free
+    form (``softplus_stable``) and a clipped Exp (``exp_input_floor``).
+
+    QNN HTP's Mish is wrong for large negative inputs, silently: 100, 120, 150 and 500 for x = -100, -120, -150 and
+    -500, and -1000 for x = -1000, where Mish is 0 (onnxruntime-qnn 2.7.0, soc 60). Shape classes: any
+    (elementwise).
+    """
+
+    name = "mish_as_softplus"
+    defect = "Mish on QNN HTP returns about -x instead of 0 for inputs below about -100 (silent wrong output)"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The float input of a Mish node, or None."""
+        x = _graph.op_input(node, "Mish")
+        return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def decomposed(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            shape = _graph.static_shape(x)
+            soft = _graph.new_value(names("softplus"), x.dtype, shape)
+            tanh = _graph.new_value(names("tanh"), x.dtype, shape)
+            mul_nodes, out = _graph.one_node_like(names, "out", node, "Mul", [x, tanh])
+            return [
+                ir.Node("", "Softplus", [x], outputs=[soft]),
+                ir.Node("", "Tanh", [soft], outputs=[tanh]),
+                *mul_nodes,
+            ], out
+
+        return self.replace_matched(graph, "qnnx_mish", decomposed)
