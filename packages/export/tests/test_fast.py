@@ -917,3 +917,35 @@ def test_uneven_adaptive_avg_pool_runs_on_qnn_htp() -> None:
     out = compile_and_run(lambda t: F.adaptive_avg_pool2d(t, (3, 4)), (x,), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(dims=st.lists(st.integers(1, 4), min_size=1, max_size=5), data=st.data(), seed=seeds())
+def test_gather_by_runtime_indices_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """gather by runtime indices along any axis of a rank 1-5 tensor (unit dims, indices longer or shorter than the
+    data) equals eager exactly; up to rank 4 the indices are clamped at 0 (Max), which qnnx-opcheck reads as
+    non-negative."""
+    axis = data.draw(st.integers(0, len(dims) - 1))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*dims, generator=gen)
+    ishape = [data.draw(st.integers(1, d)) for d in dims]
+    ishape[axis] = data.draw(st.integers(1, 5))
+    index = torch.randint(0, dims[axis], ishape, generator=gen)
+    exported = _check_fast(lambda t, i: torch.gather(t, axis, i), x, index, tol=0.0)
+    assert ("Max" in _op_types(exported)) == (len(dims) <= 4)
+
+
+def test_gather_by_runtime_indices_is_vouched_for_and_runs_on_qnn_htp() -> None:
+    """gather by runtime indices is vouched for by qnnx-opcheck and runs wholly on the HTP simulator (CPU fallback
+    off), picking the elements eager picks."""
+    import qnnx_opcheck as oc
+
+    x = torch.randn(3, 5, 4)
+    index = torch.tensor([[[4, 0, 2, 1]] * 2] * 3)
+    ref = torch.gather(x, 1, index)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t, i: torch.gather(t, 1, i), (x, index), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast"
+    assert oc.check_model(exported.model, "htp", onnxruntime_qnn="2.7.0", soc_model=60).supported
+    assert rel_err(out, ref) <= 2e-3
