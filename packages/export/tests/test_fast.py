@@ -949,3 +949,38 @@ def test_gather_by_runtime_indices_is_vouched_for_and_runs_on_qnn_htp() -> None:
     assert exported.exporter == "fast"
     assert oc.check_model(exported.model, "htp", onnxruntime_qnn="2.7.0", soc_model=60).supported
     assert rel_err(out, ref) <= 2e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    alpha=st.sampled_from([1.0, 0.0, -1.5, 0.6]),
+    beta=st.sampled_from([1.0, 0.0, 2.0, -0.3]),
+    bias_shape=st.sampled_from([(3, 4), (4,), (1,), (3, 1)]),
+    seed=seeds(),
+)
+def test_addmm_with_any_scales_matches_eager(alpha: float, beta: float, bias_shape: tuple[int, ...], seed: int) -> None:
+    """addmm with any alpha and beta is one Gemm with alpha 1 and beta 0 or 1 (all the QNN EP takes) and Muls, and
+    matches eager; with beta 0 a NaN in the bias does not reach the output, as in PyTorch."""
+    gen = torch.Generator().manual_seed(seed)
+    bias, a, b = (
+        torch.randn(bias_shape, generator=gen),
+        torch.randn(3, 5, generator=gen),
+        torch.randn(5, 4, generator=gen),
+    )
+    if beta == 0:
+        bias[0] = float("nan")
+    exported = _check_fast(lambda c, x, y: torch.addmm(c, x, y, beta=beta, alpha=alpha), bias, a, b)
+    for gemm in (n for n in exported.model.graph.node if n.op_type == "Gemm"):
+        attrs = {a.name: a for a in gemm.attribute}
+        assert "alpha" not in attrs and ("beta" not in attrs), gemm
+
+
+def test_addmm_with_scales_runs_on_qnn_htp() -> None:
+    """addmm with alpha and beta other than 1 runs wholly on the HTP simulator (CPU fallback off) within fp16
+    error."""
+    bias, a, b = torch.randn(3, 4), torch.randn(3, 5), torch.randn(5, 4)
+    ref = torch.addmm(bias, a, b, beta=0.5, alpha=-2.0)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=-2.0), (bias, a, b), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 5e-3
