@@ -299,3 +299,35 @@ def test_reshape_is_refused_exactly_when_its_data_has_no_elements(dims: list[int
     m = _model([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], {"x": (F, tuple(dims))}, {"s": target})
     v = _verdict(m, "reshape")
     assert (v.kind == "crash") == (0 in dims), v
+
+
+def _scatter(reduction: str, shape: tuple[int, ...] = (4, 6), axis: int = 0) -> onnx.ModelProto:
+    ishape = tuple(max(1, d - 1) for d in shape)
+    node = helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], name="scatter", axis=axis, reduction=reduction)
+    return _model([node], {"x": (F, shape), "u": (F, ishape)}, {"i": np.zeros(ishape, np.int64)}, opset=18)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    reduction=st.sampled_from(["none", "add", "mul", "max", "min"]),
+    shape=st.lists(st.integers(2, 4), min_size=1, max_size=4).map(tuple),
+    data=st.data(),
+)
+def test_scatter_elements_is_refused_exactly_with_a_reduction(
+    reduction: str, shape: tuple[int, ...], data: st.DataObject
+) -> None:
+    """ScatterElements by constant non-negative indices is vouched for with reduction='none' and refused with any
+    reduction, whatever the rank and axis (the QNN EP declines the reductions)."""
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    v = _verdict(_scatter(reduction, shape, axis), "scatter")
+    assert (v.status == "supported") == (reduction == "none"), v
+
+
+def test_scatter_elements_with_a_reduction_does_not_run_whole_on_qnn() -> None:
+    """The simulator confirms the refusal: with reduction='add' the session does not build with CPU fallback off,
+    with reduction='none' it runs whole and right."""
+    from qnnx_opcheck import live_check
+
+    assert not live_check(_scatter("add"), soc_model=60, fallback=False).whole_on_qnn
+    live = live_check(_scatter("none"), soc_model=60, fallback=False)
+    assert live.whole_on_qnn and live.outputs_match, live.to_dict()
