@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from export_capture import Captured, capture, only
 from export_qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_err, run_exported
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils._pytree import tree_flatten
 
@@ -984,3 +984,33 @@ def test_addmm_with_scales_runs_on_qnn_htp() -> None:
     out = compile_and_run(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=-2.0), (bias, a, b), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 4), min_size=2, max_size=5),
+    data=st.data(),
+    seed=seeds(),
+)
+def test_replicate_pad_of_any_widths_is_exact_data_movement(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """F.pad(mode="replicate") over 1-3 trailing dims, any widths (negative, zero and wider than the dim included),
+    is Gathers by constant indices (no Pad, whose edge mode QNN HTP computes wrongly) equal to eager bit for bit."""
+    # PyTorch pads the last rank-1 or rank-2 dims (1 to 3 of them) in this mode.
+    padded = data.draw(st.sampled_from([p for p in (len(dims) - 2, len(dims) - 1) if 1 <= p <= 3]))
+    pad = data.draw(st.lists(st.integers(-5, 5), min_size=2 * padded, max_size=2 * padded))
+    x = torch.randn(*dims, generator=torch.Generator().manual_seed(seed))
+    trailing = dims[::-1][:padded]
+    assume(all(d + a + b > 0 for d, a, b in zip(trailing, pad[::2], pad[1::2], strict=True)))
+    exported = _check_fast(lambda t: F.pad(t, pad, mode="replicate"), x, tol=0.0)
+    assert "Pad" not in _op_types(exported)
+
+
+def test_replicate_pad_runs_on_qnn_htp() -> None:
+    """A 2-D replicate pad (a negative width too) runs wholly on the HTP simulator (CPU fallback off) and equals eager within fp16
+    rounding."""
+    x = torch.randn(1, 2, 3, 4)
+    ref = F.pad(x, (1, -2, 3, 0), mode="replicate")
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: F.pad(t, (1, -2, 3, 0), mode="replicate"), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 1e-3
