@@ -1014,3 +1014,31 @@ def test_replicate_pad_runs_on_qnn_htp() -> None:
     out = compile_and_run(lambda t: F.pad(t, (1, -2, 3, 0), mode="replicate"), (x,), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 1e-3
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x, i: x.index_select(0, i), lambda x, i: x.index_copy(0, i, x * 2)],
+    ids=["index_select", "index_copy"],
+)
+def test_index_ops_on_a_scalar_are_declined_not_a_failed_export(fn: Callable[..., Any]) -> None:
+    """index_select and index_copy of a scalar (dim 0, index [0]) decline the direct translation (there is no axis
+    to index) instead of failing the export with an IndexError; torch.onnx's graph equals eager."""
+    x, i = torch.tensor(1.5), torch.tensor([0])
+    backend = Capture(cpu_session)
+    out = compile_and_run(fn, (x, i), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "torch.onnx" and "scalar" in (exported.fast_path_declined or "")
+    assert torch.equal(out, fn(x, i))
+
+
+@settings(max_examples=10, deadline=None)
+@given(rank=st.integers(0, 3), seed=seeds())
+def test_index_select_of_any_rank_matches_eager(rank: int, seed: int) -> None:
+    """index_select along dim 0 of a tensor of any rank (a scalar included) by runtime indices equals eager."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn([3] * rank, generator=gen)
+    i = torch.randint(0, 3, (2,), generator=gen) if rank else torch.tensor([0])
+    backend = Capture(cpu_session)
+    out = compile_and_run(lambda t, j: t.index_select(0, j), (x, i), backend)
+    assert torch.equal(out, x.index_select(0, i))

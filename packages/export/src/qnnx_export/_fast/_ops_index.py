@@ -76,6 +76,9 @@ def _gather(t: Translator, node: Node, x: Node, dim: int, index: Node, sparse_gr
 
 @handles(aten.index_select.default)
 def _index_select(t: Translator, node: Node, x: Node, dim: int, index: Node) -> ir.Value:
+    """``x.index_select(dim, index)`` as Gather; a scalar ``x`` is left to torch.onnx (it has no axis to gather)."""
+    if fake(x).dim() == 0:
+        raise Declined("index_select of a scalar")
     axis = onnx_axis(dim, fake(x).dim())
     return t.out("Gather", [t.value(x), _gather_index(t, index, fake(x).shape[axis])], {"axis": axis})
 
@@ -122,6 +125,8 @@ def _index_copy(t: Translator, node: Node, x: Node, dim: int, index: Node, sourc
     """
     shape = tuple(fake(x).shape)
     src_shape = tuple(fake(source).shape)
+    if not shape:  # a scalar: PyTorch takes index [0] only, and the result is the source
+        raise Declined("index_copy into a scalar")
     axis = onnx_axis(dim, len(shape))
     const = t.constant_of(index)
     if const is not None:
