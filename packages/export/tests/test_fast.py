@@ -1042,3 +1042,25 @@ def test_index_select_of_any_rank_matches_eager(rank: int, seed: int) -> None:
     backend = Capture(cpu_session)
     out = compile_and_run(lambda t, j: t.index_select(0, j), (x, i), backend)
     assert torch.equal(out, x.index_select(0, i))
+
+
+@settings(max_examples=15, deadline=None)
+@given(dims=st.lists(st.integers(1, 6), max_size=4), data=st.data(), seed=seeds())
+def test_cumprod_along_any_axis_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """cumprod along any axis of a rank 0-4 tensor (unit dims included) is a chain of Muls over prefixes and equals
+    eager within float32 rounding, zeros and signs included."""
+    dim = data.draw(st.integers(-1, len(dims) - 1)) if dims else 0
+    x = torch.randn(dims, generator=torch.Generator().manual_seed(seed)) * 1.5
+    if x.numel() > 2:
+        x.view(-1)[1] = 0.0
+    _check_fast(lambda t: torch.cumprod(t, dim), x, tol=1e-5)
+
+
+def test_cumprod_runs_on_qnn_htp() -> None:
+    """cumprod along an inner axis runs wholly on the HTP simulator (CPU fallback off) within fp16 error."""
+    x = torch.rand(2, 6, 3) + 0.5
+    ref = torch.cumprod(x, 1)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: torch.cumprod(t, 1), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 5e-3

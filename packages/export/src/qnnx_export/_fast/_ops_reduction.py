@@ -76,3 +76,35 @@ def _safe_softmax(t: Translator, node: Node, x: Node, dim: int, dtype: torch.dty
     row_max = t.emit1("ReduceMax", [xv, t.ints([axis], "axes")], {"keepdims": 1}, dtype=val.dtype, shape=row_shape)
     masked = t.emit1("Equal", [row_max, t.scalar(float("-inf"), val.dtype)], dtype=torch.bool, shape=row_shape)
     return t.out("Where", [masked, t.scalar(0.0, val.dtype), soft])
+
+
+# A running product is written as a chain of Muls, one per position: every intermediate is one of the outputs (a
+# prefix product), so nothing overflows float16 on HTP that the output does not show; a log-step scan would form
+# products of inner windows, which can overflow where every prefix is finite.
+_CUMPROD_MAX_STEPS = 32
+
+
+@handles(aten.cumprod.default)
+def _cumprod(t: Translator, node: Node, x: Node, dim: int, dtype: torch.dtype | None = None) -> ir.Value:
+    """``torch.cumprod`` along ``dim`` as the chain ``y[k] = y[k - 1] * x[k]`` of Slices and Muls, then one Concat
+    (ONNX has no running product; up to 32 positions)."""
+    val = node.meta["val"]
+    shape = tuple(val.shape)
+    if val.dtype not in (torch.float32, torch.float16) or fake(x).dtype != val.dtype:
+        raise Declined(f"cumprod to {val.dtype} from {fake(x).dtype}")
+    if not shape:
+        return t.value(x)
+    d = onnx_axis(dim, len(shape))
+    n = shape[d]
+    if n == 0 or n > _CUMPROD_MAX_STEPS:
+        raise Declined(f"cumprod over {n} positions (1 to {_CUMPROD_MAX_STEPS} are written as a chain of Muls)")
+    if n == 1:
+        return t.value(x)
+    one = (*shape[:d], 1, *shape[d + 1 :])
+    data = t.value(x)
+    prefixes: list[ir.Value] = []
+    for k in range(n):
+        ends, axes = t.ints([k + 1], "ends"), t.ints([d], "axes")
+        piece = t.emit1("Slice", [data, t.ints([k], "starts"), ends, axes], dtype=val.dtype, shape=one)
+        prefixes.append(piece if k == 0 else t.emit1("Mul", [prefixes[-1], piece], dtype=val.dtype, shape=one))
+    return t.out("Concat", prefixes, {"axis": d})
