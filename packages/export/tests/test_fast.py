@@ -1064,3 +1064,14 @@ def test_cumprod_runs_on_qnn_htp() -> None:
     out = compile_and_run(lambda t: torch.cumprod(t, 1), (x,), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=15, deadline=None)
+@given(dims=st.lists(st.integers(1, 5), max_size=4), data=st.data(), seed=seeds())
+def test_aminmax_over_any_axis_or_all_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """aminmax over one axis (keepdim or not) or over every axis of a rank 0-4 tensor equals eager exactly."""
+    dim = data.draw(st.one_of(st.none(), st.integers(-len(dims), len(dims) - 1))) if dims else None
+    keepdim = data.draw(st.booleans())
+    x = torch.randn(dims, generator=torch.Generator().manual_seed(seed))
+    kwargs: dict[str, Any] = {} if dim is None else {"dim": dim, "keepdim": keepdim}
+    _check_fast(lambda t: tuple(torch.aminmax(t, **kwargs)), x, tol=0.0)

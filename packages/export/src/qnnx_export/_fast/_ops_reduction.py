@@ -108,3 +108,22 @@ def _cumprod(t: Translator, node: Node, x: Node, dim: int, dtype: torch.dtype | 
         piece = t.emit1("Slice", [data, t.ints([k], "starts"), ends, axes], dtype=val.dtype, shape=one)
         prefixes.append(piece if k == 0 else t.emit1("Mul", [prefixes[-1], piece], dtype=val.dtype, shape=one))
     return t.out("Concat", prefixes, {"axis": d})
+
+
+@handles(aten.aminmax.default)
+def _aminmax(
+    t: Translator, node: Node, x: Node, *, dim: int | None = None, keepdim: bool = False
+) -> tuple[ir.Value, ir.Value]:
+    """``torch.aminmax``: ReduceMin and ReduceMax over ``dim``, or over every axis when it is None (torch.onnx
+    asks for a dim there and fails)."""
+    val = node.meta["val"][0]
+    rank = fake(x).dim()
+    if rank == 0:
+        return t.value(x), t.value(x)
+    axes = [onnx_axis(dim, rank)] if dim is not None else list(range(rank))
+    shape = tuple(val.shape)
+    pair = tuple(
+        t.emit1(op, [t.value(x), t.ints(axes, "axes")], {"keepdims": int(bool(keepdim))}, dtype=val.dtype, shape=shape)
+        for op in ("ReduceMin", "ReduceMax")
+    )
+    return pair[0], pair[1]
