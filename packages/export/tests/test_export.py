@@ -19,6 +19,8 @@ import torch.nn as nn
 from export_capture import capture, only
 from export_models_small import CONTRACT_MODELS
 from export_qnn_helpers import Capture, compile_and_run, cosine, cpu_session, qnn_session, rel_err, run_exported
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import qnnx_export as qe
 from qnnx_export.errors import ExportError, QnnxExportError, SignatureError
@@ -450,3 +452,40 @@ def test_writes_are_lifted_through_torch_onnx_when_an_op_lacks_a_translation(row
     outs = dict(zip(sig.onnx_output_names, session.run(None, feeds), strict=True))
     torch.testing.assert_close(torch.from_numpy(outs[sig.onnx_output_names[0]]), want)
     assert len(sig.onnx_output_names) > 1  # the written values came back
+
+
+_FOLDED_TO_AN_INPUT = {
+    "logsumexp": lambda x: torch.logsumexp(x, 0),
+    "max_dim": lambda x: torch.max(x, 0)[0],
+    "t_copy": lambda x: torch.t_copy(x),
+}
+
+
+@pytest.mark.parametrize(("op", "shape"), [("logsumexp", ()), ("max_dim", ()), ("t_copy", (3,))])
+def test_an_input_torch_onnx_returns_as_an_output_keeps_its_name(op: str, shape: tuple[int, ...]) -> None:
+    """An op torch.onnx folds into its input (logsumexp or max over the one dim of a scalar, t of a 1-D tensor)
+    leaves the graph input named after the placeholder again (onnx_ir renamed it '<output>_orig'), and the graph
+    runs and equals eager."""
+    fn = _FOLDED_TO_AN_INPUT[op]
+    x = torch.randn(shape)
+    backend = Capture(cpu_session, qe.ExportOptions(exporter="torch.onnx"))
+    out = compile_and_run(fn, (x,), backend)
+    (exported,) = backend.exported
+    assert [i.name for i in exported.signature.inputs] == [n.name for n in exported.model.graph.input]
+    assert torch.equal(out, fn(x))
+
+
+@settings(max_examples=5, deadline=None)
+@given(count=st.integers(1, 3), folded=st.data())
+def test_input_names_survive_any_mix_of_folded_and_used_inputs(count: int, folded: st.DataObject) -> None:
+    """Whichever of several scalar inputs torch.onnx returns unchanged, every ONNX input keeps its placeholder's name
+    and the outputs equal eager."""
+    returned = folded.draw(st.lists(st.booleans(), min_size=count, max_size=count))
+
+    def fn(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.logsumexp(x, 0) if r else x * 2 for x, r in zip(xs, returned, strict=True))
+
+    xs = tuple(torch.tensor(float(i) + 0.5) for i in range(count))
+    backend = Capture(cpu_session, qe.ExportOptions(exporter="torch.onnx"))
+    out = compile_and_run(fn, xs, backend)
+    assert all(torch.equal(a, b) for a, b in zip(out, fn(*xs), strict=True))

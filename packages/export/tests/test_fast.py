@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from export_capture import Captured, capture, only
 from export_qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_err, run_exported
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils._pytree import tree_flatten
 
@@ -917,3 +917,161 @@ def test_uneven_adaptive_avg_pool_runs_on_qnn_htp() -> None:
     out = compile_and_run(lambda t: F.adaptive_avg_pool2d(t, (3, 4)), (x,), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(dims=st.lists(st.integers(1, 4), min_size=1, max_size=5), data=st.data(), seed=seeds())
+def test_gather_by_runtime_indices_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """gather by runtime indices along any axis of a rank 1-5 tensor (unit dims, indices longer or shorter than the
+    data) equals eager exactly; up to rank 4 the indices are clamped at 0 (Max), which qnnx-opcheck reads as
+    non-negative."""
+    axis = data.draw(st.integers(0, len(dims) - 1))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*dims, generator=gen)
+    ishape = [data.draw(st.integers(1, d)) for d in dims]
+    ishape[axis] = data.draw(st.integers(1, 5))
+    index = torch.randint(0, dims[axis], ishape, generator=gen)
+    exported = _check_fast(lambda t, i: torch.gather(t, axis, i), x, index, tol=0.0)
+    assert ("Max" in _op_types(exported)) == (len(dims) <= 4)
+
+
+def test_gather_by_runtime_indices_is_vouched_for_and_runs_on_qnn_htp() -> None:
+    """gather by runtime indices is vouched for by qnnx-opcheck and runs wholly on the HTP simulator (CPU fallback
+    off), picking the elements eager picks."""
+    import qnnx_opcheck as oc
+
+    x = torch.randn(3, 5, 4)
+    index = torch.tensor([[[4, 0, 2, 1]] * 2] * 3)
+    ref = torch.gather(x, 1, index)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t, i: torch.gather(t, 1, i), (x, index), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast"
+    assert oc.check_model(exported.model, "htp", onnxruntime_qnn="2.7.0", soc_model=60).supported
+    assert rel_err(out, ref) <= 2e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    alpha=st.sampled_from([1.0, 0.0, -1.5, 0.6]),
+    beta=st.sampled_from([1.0, 0.0, 2.0, -0.3]),
+    bias_shape=st.sampled_from([(3, 4), (4,), (1,), (3, 1)]),
+    seed=seeds(),
+)
+def test_addmm_with_any_scales_matches_eager(alpha: float, beta: float, bias_shape: tuple[int, ...], seed: int) -> None:
+    """addmm with any alpha and beta is one Gemm with alpha 1 and beta 0 or 1 (all the QNN EP takes) and Muls, and
+    matches eager; with beta 0 a NaN in the bias does not reach the output, as in PyTorch."""
+    gen = torch.Generator().manual_seed(seed)
+    bias, a, b = (
+        torch.randn(bias_shape, generator=gen),
+        torch.randn(3, 5, generator=gen),
+        torch.randn(5, 4, generator=gen),
+    )
+    if beta == 0:
+        bias[0] = float("nan")
+    exported = _check_fast(lambda c, x, y: torch.addmm(c, x, y, beta=beta, alpha=alpha), bias, a, b)
+    for gemm in (n for n in exported.model.graph.node if n.op_type == "Gemm"):
+        attrs = {a.name: a for a in gemm.attribute}
+        assert "alpha" not in attrs and ("beta" not in attrs), gemm
+
+
+def test_addmm_with_scales_runs_on_qnn_htp() -> None:
+    """addmm with alpha and beta other than 1 runs wholly on the HTP simulator (CPU fallback off) within fp16
+    error."""
+    bias, a, b = torch.randn(3, 4), torch.randn(3, 5), torch.randn(5, 4)
+    ref = torch.addmm(bias, a, b, beta=0.5, alpha=-2.0)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=-2.0), (bias, a, b), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 4), min_size=2, max_size=5),
+    data=st.data(),
+    seed=seeds(),
+)
+def test_replicate_pad_of_any_widths_is_exact_data_movement(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """F.pad(mode="replicate") over 1-3 trailing dims, any widths (negative, zero and wider than the dim included),
+    is Gathers by constant indices (no Pad, whose edge mode QNN HTP computes wrongly) equal to eager bit for bit."""
+    # PyTorch pads the last rank-1 or rank-2 dims (1 to 3 of them) in this mode.
+    padded = data.draw(st.sampled_from([p for p in (len(dims) - 2, len(dims) - 1) if 1 <= p <= 3]))
+    pad = data.draw(st.lists(st.integers(-5, 5), min_size=2 * padded, max_size=2 * padded))
+    x = torch.randn(*dims, generator=torch.Generator().manual_seed(seed))
+    trailing = dims[::-1][:padded]
+    assume(all(d + a + b > 0 for d, a, b in zip(trailing, pad[::2], pad[1::2], strict=True)))
+    exported = _check_fast(lambda t: F.pad(t, pad, mode="replicate"), x, tol=0.0)
+    assert "Pad" not in _op_types(exported)
+
+
+def test_replicate_pad_runs_on_qnn_htp() -> None:
+    """A 2-D replicate pad (a negative width too) runs wholly on the HTP simulator (CPU fallback off) and equals eager within fp16
+    rounding."""
+    x = torch.randn(1, 2, 3, 4)
+    ref = F.pad(x, (1, -2, 3, 0), mode="replicate")
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: F.pad(t, (1, -2, 3, 0), mode="replicate"), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 1e-3
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x, i: x.index_select(0, i), lambda x, i: x.index_copy(0, i, x * 2)],
+    ids=["index_select", "index_copy"],
+)
+def test_index_ops_on_a_scalar_are_declined_not_a_failed_export(fn: Callable[..., Any]) -> None:
+    """index_select and index_copy of a scalar (dim 0, index [0]) decline the direct translation (there is no axis
+    to index) instead of failing the export with an IndexError; torch.onnx's graph equals eager."""
+    x, i = torch.tensor(1.5), torch.tensor([0])
+    backend = Capture(cpu_session)
+    out = compile_and_run(fn, (x, i), backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "torch.onnx" and "scalar" in (exported.fast_path_declined or "")
+    assert torch.equal(out, fn(x, i))
+
+
+@settings(max_examples=10, deadline=None)
+@given(rank=st.integers(0, 3), seed=seeds())
+def test_index_select_of_any_rank_matches_eager(rank: int, seed: int) -> None:
+    """index_select along dim 0 of a tensor of any rank (a scalar included) by runtime indices equals eager."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn([3] * rank, generator=gen)
+    i = torch.randint(0, 3, (2,), generator=gen) if rank else torch.tensor([0])
+    backend = Capture(cpu_session)
+    out = compile_and_run(lambda t, j: t.index_select(0, j), (x, i), backend)
+    assert torch.equal(out, x.index_select(0, i))
+
+
+@settings(max_examples=15, deadline=None)
+@given(dims=st.lists(st.integers(1, 6), max_size=4), data=st.data(), seed=seeds())
+def test_cumprod_along_any_axis_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """cumprod along any axis of a rank 0-4 tensor (unit dims included) is a chain of Muls over prefixes and equals
+    eager within float32 rounding, zeros and signs included."""
+    dim = data.draw(st.integers(-1, len(dims) - 1)) if dims else 0
+    x = torch.randn(dims, generator=torch.Generator().manual_seed(seed)) * 1.5
+    if x.numel() > 2:
+        x.view(-1)[1] = 0.0
+    _check_fast(lambda t: torch.cumprod(t, dim), x, tol=1e-5)
+
+
+def test_cumprod_runs_on_qnn_htp() -> None:
+    """cumprod along an inner axis runs wholly on the HTP simulator (CPU fallback off) within fp16 error."""
+    x = torch.rand(2, 6, 3) + 0.5
+    ref = torch.cumprod(x, 1)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: torch.cumprod(t, 1), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=15, deadline=None)
+@given(dims=st.lists(st.integers(1, 5), max_size=4), data=st.data(), seed=seeds())
+def test_aminmax_over_any_axis_or_all_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """aminmax over one axis (keepdim or not) or over every axis of a rank 0-4 tensor equals eager exactly."""
+    dim = data.draw(st.one_of(st.none(), st.integers(-len(dims), len(dims) - 1))) if dims else None
+    keepdim = data.draw(st.booleans())
+    x = torch.randn(dims, generator=torch.Generator().manual_seed(seed))
+    kwargs: dict[str, Any] = {} if dim is None else {"dim": dim, "keepdim": keepdim}
+    _check_fast(lambda t: tuple(torch.aminmax(t, **kwargs)), x, tol=0.0)

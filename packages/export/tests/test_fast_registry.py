@@ -192,6 +192,13 @@ EXAMPLES: dict[str, _Example] = {
     ),
     "aten.unbind.int": _ex(lambda x: _items(aten.unbind.int(x, 1), 3), (2, 3, 4)),
     "aten.constant_pad_nd.default": _ex(lambda x: aten.constant_pad_nd.default(x, [1, 2, 0, 3], 0.5), (1, 2, 3, 4)),
+    "aten.replication_pad1d.default": _ex(lambda x: aten.replication_pad1d.default(x, [2, -1]), (2, 3, 4)),
+    "aten.replication_pad2d.default": _ex(lambda x: aten.replication_pad2d.default(x, [1, 2, 0, 3]), (1, 2, 3, 4)),
+    "aten.replication_pad3d.default": _ex(
+        lambda x: aten.replication_pad3d.default(x, [1, 0, 2, 1, 0, 1]), (1, 2, 3, 4, 2)
+    ),
+    "aten.cumprod.default": _ex(lambda x: aten.cumprod.default(x, 1), (2, 5, 3)),
+    "aten.aminmax.default": _ex(lambda x: (aten.aminmax.default(x)[0], aten.aminmax.default(x, dim=1)[1]), (2, 5, 3)),
     # indexing
     "aten.select.int": _ex(lambda x: aten.select.int(x, 1, -1), _X),
     "aten.embedding.default": _ex(lambda i, w: aten.embedding.default(w, i), _ints(2, 5, high=10), params=[(10, 4)]),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import qnnx_opcheck as oc
@@ -258,3 +260,74 @@ def test_the_gpu_tables_leave_out_ops_run_only_as_function_bodies() -> None:
     htp, _ = oc.load_table("htp", "2.7.0", 60)
     gpu, _ = oc.load_table("gpu", "2.7.0")
     assert "::NegativeLogLikelihoodLoss" in htp.ops and "::NegativeLogLikelihoodLoss" not in gpu.ops
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1, 1, 1)])
+def test_reshape_to_a_scalar_is_no_empty_tensor_and_qnn_runs_it(shape: tuple[int, ...]) -> None:
+    """Reshape by a constant shape of no elements makes a scalar (one element), not an empty tensor: vouched for,
+    and the simulator builds it with CPU fallback off and matches the CPU EP."""
+    from qnnx_opcheck import live_check
+
+    m = _model(
+        [helper.make_node("Reshape", ["x", "s"], ["r"], name="reshape"), helper.make_node("Mul", ["r", "r"], ["y"])],
+        {"x": (F, shape)},
+        {"s": np.zeros((0,), np.int64)},
+    )
+    assert _verdict(m, "reshape").status == "supported"
+    live = live_check(m, soc_model=60, fallback=False)
+    assert live.whole_on_qnn and live.outputs_match, live.to_dict()
+
+
+def test_zero_element_data_into_reshape_is_still_refused() -> None:
+    """Only the constant shape input of Reshape may be empty: an empty data tensor is still a crash verdict."""
+    m = _model(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+        {"x": (F, (0, 3))},
+        {"s": np.array([3, 0], np.int64)},
+    )
+    v = _verdict(m, "reshape")
+    assert (v.status, v.kind) == ("unsupported", "crash")
+
+
+@settings(max_examples=30, deadline=None)
+@given(dims=st.lists(st.integers(0, 3), min_size=1, max_size=5), to_scalar=st.booleans())
+def test_reshape_is_refused_exactly_when_its_data_has_no_elements(dims: list[int], to_scalar: bool) -> None:
+    """Whatever the data's shape, Reshape is refused as a zero-element crash exactly when the data has a dim of 0;
+    an empty constant shape (a scalar result) never counts."""
+    size = int(np.prod(dims))
+    target = np.zeros((0,), np.int64) if to_scalar and size == 1 else np.array([size], np.int64)
+    m = _model([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], {"x": (F, tuple(dims))}, {"s": target})
+    v = _verdict(m, "reshape")
+    assert (v.kind == "crash") == (0 in dims), v
+
+
+def _scatter(reduction: str, shape: tuple[int, ...] = (4, 6), axis: int = 0) -> onnx.ModelProto:
+    ishape = tuple(max(1, d - 1) for d in shape)
+    node = helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], name="scatter", axis=axis, reduction=reduction)
+    return _model([node], {"x": (F, shape), "u": (F, ishape)}, {"i": np.zeros(ishape, np.int64)}, opset=18)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    reduction=st.sampled_from(["none", "add", "mul", "max", "min"]),
+    shape=st.lists(st.integers(2, 4), min_size=1, max_size=4).map(tuple),
+    data=st.data(),
+)
+def test_scatter_elements_is_refused_exactly_with_a_reduction(
+    reduction: str, shape: tuple[int, ...], data: st.DataObject
+) -> None:
+    """ScatterElements by constant non-negative indices is vouched for with reduction='none' and refused with any
+    reduction, whatever the rank and axis (the QNN EP declines the reductions)."""
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    v = _verdict(_scatter(reduction, shape, axis), "scatter")
+    assert (v.status == "supported") == (reduction == "none"), v
+
+
+def test_scatter_elements_with_a_reduction_does_not_run_whole_on_qnn() -> None:
+    """The simulator confirms the refusal: with reduction='add' the session does not build with CPU fallback off,
+    with reduction='none' it runs whole and right."""
+    from qnnx_opcheck import live_check
+
+    assert not live_check(_scatter("add"), soc_model=60, fallback=False).whole_on_qnn
+    live = live_check(_scatter("none"), soc_model=60, fallback=False)
+    assert live.whole_on_qnn and live.outputs_match, live.to_dict()

@@ -324,6 +324,22 @@ def _export_lifted(
     return model, writes
 
 
+def _restore_input_names(model: ir.Model, names: Sequence[str]) -> None:
+    """Give torch.onnx's graph inputs the placeholder names again, by position.
+
+    A placeholder that is also a result (an op torch.onnx folds to nothing: ``logsumexp`` of a scalar, ``t`` of a
+    1-D tensor, ``max(dim)`` of a scalar) comes back named after the output, and onnx_ir's output fix then renames
+    it ``<output>_orig`` behind an Identity. torch.onnx keeps the inputs in the placeholders' order; when the count
+    differs nothing is renamed (the signature check then names the mismatch)."""
+    inputs = list(model.graph.inputs)
+    if len(inputs) != len(names) or all(v.name == n for v, n in zip(inputs, names, strict=True)):
+        return
+    taken = {v.name for node in model.graph for v in node.outputs} | {v.name for v in model.graph.initializers.values()}
+    for value, name in zip(inputs, names, strict=True):
+        if value.name != name and name not in taken:
+            value.name = name
+
+
 def _writebacks(writes: Sequence[Any], first: int) -> dict[str, Any]:
     """The signature's write-back fields for the translator's writes, whose outputs start at ONNX output ``first``."""
     whole: list[tuple[int, int]] = []
@@ -440,6 +456,7 @@ def export(
                 log.debug("direct translation declined (%s); exporting with torch.onnx", declined)
     if model is None and onnx_nodes:
         model = torch_onnx_model(make_frozen(), user_args, options.opset)
+        _restore_input_names(model, [name for name, _ in user_inputs])
         exporter = "torch.onnx"
     elif model is None:
         model = _empty_model(options.opset)

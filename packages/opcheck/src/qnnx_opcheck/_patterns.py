@@ -156,7 +156,7 @@ class Patterns:
         for position, name in enumerate((*node.input, *node.output)):
             if position in placeholders and position < len(node.input) and self.view.is_const(name):
                 continue
-            if position == 1 and self.empty_axes_reduce_all(node):
+            if position == 1 and (self.empty_axes_reduce_all(node) or self._reshape_to_scalar(node)):
                 continue
             shape = self.view.shape(name) if name else None
             if shape is not None and any(d == 0 for d in shape):
@@ -169,6 +169,15 @@ class Patterns:
         if node.domain != "" or node.op_type not in REDUCE_AXES_INPUT or len(node.input) < 2 or not node.input[1]:
             return False
         return self._static_dims(node.input[1]) == (0,) and not self.view.attr(node, "noop_with_empty_axes")
+
+    def _reshape_to_scalar(self, node: NodeView) -> bool:
+        """A Reshape by a constant shape of no elements: its output is a scalar (one element), which QNN HTP takes.
+        Reshape of x[1], x[1, 1] and x[1, 1, 1, 1] to shape [] (alone, and feeding a Mul) builds with CPU fallback
+        disabled and matches the CPU EP (onnxruntime-qnn 2.7.0, soc_model 60): how ``unbind`` and ``squeeze`` of
+        size-1 dims are written."""
+        if node.domain != "" or node.op_type != "Reshape" or len(node.input) < 2 or not node.input[1]:
+            return False
+        return self.view.is_const(node.input[1]) and self._static_dims(node.input[1]) == (0,)
 
     def _runtime_empty_axes_ok(self, node: NodeView) -> bool:
         """An empty axes graph input is taken when the reduction's output is a graph output: onnxruntime does not

@@ -49,13 +49,36 @@ def _embedding(t: Translator, node: Node, weight: Node, indices: Node, *args: ob
     return t.out("Gather", [t.value(weight), t.value(indices)], {"axis": 0})
 
 
+def _clamped_index(t: Translator, index: Node) -> ir.Value:
+    """Runtime element indices as ``Max(i, 0)``: PyTorch's gather and scatter raise for an index outside
+    ``[0, size)``, so this changes no valid call, and it lets qnnx-opcheck prove the indices non-negative (QNN HTP
+    reads a negative GatherElements/ScatterElements index wrongly)."""
+    raw = t.value(index)
+    dtype, shape = fake(index).dtype, tuple(fake(index).shape)
+    return t.emit1("Max", [raw, t.scalar(0, dtype)], dtype=dtype, shape=shape)
+
+
 @handles(aten.gather.default)
 def _gather(t: Translator, node: Node, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> ir.Value:
-    return t.out("GatherElements", [t.value(x), t.value(index)], {"axis": onnx_axis(dim, fake(x).dim())})
+    """``x.gather(dim, index)`` as GatherElements, runtime indices of rank <= 4 clamped at 0 (the simulator builds
+    and computes that right over ranks 1-4, every axis, unit dims; rank 5 was not shown to finalize)."""
+    shape = tuple(fake(x).shape)
+    axis = onnx_axis(dim, len(shape))
+    const = t.constant_of(index)
+    if const is not None:
+        idx = t.initializer(_in_range(const, shape[axis]).to(const.dtype), "index")
+    elif len(shape) <= 4:
+        idx = _clamped_index(t, index)
+    else:
+        idx = t.value(index)
+    return t.out("GatherElements", [t.value(x), idx], {"axis": axis})
 
 
 @handles(aten.index_select.default)
 def _index_select(t: Translator, node: Node, x: Node, dim: int, index: Node) -> ir.Value:
+    """``x.index_select(dim, index)`` as Gather; a scalar ``x`` is left to torch.onnx (it has no axis to gather)."""
+    if fake(x).dim() == 0:
+        raise Declined("index_select of a scalar")
     axis = onnx_axis(dim, fake(x).dim())
     return t.out("Gather", [t.value(x), _gather_index(t, index, fake(x).shape[axis])], {"axis": axis})
 
@@ -102,6 +125,8 @@ def _index_copy(t: Translator, node: Node, x: Node, dim: int, index: Node, sourc
     """
     shape = tuple(fake(x).shape)
     src_shape = tuple(fake(source).shape)
+    if not shape:  # a scalar: PyTorch takes index [0] only, and the result is the source
+        raise Declined("index_copy into a scalar")
     axis = onnx_axis(dim, len(shape))
     const = t.constant_of(index)
     if const is not None:

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 aten = torch.ops.aten
 
 
+def _shape_of(x: Operand) -> tuple[int, ...]:
+    return tuple(x.meta["val"].shape) if isinstance(x, torch.fx.Node) else ()
+
+
 @handles(aten.mm.default, aten.bmm.default)
 def _mm(t: Translator, node: Node, a: Node, b: Node) -> ir.Value:
     if node.meta["val"].dtype not in (torch.float32, torch.float16, torch.int32, torch.int64):
@@ -36,5 +40,18 @@ def _addmm(
     else:
         b_value = t.value(b)
     dtype = node.meta["val"].dtype
-    attrs = {"transB": trans_b, "alpha": float(alpha), "beta": float(beta)}
-    return t.out("Gemm", [t.operand(a, dtype), b_value, t.operand(bias, dtype)], attrs)
+    if alpha == 1 and beta == 1:
+        return t.out("Gemm", [t.operand(a, dtype), b_value, t.operand(bias, dtype)], {"transB": trans_b})
+    # The QNN EP takes Gemm with alpha 1 and beta 0 or 1 only, so the scales are Muls; with beta 0 PyTorch ignores
+    # the bias, NaN and inf in it included, so it is left out.
+    shape = tuple(node.meta["val"].shape)
+    gemm_inputs, attrs = [t.operand(a, dtype), b_value], {"transB": trans_b}
+    if beta == 0 and alpha == 1:
+        return t.out("Gemm", gemm_inputs, attrs)
+    product = t.emit1("Gemm", gemm_inputs, attrs, dtype=dtype, shape=shape)
+    if beta == 0:
+        return t.out("Mul", [product, t.scalar(alpha, dtype)])
+    if alpha != 1:
+        product = t.emit1("Mul", [product, t.scalar(alpha, dtype)], dtype=dtype, shape=shape)
+    scaled = t.emit1("Mul", [t.operand(bias, dtype), t.scalar(beta, dtype)], dtype=dtype, shape=_shape_of(bias))
+    return t.out("Add", [product, scaled])

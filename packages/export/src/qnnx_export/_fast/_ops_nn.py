@@ -134,6 +134,10 @@ def _batch_norm(
 def _layer_norm(
     t: Translator, node: Node, x: Node, normalized_shape: Sequence[int], w: Node | None, b: Node | None, eps: float
 ) -> tuple[ir.Value, None, None]:
+    """LayerNormalization with its one output. With the mean or rstd used it declines: the QNN EP takes
+    LayerNormalization with one output only, and writing rstd out as ReduceMean((x - mean)^2) would square in
+    float16 on HTP, where any |x - mean| above 256 overflows and rstd comes back 0 (a wrong number the output
+    range check cannot see, since rstd itself is small)."""
     if not only_first_output_used(node):
         raise Declined("layer norm with its mean/rstd used")
     val = node.meta["val"][0]

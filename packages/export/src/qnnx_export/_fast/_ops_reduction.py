@@ -119,3 +119,54 @@ def _sort(t: Translator, node: Node, x: Node, dim: int = -1, descending: bool = 
     among equal values there, and HTP's TopK may return equal values in another order than the CPU's."""
     size = fake(x).shape[onnx_axis(dim, fake(x).dim())] if fake(x).dim() else 1
     return _top_k(t, node, x, int(size), dim, descending)
+
+
+# A running product is written as a chain of Muls, one per position: every intermediate is one of the outputs (a
+# prefix product), so nothing overflows float16 on HTP that the output does not show; a log-step scan would form
+# products of inner windows, which can overflow where every prefix is finite.
+_CUMPROD_MAX_STEPS = 32
+
+
+@handles(aten.cumprod.default)
+def _cumprod(t: Translator, node: Node, x: Node, dim: int, dtype: torch.dtype | None = None) -> ir.Value:
+    """``torch.cumprod`` along ``dim`` as the chain ``y[k] = y[k - 1] * x[k]`` of Slices and Muls, then one Concat
+    (ONNX has no running product; up to 32 positions)."""
+    val = node.meta["val"]
+    shape = tuple(val.shape)
+    if val.dtype not in (torch.float32, torch.float16) or fake(x).dtype != val.dtype:
+        raise Declined(f"cumprod to {val.dtype} from {fake(x).dtype}")
+    if not shape:
+        return t.value(x)
+    d = onnx_axis(dim, len(shape))
+    n = shape[d]
+    if n == 0 or n > _CUMPROD_MAX_STEPS:
+        raise Declined(f"cumprod over {n} positions (1 to {_CUMPROD_MAX_STEPS} are written as a chain of Muls)")
+    if n == 1:
+        return t.value(x)
+    one = (*shape[:d], 1, *shape[d + 1 :])
+    data = t.value(x)
+    prefixes: list[ir.Value] = []
+    for k in range(n):
+        ends, axes = t.ints([k + 1], "ends"), t.ints([d], "axes")
+        piece = t.emit1("Slice", [data, t.ints([k], "starts"), ends, axes], dtype=val.dtype, shape=one)
+        prefixes.append(piece if k == 0 else t.emit1("Mul", [prefixes[-1], piece], dtype=val.dtype, shape=one))
+    return t.out("Concat", prefixes, {"axis": d})
+
+
+@handles(aten.aminmax.default)
+def _aminmax(
+    t: Translator, node: Node, x: Node, *, dim: int | None = None, keepdim: bool = False
+) -> tuple[ir.Value, ir.Value]:
+    """``torch.aminmax``: ReduceMin and ReduceMax over ``dim``, or over every axis when it is None (torch.onnx
+    asks for a dim there and fails)."""
+    val = node.meta["val"][0]
+    rank = fake(x).dim()
+    if rank == 0:
+        return t.value(x), t.value(x)
+    axes = [onnx_axis(dim, rank)] if dim is not None else list(range(rank))
+    shape = tuple(val.shape)
+    pair = tuple(
+        t.emit1(op, [t.value(x), t.ints(axes, "axes")], {"keepdims": int(bool(keepdim))}, dtype=val.dtype, shape=shape)
+        for op in ("ReduceMin", "ReduceMax")
+    )
+    return pair[0], pair[1]

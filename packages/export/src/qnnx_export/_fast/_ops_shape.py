@@ -176,6 +176,30 @@ def _constant_pad(t: Translator, node: Node, x: Node, pad: Sequence[int], value:
     return t.out("Pad", [t.value(x), t.ints(begins + ends, "pads"), t.scalar(value, dtype)], {"mode": "constant"})
 
 
+@handles(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default)
+def _replication_pad(t: Translator, node: Node, x: Node, pad: Sequence[int]) -> ir.Value:
+    """``F.pad(x, pad, mode="replicate")`` as data movement: along each padded axis, a Gather by the constant
+    indices ``clamp(i - before, 0, size - 1)`` (PyTorch's own mapping, negative widths included). QNN HTP computes
+    ONNX's Pad(mode='edge') wrongly (6.6e4 times the output's scale), so it is not written."""
+    shape = list(fake(x).shape)
+    if 0 in shape:
+        raise Declined("replication pad of an empty tensor")
+    dtype = node.meta["val"].dtype
+    value = t.value(x)
+    for i in range(len(pad) // 2):
+        d = len(shape) - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        width = shape[d] + before + after
+        if width <= 0:
+            raise Declined("replication pad to an empty dimension")
+        index = (torch.arange(width) - before).clamp(0, shape[d] - 1)
+        if width == shape[d] and bool((index == torch.arange(width)).all()):
+            continue
+        shape[d] = width
+        value = t.emit1("Gather", [value, t.initializer(index, "index")], {"axis": d}, dtype=dtype, shape=tuple(shape))
+    return value
+
+
 def _patch_grid(
     shape: tuple[int, ...],
     kernel: Sequence[int],
