@@ -122,13 +122,17 @@ class TileLayerNormBroadcast(QnnPass):
 # ------------------------------------------------------------- rank > 5 Reshape/Transpose/Reshape -> rank <= 5
 
 _MAX_HTP_RANK = 5
+# The least size of an innermost axis kept as an axis of its own (see FoldHighRankTranspose): a MatMul with 2 output
+# channels reshaped to rank 5 ending [..., 2, 2] stops the process (SIGSEGV) inside QNN HTP.
+_MIN_OWN_AXIS = 4
 
 
 def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[int]]:
     """Merge input axes that stay next to each other, in order, after the transpose.
 
-    Returns the merged input shape and the permutation of the merged axes; transposing the merged tensor moves
-    the same elements to the same places as the original transpose.
+    The innermost axis stays an axis of its own when it stays innermost and the merged rank allows it (see
+    :class:`FoldHighRankTranspose`). Returns the merged input shape and the permutation of the merged axes;
+    transposing the merged tensor moves the same elements to the same places as the original transpose.
     """
     groups: list[list[int]] = []
     for axis in perm:
@@ -136,6 +140,9 @@ def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[
             groups[-1].append(axis)
         else:
             groups.append([axis])
+    last = len(shape) - 1
+    if len(groups[-1]) > 1 and groups[-1][-1] == last and shape[last] >= _MIN_OWN_AXIS and len(groups) < _MAX_HTP_RANK:
+        groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]
     order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # merged axes in input order
     merged_shape = [math.prod(shape[a] for a in groups[g]) for g in order]
     position = {g: i for i, g in enumerate(order)}
@@ -148,11 +155,20 @@ class FoldHighRankTranspose(QnnPass):
 
     QNN HTP takes tensors of rank <= 5 only. Swin's window partition and reverse (``view(B, H/w, w, W/w, w, C)
     .permute(0, 1, 3, 2, 4, 5)``) go through rank 6, but the axes that the permutation keeps together can be
-    merged first: the merged transpose moves the same elements to the same places, so the rewrite is exact.
+    merged first: the merged transpose moves the same elements to the same places, so the rewrite is exact. The
+    innermost axis (Swin's channels) stays an axis of its own whenever it stays innermost and rank 5 allows it:
+    merging it too gives the window reverse a Reshape ``[B*nW, w*w, C] -> [B*H/w, W/w, w, w*C]`` after the output
+    projection, which QNN HTP fails to finalize (``QNN_COMMON_ERROR_MEM_ALLOC``) for 2x2 windows on an 8x8 grid
+    (C = 8, 16, batch 1 and 2: a tiny Swin's first stage), while ``[B*H/w, W/w, w, w, C]`` builds for every class
+    measured (windows 2-7, grids 2-28, C 4-32; onnxruntime-qnn 2.7.0, soc_model 60). Channels fewer than 4 are
+    merged as before: a MatMul with 2 output channels reshaped to rank 5 ``[..., 2, 2]`` kills the process.
     """
 
     name = "fold_high_rank_transpose"
-    defect = "rank-6 tensors are refused by QNN HTP (Swin window partition)"
+    defect = (
+        "rank-6 tensors are refused by QNN HTP (Swin window partition), and a window reverse that merges the "
+        "channels into the window's columns after the output projection fails graph finalize (tiny Swin)"
+    )
 
     def match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
         if not _graph.is_op(node, "Transpose"):
