@@ -27,7 +27,7 @@ from export_onnx_builders import (
     to_ir,
     window_attention_output,
 )
-from export_qnn_helpers import cpu_session, qnn_session
+from export_qnn_helpers import cpu_session, qnn_error_in_child, qnn_session
 from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
@@ -403,7 +403,7 @@ def test_linear_heads_as_matmul_shape_classes(side: int, head_dim: int, bias: bo
 @given(
     batch=st.sampled_from([1, 2]),
     grid=st.sampled_from([2, 3, 4]),
-    window=st.sampled_from([2, 3, 7]),
+    window=st.sampled_from([2, 3, 4, 7]),
     heads=st.sampled_from([1, 2, 4]),
     head_dim=st.sampled_from([2, 4, 8]),
 )
@@ -422,6 +422,18 @@ def test_fold_high_rank_transpose_tiny_swin_stage(batch: int, channels: int) -> 
     failed QNN graph finalize, build and are right once the channels stay their own axis."""
     model, feeds = window_attention_output(batch, 8, 2, 2, channels // 2)
     _check(model, feeds, ("fold_high_rank_transpose",), reference=_cpu_reference, must_build=True)
+
+
+@pytest.mark.parametrize(("window", "heads", "head_dim"), [(4, 1, 4), (4, 2, 2), (8, 1, 8)])
+def test_fold_high_rank_transpose_window_as_wide_as_channels(window: int, heads: int, head_dim: int) -> None:
+    """A window's side equal to the channels keeps them merged: kept apart, the reverse's Reshape after the output
+    projection ends [..., C, C], which kills the process in QNN (checked in a child process)."""
+    model, feeds = window_attention_output(1, 2 * window, window, heads, head_dim)
+    m = to_ir(model)
+    run_passes(m, ("fold_high_rank_transpose",))
+    status, error, last = qnn_error_in_child(to_bytes(m), feeds)
+    assert status == 0 and error is not None, f"the child ended with status {status}: {last}"
+    assert error < _TOL, error
 
 
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.

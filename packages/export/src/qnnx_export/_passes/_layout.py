@@ -122,8 +122,9 @@ class TileLayerNormBroadcast(QnnPass):
 # ------------------------------------------------------------- rank > 5 Reshape/Transpose/Reshape -> rank <= 5
 
 _MAX_HTP_RANK = 5
-# The least size of an innermost axis kept as an axis of its own (see FoldHighRankTranspose): a MatMul with 2 output
-# channels reshaped to rank 5 ending [..., 2, 2] stops the process (SIGSEGV) inside QNN HTP.
+# The least size of an innermost axis kept as an axis of its own (see FoldHighRankTranspose). A MatMul's [..., N]
+# product reshaped to rank 5 [..., N, k] stops the process (SIGSEGV) inside QNN HTP, so the axis is not kept when the
+# axis before it would have its size (Swin's 2x2 windows of 2 channels: [..., 2, 2]).
 _MIN_OWN_AXIS = 4
 
 
@@ -141,8 +142,10 @@ def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[
         else:
             groups.append([axis])
     last = len(shape) - 1
-    if len(groups[-1]) > 1 and groups[-1][-1] == last and shape[last] >= _MIN_OWN_AXIS and len(groups) < _MAX_HTP_RANK:
-        groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]
+    if len(groups[-1]) > 1 and groups[-1][-1] == last and len(groups) < _MAX_HTP_RANK:
+        before = math.prod(shape[a] for a in groups[-1][:-1])
+        if shape[last] >= _MIN_OWN_AXIS and before != shape[last]:
+            groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]
     order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # merged axes in input order
     merged_shape = [math.prod(shape[a] for a in groups[g]) for g in order]
     position = {g: i for i, g in enumerate(order)}
@@ -160,8 +163,9 @@ class FoldHighRankTranspose(QnnPass):
     merging it too gives the window reverse a Reshape ``[B*nW, w*w, C] -> [B*H/w, W/w, w, w*C]`` after the output
     projection, which QNN HTP fails to finalize (``QNN_COMMON_ERROR_MEM_ALLOC``) for 2x2 windows on an 8x8 grid
     (C = 8, 16, batch 1 and 2: a tiny Swin's first stage), while ``[B*H/w, W/w, w, w, C]`` builds for every class
-    measured (windows 2-7, grids 2-28, C 4-32; onnxruntime-qnn 2.7.0, soc_model 60). Channels fewer than 4 are
-    merged as before: a MatMul with 2 output channels reshaped to rank 5 ``[..., 2, 2]`` kills the process.
+    measured (windows 2-7, grids 2-28, C 4-32; onnxruntime-qnn 2.7.0, soc_model 60). Channels fewer than 4, or as
+    many as the window's side, are merged as before: a MatMul's ``[..., C]`` product reshaped to rank 5
+    ``[..., C, k]`` kills the process (SIGSEGV), and ``[..., w, C]`` is that form when ``w == C``.
     """
 
     name = "fold_high_rank_transpose"
