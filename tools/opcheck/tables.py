@@ -558,12 +558,13 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "MatMul's or Gemm's [..., N] product (a bias added between or not): the session builds, the first run "
         "kills the process.",
         "fix": "keep the product's last axis last (e.g. [..., k, N]), or run the Reshape on the CPU EP",
-        "evidence": "probe htp 2.7.0 soc60 2026-12-03: MatMul [4, 4, 2] -> [2, 2, 2, 2, 2], [1, 4, 2, 2, 2], "
-        "[4, 4, 2, 2, 2] (from [16, 4, 2]); [8, 8, 2] -> [16, 1, 2, 2, 2], [4, 8, 1, 2, 2], [2, 4, 4, 2, 2], "
-        "[2, 8, 2, 2, 2]; [4, 4, N] -> [2, 2, 2, N, 2] for N = 1, 3, 4, 8, 16; [4, 4, 4] -> [2, 2, 1, 4, 4]; a Gemm, and "
-        "MatMul + Add: SIGSEGV at the first run (with the Reshape on the CPU EP: runs); [1, 16, 2, 2, 2], "
-        "[1, 1, 8, 2, 2], [1, 2, 2, 4, 4], [1, 1, 2, 3, 2], [..., 4, 2] of N = 2, [..., 2, 2] of N = 4, [..., N, 1], rank 4 "
-        "[16, 2, 2, 2], and Add or Relu in place of the MatMul: run and are right",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-03: MatMul products [4, 4, 2] -> [2, 2, 2, 2, 2], "
+        "[1, 4, 2, 2, 2], [16, 4, 2] -> [4, 4, 2, 2, 2]; [8, 8, 2] -> [16, 1, 2, 2, 2], [4, 8, 1, 2, 2], "
+        "[2, 4, 4, 2, 2], [2, 8, 2, 2, 2]; [4, 4, N] -> [2, 2, 2, N, 2] for N = 1, 3, 4, 8, 16; "
+        "[4, 4, 4] -> [2, 2, 1, 4, 4]; a Gemm, and MatMul + Add: SIGSEGV at the first run (with the Reshape on the "
+        "CPU EP: runs); [1, 16, 2, 2, 2], [1, 1, 8, 2, 2], [1, 2, 2, 4, 4], [1, 1, 2, 3, 2], [..., 4, 2] of N = 2, "
+        "[..., 2, 2] of N = 4, [..., N, 1], rank 4 [16, 2, 2, 2], and Add or Relu in place of the MatMul: run and "
+        "are right",
     }
     p["conv_defects"] = {
         "status": "unsupported",

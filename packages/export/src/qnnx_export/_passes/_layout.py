@@ -122,9 +122,9 @@ class TileLayerNormBroadcast(QnnPass):
 # ------------------------------------------------------------- rank > 5 Reshape/Transpose/Reshape -> rank <= 5
 
 _MAX_HTP_RANK = 5
-# The least size of an innermost axis kept as an axis of its own (see FoldHighRankTranspose). A MatMul's [..., N]
-# product reshaped to rank 5 [..., N, k] stops the process (SIGSEGV) inside QNN HTP, so the axis is not kept when the
-# axis before it would have its size (Swin's 2x2 windows of 2 channels: [..., 2, 2]).
+# The least size of an innermost axis kept as an axis of its own (see FoldHighRankTranspose): the classes measured
+# kept apart start at 4 channels. Nor is it kept when the axis before it would have its size: a MatMul's [..., N]
+# product reshaped to rank 5 [..., N, k] stops the process (SIGSEGV) inside QNN HTP (2x2 windows of 2 channels).
 _MIN_OWN_AXIS = 4
 
 
@@ -162,10 +162,10 @@ class FoldHighRankTranspose(QnnPass):
     innermost axis (Swin's channels) stays an axis of its own whenever it stays innermost and rank 5 allows it:
     merging it too gives the window reverse a Reshape ``[B*nW, w*w, C] -> [B*H/w, W/w, w, w*C]`` after the output
     projection, which QNN HTP fails to finalize (``QNN_COMMON_ERROR_MEM_ALLOC``) for 2x2 windows on an 8x8 grid
-    (C = 8, 16, batch 1 and 2: a tiny Swin's first stage), while ``[B*H/w, W/w, w, w, C]`` builds for every class
-    measured (windows 2-7, grids 2-28, C 4-32; onnxruntime-qnn 2.7.0, soc_model 60). Channels fewer than 4, or as
-    many as the window's side, are merged as before: a MatMul's ``[..., C]`` product reshaped to rank 5
-    ``[..., C, k]`` kills the process (SIGSEGV), and ``[..., w, C]`` is that form when ``w == C``.
+    (C = 8, 16, batch 1 and 2: a tiny Swin's first stage), while ``[B*H/w, W/w, w, w, C]`` builds and is right for
+    every class measured (windows 2-8, grids 2-4, C 4-32; onnxruntime-qnn 2.7.0, soc_model 60). Channels fewer
+    than 4, or as many as the window's side, are merged as before: a MatMul's ``[..., C]`` product reshaped to
+    rank 5 ``[..., C, k]`` kills the process (SIGSEGV), and ``[..., w, C]`` is that form when ``w == C``.
     """
 
     name = "fold_high_rank_transpose"
