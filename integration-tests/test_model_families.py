@@ -1,5 +1,6 @@
-"""Model families beyond the corpus, each in a tiny random configuration: every graph wholly on QNN (no CPU-EP node)
-with eager's outputs, the first-call check off so that nothing hides a wrong result."""
+"""Model families beyond the corpus, each in a tiny random configuration: every graph wholly on QNN (no CPU-EP node,
+strict placement: a fallback raises) with eager's outputs, the first-call check off so that nothing hides a wrong
+result."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from integration_models import randomize_batchnorm
 
 import qnnx_backend
 
-NPU_RAW = {"device": "npu", "soc_model": 60, "verify": False}
+NPU_RAW = {"device": "npu", "strict": True, "soc_model": 60, "verify": False}
 
 
 def _roberta() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -54,7 +55,35 @@ def _mobilevit_v2() -> tuple[torch.nn.Module, torch.Tensor]:
     return randomize_batchnorm(model), torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
 
 
-FAMILIES = {"mobilevit_v2": _mobilevit_v2, "roberta": _roberta, "siglip_vision": _siglip_vision}
+def _swin() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Swin (v1) attends within windows: a partition and a reverse through rank-6 tensors around each attention,
+    the second block of a stage on windows shifted by a roll, with a mask between the shifted regions."""
+    import transformers
+
+    cfg = transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=2
+    )
+    return transformers.SwinModel(cfg), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def _swin_window7() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Swin at a real image size and window (224, patch 4, window 7: 64 windows of 49 tokens, then 16), narrow and
+    shallow so that the simulator takes seconds."""
+    import transformers
+
+    cfg = transformers.SwinConfig(
+        image_size=224, patch_size=4, embed_dim=32, depths=[1, 1], num_heads=[2, 4], window_size=7
+    )
+    return transformers.SwinModel(cfg), torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+
+
+FAMILIES = {
+    "mobilevit_v2": _mobilevit_v2,
+    "roberta": _roberta,
+    "siglip_vision": _siglip_vision,
+    "swin": _swin,
+    "swin_window7": _swin_window7,
+}
 # max |qnn - eager| / max |eager| allowed per family: fp16 error grows through depth, and MobileViT-v2's 30 convs
 # with random BatchNorm statistics reach 3.1e-2 (cosine 0.99936) on QNN with either exporter (eager PyTorch in
 # float16: 8.9e-3); the first-call check's default limit is 5e-2.

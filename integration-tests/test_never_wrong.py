@@ -45,6 +45,29 @@ def test_zero_element_inputs_do_not_reach_qnn() -> None:
     assert proc.stdout.split()[-3:] == ["0.0", "eager", "True"]
 
 
+def test_a_projection_regrouped_at_rank5_does_not_kill_the_process() -> None:
+    """A Linear's [..., N] output viewed as rank 5 [..., N, k] (QNN HTP builds it and dies at the first run) gives
+    eager's values, with the refused Reshape named in the report (checked in a child)."""
+    code = textwrap.dedent(
+        """
+        import warnings, torch, qnnx_backend
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        proj = torch.nn.Linear(2, 2).eval()
+        fn = lambda x: proj(x).reshape(2, 2, 2, 2, 2).transpose(3, 4).reshape(4, 8) * 2
+        x = torch.randn(4, 4, 2)
+        with torch.no_grad():
+            out = torch.compile(fn, backend="qnn", options={"soc_model": 60})(x)
+            ref = fn(x)
+        (rep,) = qnnx_backend.compile_reports()
+        print(float((out - ref).abs().max()) < 1e-2, "SIGSEGV" in (rep.reason or ""))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"process died with {proc.returncode}: {proc.stderr[-800:]}"
+    assert proc.stdout.split()[-2:] == ["True", "True"]
+
+
 def test_empty_intermediate_graph_runs_in_pytorch_with_reason() -> None:
     """A graph whose slice is empty runs in PyTorch, and the report says why."""
     x = torch.randn(2, 4)

@@ -550,6 +550,22 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "[2, 4, 4, 6], [4, 8, 4, 6], [8, 4, 4, 6], [1, 4, 4, 6], [4, 4, 4, 1] and a flat input [16, K]: built; "
         "MatMul(x, W) + b at rank 3: built for every one",
     }
+    p["projection_regrouped_rank5"] = {
+        "status": "unsupported",
+        "kind": "crash",
+        "ops": ["Reshape"],
+        "reason": "QNN HTP stops the process (SIGSEGV) when it runs a Reshape to rank 5 [..., N, k] (k > 1) of a "
+        "MatMul's or Gemm's [..., N] product (a bias added between or not): the session builds, the first run "
+        "kills the process.",
+        "fix": "keep the product's last axis last (e.g. [..., k, N]), or run the Reshape on the CPU EP",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-03: MatMul products [4, 4, 2] -> [2, 2, 2, 2, 2], "
+        "[1, 4, 2, 2, 2], [16, 4, 2] -> [4, 4, 2, 2, 2]; [8, 8, 2] -> [16, 1, 2, 2, 2], [4, 8, 1, 2, 2], "
+        "[2, 4, 4, 2, 2], [2, 8, 2, 2, 2]; [4, 4, N] -> [2, 2, 2, N, 2] for N = 1, 3, 4, 8, 16; "
+        "[4, 4, 4] -> [2, 2, 1, 4, 4]; a Gemm, and MatMul + Add: SIGSEGV at the first run (with the Reshape on the "
+        "CPU EP: runs); [1, 16, 2, 2, 2], [1, 1, 8, 2, 2], [1, 2, 2, 4, 4], [1, 1, 2, 3, 2], [..., 4, 2] of N = 2, "
+        "[..., 2, 2] of N = 4, [..., N, 1], rank 4 [16, 2, 2, 2], and Add or Relu in place of the MatMul: run and "
+        "are right",
+    }
     p["conv_defects"] = {
         "status": "unsupported",
         "kind": "wrong_result",

@@ -247,3 +247,34 @@ def merged_heads_matmul(
         inits["via"] = np.array(via, np.int64)
     model = make_model(nodes, [("x", TensorProto.FLOAT, source)], [("y", TensorProto.FLOAT, None)], inits)
     return model, {"x": rng.standard_normal(source).astype(np.float32)}
+
+
+def window_attention_output(
+    batch: int, side: int, window: int, heads: int, head_dim: int, seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The end of Swin's window attention as torch.onnx exports it: the heads of every window merged back
+    (``Transpose -> Reshape``, ``allowzero=1``), the output projection (``MatMul + Add``) and the window reverse
+    through rank 6 (``[B, H/w, W/w, w, w, C] -> perm (0, 1, 3, 2, 4, 5) -> [B, H*W, C]``), with feeds for the
+    attention's context ``[B * windows, heads, w*w, head_dim]``."""
+    rng = np.random.default_rng(seed)
+    c, grid, area = heads * head_dim, side // window, window * window
+    rows = batch * grid * grid
+    inits = {
+        "merge": np.array([rows, area, -1], np.int64),
+        "w": (rng.standard_normal((c, c)) / math.sqrt(c)).astype(np.float32),
+        "b": rng.standard_normal(c).astype(np.float32),
+        "six": np.array([batch, grid, grid, window, window, c], np.int64),
+        "back": np.array([batch, side * side, c], np.int64),
+    }
+    nodes = [
+        h.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]),
+        h.make_node("Reshape", ["t", "merge"], ["m"], allowzero=1),
+        h.make_node("MatMul", ["m", "w"], ["p"]),
+        h.make_node("Add", ["p", "b"], ["q"]),
+        h.make_node("Reshape", ["q", "six"], ["r6"]),
+        h.make_node("Transpose", ["r6"], ["t6"], perm=[0, 1, 3, 2, 4, 5]),
+        h.make_node("Reshape", ["t6", "back"], ["y"]),
+    ]
+    x = rng.standard_normal((rows, heads, area, head_dim)).astype(np.float32)
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, None)], inits)
+    return model, {"x": x}

@@ -99,3 +99,41 @@ def cosine(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Cosine similarity of the flattened tensors."""
     a, b = out.detach().double().flatten(), ref.detach().double().flatten()
     return float(torch.dot(a, b) / (a.norm() * b.norm()).clamp_min(1e-300))
+
+
+_CHILD_RUN = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from export_qnn_helpers import cpu_session, qnn_session
+feeds = dict(np.load(sys.argv[3]))
+model = open(sys.argv[2], "rb").read()
+got = qnn_session(model).run(None, feeds)
+want = cpu_session(model).run(None, feeds)
+print(max(float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-6)) for g, w in zip(got, want)))
+"""
+
+
+def qnn_error_in_child(model: bytes, feeds: dict[str, np.ndarray]) -> tuple[int, float | None, str]:
+    """Run ``model`` on the HTP simulator in a child process (a crash of QNN takes only the child): the child's
+    exit status, the largest error relative to the CPU EP's output scale (None when it failed) and its stderr's
+    last line."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="qnnx-export-child-") as tmp:
+        path, data = Path(tmp) / "model.onnx", Path(tmp) / "feeds.npz"
+        path.write_bytes(model)
+        np.savez(data, **feeds)
+        here = str(Path(__file__).resolve().parent)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD_RUN, here, str(path), str(data)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    lines = proc.stdout.strip().splitlines()
+    error = float(lines[-1]) if proc.returncode == 0 and lines else None
+    return proc.returncode, error, (proc.stderr.strip().splitlines() or [""])[-1]

@@ -16,9 +16,18 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
-from export_onnx_builders import avgpool, einsum, make_model, projection_into_heads, to_bytes, to_ir
-from export_qnn_helpers import cpu_session, qnn_session
+from export_onnx_builders import (
+    avgpool,
+    einsum,
+    make_model,
+    projection_into_heads,
+    to_bytes,
+    to_ir,
+    window_attention_output,
+)
+from export_qnn_helpers import cpu_session, qnn_error_in_child, qnn_session
 from hypothesis import given, note, reject, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
@@ -62,19 +71,17 @@ def _check(
     feeds: dict[str, np.ndarray],
     passes: tuple[str, ...],
     reference: Callable[[onnx.ModelProto, dict[str, np.ndarray]], list[np.ndarray]] = _onnx_reference,
+    *,
+    must_build: bool = False,
 ) -> None:
-    """Run the passes; the rewritten graph must change, run on QNN and agree with the original on ``reference``."""
+    """Run the passes; the rewritten graph must change, run on QNN and agree with the original on ``reference``.
+    With ``must_build`` a QNN failure of the rewritten graph fails the test even when the original fails too (the
+    original is one QNN never takes, such as a rank-6 tensor)."""
     ref = reference(model, feeds)
     m = to_ir(model)
     report = run_passes(m, passes)
     assert any(changed for _, changed in report), f"{passes} did not rewrite the graph"
-    try:
-        outs = qnn_session(to_bytes(m)).run(None, feeds)
-    except Exception as exc:  # a refusal is never a wrong result, but the pass must not be what costs QNN the graph
-        with pytest.raises(Exception):  # noqa: B017 - any failure of the original graph, at creation or run
-            qnn_session(model.SerializeToString()).run(None, feeds)
-        note(f"QNN fails this shape class with and without the pass ({type(exc).__name__})")
-        reject()
+    outs = qnn_session(to_bytes(m)).run(None, feeds) if must_build else _outputs_or_reject(model, m, feeds)
     for got, want in zip(outs, ref, strict=True):
         want64 = np.asarray(want, np.float64)
         assert got.shape == want64.shape
@@ -84,6 +91,17 @@ def _check(
         scale = max(float(np.abs(want64[np.isfinite(want64)]).max(initial=0.0)), 0.2)
         err = float(np.nanmax(np.abs(got - want64), initial=0.0)) / scale
         assert err < _TOL, f"error {err:.3g} of the output's scale (shape {want64.shape})"
+
+
+def _outputs_or_reject(model: onnx.ModelProto, m: ir.Model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The rewritten graph's QNN outputs; the example is rejected when QNN fails it and the original alike."""
+    try:
+        return list(qnn_session(to_bytes(m)).run(None, feeds))
+    except Exception as exc:  # a refusal is never a wrong result, but the pass must not be what costs QNN the graph
+        with pytest.raises(Exception):  # noqa: B017 - any failure of the original graph, at creation or run
+            qnn_session(model.SerializeToString()).run(None, feeds)
+        note(f"QNN fails this shape class with and without the pass ({type(exc).__name__})")
+        reject()
 
 
 def _x(shape: tuple[int, ...], scale: float, seed: int) -> np.ndarray:
@@ -554,6 +572,46 @@ def test_linear_heads_as_matmul_shape_classes(side: int, head_dim: int, bias: bo
     _check(model, feeds, ("linear_heads_as_matmul",))
 
 
+# ------------------------------------------------------------------------------------------- Swin windows
+
+
+@_examples
+@given(
+    batch=st.sampled_from([1, 2]),
+    grid=st.sampled_from([2, 3, 4]),
+    window=st.sampled_from([2, 3, 4, 7]),
+    heads=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([2, 4, 8]),
+)
+def test_fold_high_rank_transpose_window_reverse_shape_classes(
+    batch: int, grid: int, window: int, heads: int, head_dim: int
+) -> None:
+    """Swin's window attention output (heads merged, output projection, window reverse through rank 6) builds and
+    is right on QNN after the fold, over batch, grid, window, head count and head size."""
+    model, feeds = window_attention_output(batch, grid * window, window, heads, head_dim)
+    _check(model, feeds, ("fold_high_rank_transpose",), reference=_cpu_reference, must_build=True)
+
+
+@pytest.mark.parametrize(("batch", "channels"), [(1, 16), (2, 16), (1, 8)])
+def test_fold_high_rank_transpose_tiny_swin_stage(batch: int, channels: int) -> None:
+    """The 2x2 windows of an 8x8 grid (a tiny Swin's first stage), whose channels merged into the window's columns
+    failed QNN graph finalize, build and are right once the channels stay their own axis."""
+    model, feeds = window_attention_output(batch, 8, 2, 2, channels // 2)
+    _check(model, feeds, ("fold_high_rank_transpose",), reference=_cpu_reference, must_build=True)
+
+
+@pytest.mark.parametrize(("window", "heads", "head_dim"), [(4, 1, 4), (4, 2, 2), (8, 1, 8)])
+def test_fold_high_rank_transpose_window_as_wide_as_channels(window: int, heads: int, head_dim: int) -> None:
+    """A window's side equal to the channels keeps them merged: kept apart, the reverse's Reshape after the output
+    projection ends [..., C, C], which kills the process in QNN (checked in a child process)."""
+    model, feeds = window_attention_output(1, 2 * window, window, heads, head_dim)
+    m = to_ir(model)
+    run_passes(m, ("fold_high_rank_transpose",))
+    status, error, last = qnn_error_in_child(to_bytes(m), feeds)
+    assert status == 0 and error is not None, f"the child ended with status {status}: {last}"
+    assert error < _TOL, error
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -569,6 +627,7 @@ COVERED_HERE = frozenset(
         "exp_input_floor",
         "stable_log_sum_exp",
         "mish_as_softplus",
+        "fold_high_rank_transpose",
         *_ELEMENTWISE,
     }
 )
@@ -577,7 +636,6 @@ COVERED_ELSEWHERE = {
     # Hypothesis graphs of test_passes.py.
     "gathernd_to_gather": "test_qnn_defects.py",
     "unsqueeze_int64_to_reshape": "test_qnn_defects.py",
-    "fold_high_rank_transpose": "test_passes.py",
     "drop_empty_concat_inputs": "test_passes.py",
     "int64_to_int32": "test_passes.py",
     "avgpool_count_include_pad": "test_passes.py",

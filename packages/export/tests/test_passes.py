@@ -582,6 +582,37 @@ def test_fold_high_rank_transpose_swin_partition() -> None:
 
 
 @given(
+    batch=st.integers(1, 2),
+    grid=st.integers(1, 4),
+    window=st.integers(2, 7),
+    channels=st.integers(1, 40),
+    reverse=st.booleans(),
+)
+def test_fold_high_rank_transpose_keeps_channels_axis(
+    batch: int, grid: int, window: int, channels: int, reverse: bool
+) -> None:
+    """Swin's window partition and reverse fold to rank <= 5 with the same values, and channels of 4 or more stay
+    an axis of their own (merged into the window's columns, QNN HTP fails the reverse's graph finalize) unless the
+    window's side equals them ([..., C, C] after a projection to C kills the process in QNN)."""
+    side = grid * window
+    x = np.random.default_rng(channels).standard_normal((batch, side, side, channels)).astype(np.float32)
+    six = [batch, grid, grid, window, window, channels] if reverse else [batch, grid, window, grid, window, channels]
+    nodes = [
+        onnx.helper.make_node("Reshape", ["x", "s6"], ["r"]),
+        onnx.helper.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+        onnx.helper.make_node("Reshape", ["t", "s4"], ["y"]),
+    ]
+    inits = {"s6": np.array(six, np.int64), "s4": np.array(x.shape, np.int64)}
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits)
+    after, changed, m = _apply(model, "fold_high_rank_transpose")
+    assert changed
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])
+    (moved,) = [n.outputs[0].shape for n in m.graph if n.op_type == "Transpose"]
+    assert moved is not None and len(moved) <= 5
+    assert (moved[-1] == channels) == (channels >= 4 and window != channels)
+
+
+@given(
     rank=st.sampled_from([3, 4, 5]),
     kernel=st.integers(1, 3),
     size=st.integers(3, 6),

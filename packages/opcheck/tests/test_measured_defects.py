@@ -492,3 +492,64 @@ def test_block_wise_weights_with_a_short_last_block_are_refused(k: int, block: i
         assert "short last block" in (v.reason or ""), v
     else:
         assert "short last block" not in (v.reason or ""), v
+
+
+def _projection_regrouped(
+    lead: tuple[int, ...], n: int, target: tuple[int, ...], *, bias: bool, via: tuple[int, ...] | None = None
+) -> onnx.ModelProto:
+    """``Reshape(MatMul(x[*lead, 2], W[2, n]) [+ b] -> target)``, optionally through a first Reshape to ``via``."""
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.standard_normal((2, n)).astype(np.float32), "to": np.array(target, np.int64)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"])]
+    last = "p"
+    if bias:
+        inits["b"] = rng.standard_normal(n).astype(np.float32)
+        nodes.append(helper.make_node("Add", [last, "b"], ["pb"]))
+        last = "pb"
+    if via is not None:
+        inits["via"] = np.array(via, np.int64)
+        nodes.append(helper.make_node("Reshape", [last, "via"], ["v"]))
+        last = "v"
+    nodes.append(helper.make_node("Reshape", [last, "to"], ["y"], name="regroup"))
+    return _model(nodes, {"x": (TensorProto.FLOAT, (*lead, 2))}, inits)
+
+
+@given(
+    n=st.integers(1, 6),
+    split=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    k=st.integers(1, 3),
+    bias=st.booleans(),
+    through_reshape=st.booleans(),
+)
+def test_a_projection_regrouped_at_rank5_is_refused_by_its_class(
+    n: int, split: list[int], k: int, bias: bool, through_reshape: bool
+) -> None:
+    """A Reshape of a projection's [..., N] product is refused (crash, naming the fix) exactly when it is rank 5
+    and ends [..., N, k] with k > 1, also with a bias added and through a Reshape ONNX Runtime merges into it."""
+    lead = (*split[:-1], split[-1] * k)  # rows of the product; the target regroups k of them
+    target = (*split[:-1], split[-1], n, k)
+    rows = int(np.prod(lead))
+    via = (rows, n) if through_reshape else None
+    v = _verdict(_projection_regrouped(lead, n, target, bias=bias, via=via), "regroup")
+    refused = len(target) == 5 and k > 1
+    assert (v.status == "unsupported") == refused, (target, v)
+    if refused:
+        assert v.kind == "crash" and "last axis last" in (v.reason or ""), v
+
+
+@pytest.mark.parametrize(
+    ("lead", "n", "target", "refused"),
+    [((4, 4), 2, (2, 2, 2, 2, 2), True), ((4, 4), 4, (2, 2, 2, 4, 2), True), ((4, 4), 4, (2, 2, 4, 2, 2), False)],
+)
+def test_the_live_simulator_agrees_on_regrouped_projections(
+    lead: tuple[int, ...], n: int, target: tuple[int, ...], refused: bool
+) -> None:
+    """On the HTP simulator (in a child process) the refused Reshape kills the process at its first run and the
+    vouched neighbour runs right."""
+    m = _projection_regrouped(lead, n, target, bias=False)
+    assert (_verdict(m, "regroup").status == "unsupported") == refused
+    report = oc.live_check(m, soc_model=60, fallback=False)
+    if refused:
+        assert report.crashed is not None and "SIGSEGV" in report.crashed, report.summary()
+    else:
+        assert report.crashed is None and all(o["match"] for o in report.outputs.values()), report.summary()

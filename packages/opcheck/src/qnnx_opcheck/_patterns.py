@@ -82,6 +82,9 @@ def rule(pattern: str) -> Callable[[Matcher], Matcher]:
     return register
 
 
+# Elementwise arithmetic between a computed value and a constant (a bias or a scale) that a rule looks through.
+_ELEMENTWISE_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div"})
+
 # Ops whose float output lies in [-1, 1] whatever the input: computed in fp16 it can neither overflow nor be NaN
 # from a finite input.
 _BOUNDED_OPS = frozenset({"Softmax", "Sigmoid", "Tanh"})
@@ -554,6 +557,32 @@ class Patterns:
                 return True
             todo = [c.output[0] for c in following if c.output and self._static_dims(c.output[0]) == (side, side, n)]
             if not todo:
+                return False
+        return False
+
+    @rule("projection_regrouped_rank5")
+    def _is_projection_regrouped_rank5(self, index: int, node: NodeView) -> bool:
+        """A Reshape to rank 5 ``[..., N, k]`` (``k > 1``) of a MatMul's or Gemm's ``[..., N]`` product, directly or
+        through Reshapes (which ONNX Runtime merges into one) and elementwise Add/Sub/Mul/Div (a bias)."""
+        out = self._static_dims(node.output[0]) if node.output else None
+        if out is None or len(out) != 5 or out[-1] < 2:
+            return False
+        name = node.input[0] if node.input else ""
+        for _depth in range(8):
+            producer = self.view.producer(name) if name else None
+            if producer is None:
+                return False
+            if producer.op_type in ("MatMul", "Gemm"):
+                product = self._static_dims(producer.output[0]) if producer.output else None
+                return product is not None and product[-1] == out[-2]
+            if producer.op_type == "Reshape":
+                name = producer.input[0] if producer.input else ""
+            elif producer.op_type in _ELEMENTWISE_ARITHMETIC:
+                computed = [i for i in producer.input if i and not self.view.is_const(i)]
+                if len(computed) != 1:
+                    return False
+                name = computed[0]
+            else:
                 return False
         return False
 

@@ -122,13 +122,18 @@ class TileLayerNormBroadcast(QnnPass):
 # ------------------------------------------------------------- rank > 5 Reshape/Transpose/Reshape -> rank <= 5
 
 _MAX_HTP_RANK = 5
+# The least size of an innermost axis kept as an axis of its own (see FoldHighRankTranspose): the classes measured
+# kept apart start at 4 channels. Nor is it kept when the axis before it would have its size: a MatMul's [..., N]
+# product reshaped to rank 5 [..., N, k] stops the process (SIGSEGV) inside QNN HTP (2x2 windows of 2 channels).
+_MIN_OWN_AXIS = 4
 
 
 def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[int]]:
     """Merge input axes that stay next to each other, in order, after the transpose.
 
-    Returns the merged input shape and the permutation of the merged axes; transposing the merged tensor moves
-    the same elements to the same places as the original transpose.
+    The innermost axis stays an axis of its own when it stays innermost and the merged rank allows it (see
+    :class:`FoldHighRankTranspose`). Returns the merged input shape and the permutation of the merged axes;
+    transposing the merged tensor moves the same elements to the same places as the original transpose.
     """
     groups: list[list[int]] = []
     for axis in perm:
@@ -136,6 +141,11 @@ def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[
             groups[-1].append(axis)
         else:
             groups.append([axis])
+    last = len(shape) - 1
+    if len(groups[-1]) > 1 and groups[-1][-1] == last and len(groups) < _MAX_HTP_RANK:
+        before = math.prod(shape[a] for a in groups[-1][:-1])
+        if shape[last] >= _MIN_OWN_AXIS and before != shape[last]:
+            groups[-1:] = [groups[-1][:-1], groups[-1][-1:]]
     order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # merged axes in input order
     merged_shape = [math.prod(shape[a] for a in groups[g]) for g in order]
     position = {g: i for i, g in enumerate(order)}
@@ -148,11 +158,21 @@ class FoldHighRankTranspose(QnnPass):
 
     QNN HTP takes tensors of rank <= 5 only. Swin's window partition and reverse (``view(B, H/w, w, W/w, w, C)
     .permute(0, 1, 3, 2, 4, 5)``) go through rank 6, but the axes that the permutation keeps together can be
-    merged first: the merged transpose moves the same elements to the same places, so the rewrite is exact.
+    merged first: the merged transpose moves the same elements to the same places, so the rewrite is exact. The
+    innermost axis (Swin's channels) stays an axis of its own whenever it stays innermost and rank 5 allows it:
+    merging it too gives the window reverse a Reshape ``[B*nW, w*w, C] -> [B*H/w, W/w, w, w*C]`` after the output
+    projection, which QNN HTP fails to finalize (``QNN_COMMON_ERROR_MEM_ALLOC``) for 2x2 windows on an 8x8 grid
+    (C = 8, 16, batch 1 and 2: a tiny Swin's first stage), while ``[B*H/w, W/w, w, w, C]`` builds and is right for
+    every class measured (windows 2-8, grids 2-4, C 4-32; onnxruntime-qnn 2.7.0, soc_model 60). Channels fewer
+    than 4, or as many as the window's side, are merged as before: a MatMul's ``[..., C]`` product reshaped to
+    rank 5 ``[..., C, k]`` kills the process (SIGSEGV), and ``[..., w, C]`` is that form when ``w == C``.
     """
 
     name = "fold_high_rank_transpose"
-    defect = "rank-6 tensors are refused by QNN HTP (Swin window partition)"
+    defect = (
+        "rank-6 tensors are refused by QNN HTP (Swin window partition), and a window reverse that merges the "
+        "channels into the window's columns after the output projection fails graph finalize (tiny Swin)"
+    )
 
     def match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
         if not _graph.is_op(node, "Transpose"):
