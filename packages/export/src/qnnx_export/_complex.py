@@ -266,6 +266,11 @@ def _sizes(node: Any) -> list[Any]:
         rest = list(rest[0])
     if not rest:
         rest = list(node.kwargs.get("shape", node.kwargs.get("size", ())))
+    import torch.fx
+
+    if not rest or not all(isinstance(s, (int, torch.fx.Node)) for s in rest):
+        # view(dtype) reinterprets the bytes: not a shape.
+        raise _NoPairRewrite(f"node {node.name} ({_name(node)}) takes {rest!r}, not sizes")
     return rest
 
 
