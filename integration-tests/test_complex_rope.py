@@ -3,6 +3,8 @@ as real pairs, so the graph runs wholly on QNN under strict=True with eager's ou
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from integration_helpers import assert_close_fp16
@@ -58,10 +60,11 @@ def test_complex_rope_attention_runs_wholly_on_qnn() -> None:
     assert_close_fp16(_on_qnn(model, x), ref, cos=0.999)
 
 
-def test_llama4_text_runs_wholly_on_qnn() -> None:
-    """A tiny Llama 4 text model (rope by torch.polar and complex products; dense MLP layers) runs as one graph
-    on the NPU with eager's logits."""
-    transformers = pytest.importorskip("transformers")
+def _llama4_text() -> tuple[Any, torch.Tensor]:
+    """Llama 4 text: freqs_cis made by torch.polar in the graph, dense MLP layers (the routed experts' scatter is
+    another matter: QNN HTP reads a runtime ScatterElements index wrongly when it may be negative)."""
+    import transformers
+
     cfg = transformers.Llama4TextConfig(
         hidden_size=64,
         intermediate_size=128,
@@ -72,15 +75,71 @@ def test_llama4_text_runs_wholly_on_qnn() -> None:
         head_dim=16,
         vocab_size=256,
         max_position_embeddings=128,
-        # Dense layers only: the routed experts' scatter is another matter (QNN HTP reads a runtime
-        # ScatterElements index wrongly when it may be negative), not the rope's.
         moe_layers=[],
         attn_implementation="eager",
     )
-    torch.manual_seed(0)
     model = transformers.Llama4ForCausalLM(cfg).eval()
     ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
+    return lambda t: model(t, use_cache=False).logits, ids
+
+
+def _llama4_vision() -> tuple[Any, torch.Tensor]:
+    """Llama 4's vision encoder: a complex freqs_ci buffer (view_as_complex of cos and sin), 2-D patch rope."""
+    import transformers
+
+    cfg = transformers.Llama4VisionConfig(
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+        vision_output_dim=64,
+        projector_input_dim=64,
+        projector_output_dim=64,
+        attn_implementation="eager",
+    )
+    model = transformers.Llama4VisionModel(cfg).eval()
+    return lambda t: model(t).last_hidden_state, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def _deepseek_v2() -> tuple[Any, torch.Tensor]:
+    """DeepSeek-V2: latent attention whose rope part is complex arithmetic on freqs_cis from torch.polar (dense
+    layers only, for the experts' reason above)."""
+    import transformers
+
+    cfg = transformers.DeepseekV2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        first_k_dense_replace=2,
+        max_position_embeddings=128,
+        attn_implementation="eager",
+    )
+    model = transformers.DeepseekV2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
+    return lambda t: model(t, use_cache=False).logits, ids
+
+
+FAMILIES = {"deepseek_v2": _deepseek_v2, "llama4_text": _llama4_text, "llama4_vision": _llama4_vision}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_with_complex_rope_runs_wholly_on_qnn(family: str) -> None:
+    """A tiny model of the family (its rope written with complex numbers) runs as one graph wholly on the NPU
+    under strict=True with eager's output."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    fn, x = FAMILIES[family]()
     with torch.no_grad():
-        ref = model(ids, use_cache=False).logits
-    out = _on_qnn(lambda t: model(t, use_cache=False).logits, ids)
-    assert_close_fp16(out, ref, cos=0.999)
+        ref = fn(x)
+    assert_close_fp16(_on_qnn(fn, x), ref, cos=0.999)
