@@ -15,8 +15,8 @@ NPU_STRICT = {"device": "npu", "soc_model": 60, "verify": False, "strict": True}
 
 
 class _ComplexRopeAttention(torch.nn.Module):
-    """Meta's reference Llama attention: ``freqs_cis`` is a complex buffer made by torch.polar, sliced to the
-    sequence, and applied through view_as_complex / view_as_real."""
+    """Meta's reference Llama attention: ``freqs_cis`` is a complex tensor made by torch.polar and kept as a plain
+    attribute, sliced to the sequence, and applied through view_as_complex / view_as_real."""
 
     def __init__(self, dim: int = 64, heads: int = 4, length: int = 64) -> None:
         super().__init__()
@@ -24,7 +24,7 @@ class _ComplexRopeAttention(torch.nn.Module):
         self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
         freqs = 1.0 / (10000.0 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
         angles = torch.outer(torch.arange(length, dtype=torch.float32), freqs)
-        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), persistent=False)
+        self.freqs_cis = torch.polar(torch.ones_like(angles), angles)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -51,13 +51,23 @@ def _on_qnn(fn: torch.nn.Module | object, *args: torch.Tensor) -> torch.Tensor:
 
 
 def test_complex_rope_attention_runs_wholly_on_qnn() -> None:
-    """An attention block with a complex freqs_cis buffer runs on the NPU (no CPU-EP node) with eager's output."""
+    """An attention block with a complex freqs_cis attribute runs on the NPU (no CPU-EP node) with eager's output;
+    after freqs_cis is replaced, the next call gives the new eager output."""
     torch.manual_seed(0)
     model = _ComplexRopeAttention().eval()
     x = torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(x)
-    assert_close_fp16(_on_qnn(model, x), ref, cos=0.999)
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    compiled = torch.compile(model, backend="qnn", options=NPU_STRICT)
+    with torch.no_grad():
+        assert_close_fp16(compiled(x), ref, cos=0.999)
+        model.freqs_cis = model.freqs_cis.conj().resolve_conj()
+        changed = model(x)
+        assert_close_fp16(compiled(x), changed, cos=0.999)
+    reports = list(qnnx_backend.compile_reports())
+    assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
 
 
 def _llama4_text() -> tuple[Any, torch.Tensor]:

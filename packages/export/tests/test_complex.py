@@ -126,6 +126,48 @@ def test_complex_buffer_is_still_watched() -> None:
     assert after != before
 
 
+_GLOBAL_FREQS = torch.polar(torch.ones(4, 3), torch.linspace(-3.0, 3.0, 12).reshape(4, 3))
+
+
+class _PlainAttributeRope(torch.nn.Module):
+    """Meta's reference Llama keeps ``freqs_cis`` as a plain attribute (no buffer); a global constant too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freqs_cis = torch.polar(torch.full((4, 3), 0.5), torch.linspace(0.0, 6.0, 12).reshape(4, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.view_as_complex(x) * self.freqs_cis * _GLOBAL_FREQS
+        return torch.view_as_real(z).flatten(-2)
+
+
+def test_complex_attribute_and_global_are_frozen_and_watched() -> None:
+    """A complex tensor read from a plain attribute or a global is frozen as its real pair (watched like a buffer:
+    replacing the attribute marks the frozen weights stale), and the export gives eager's output."""
+    module = _PlainAttributeRope().eval()
+    x = torch.randn(2, 4, 3, 2, generator=torch.Generator().manual_seed(3))
+    cap = only(capture(module, x)[0])
+    assert cap.analysis.exportable, cap.analysis.problems
+    assert len(cap.analysis.param_indices) == 2 and cap.analysis.user_indices == (0,)
+    exported = qe.export(cap.gm, cap.example_inputs)
+    _rounding(run_exported(cpu_session(exported.model_bytes()), exported, cap.example_inputs)[0], module(x))
+    replaced = list(cap.example_inputs)
+    replaced[cap.analysis.param_indices[0]] = replaced[cap.analysis.param_indices[0]].clone()
+    assert exported.params_unchanged(cap.example_inputs) and not exported.params_unchanged(replaced)
+
+
+def test_complex_tensor_inside_an_argument_is_refused() -> None:
+    """A complex tensor passed inside an argument (a list item) is an input, not model state: refused."""
+    cap = only(
+        capture(
+            lambda x, zs: torch.view_as_real(torch.view_as_complex(x) * zs[0]),
+            torch.randn(3, 2),
+            [torch.ones(3, dtype=torch.complex64)],
+        )[0]
+    )
+    assert "unsupported_input" in [p.kind for p in cap.analysis.problems]
+
+
 def test_export_refuses_what_analysis_refuses() -> None:
     """Exporting a graph whose complex op has no rewrite, with an analysis that missed it, raises ExportError
     naming the op instead of exporting a wrong graph."""

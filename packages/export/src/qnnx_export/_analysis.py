@@ -119,6 +119,17 @@ def is_param_placeholder(node: Any, example: Any) -> bool:
     return isinstance(example, torch.nn.Parameter)
 
 
+def _is_model_state(node: Any) -> bool:
+    """Whether a placeholder is read from an attribute or a global (the model's state, such as Meta's reference
+    Llama's plain ``self.freqs_cis``) rather than passed as an argument of the compiled function."""
+    source = _placeholder_source(node)
+    kinds: list[str] = []
+    while source is not None:
+        kinds.append(type(source).__name__)
+        source = getattr(source, "base", None)
+    return bool(kinds) and (kinds[-1] != "LocalSource" or any("Attr" in kind for kind in kinds))
+
+
 # Ops whose result may share storage with their first argument: an in-place op on their result
 # writes into the argument.
 _VIEW_METHODS = frozenset(
@@ -484,7 +495,11 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
     user_idx: list[int] = []
     kind_of: dict[Any, str] = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs, strict=True)):
-        is_param = is_param_placeholder(node, value)
+        # A complex tensor of the model's state is frozen (as its real pair) and watched like a buffer: the
+        # export cannot take it as an input, and the watch recompiles when it is replaced or written.
+        is_param = is_param_placeholder(node, value) or (
+            isinstance(value, torch.Tensor) and value.is_complex() and _is_model_state(node)
+        )
         (param_idx if is_param else user_idx).append(i)
         kind_of[node] = "param" if is_param else "user"
         problem = _input_problem(i, node.name, value, param=is_param)
