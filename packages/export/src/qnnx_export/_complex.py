@@ -1,6 +1,6 @@
 """Complex values inside a Dynamo graph, carried as (real, imaginary) pairs of real tensors.
 
-Rotary position embeddings are often written with complex numbers (Llama 4, Meta's reference Llama, Pixtral):
+Rotary position embeddings are often written with complex numbers (Llama 4, DeepSeek-V2, Meta's reference Llama):
 ``view_as_complex(x.reshape(..., -1, 2)) * freqs_cis`` then ``view_as_real(...).flatten(3)``, with ``freqs_cis``
 made by ``torch.polar`` or kept as a complex buffer. ONNX and QNN have no complex type, but such a graph only
 holds complex values between real inputs and real outputs. :func:`as_real_pairs` rewrites it so that every
@@ -8,11 +8,14 @@ complex value of shape ``S`` is carried as the real tensor of shape ``S + (2,)``
 would return (its last dimension holds the real and imaginary parts): ``view_as_complex`` and ``view_as_real``
 become nothing, a product becomes the four real products it is made of, and views, indexing and concatenations
 act on the leading dimensions. PyTorch computes these products the same way, so the rewritten graph gives
-eager's values (up to float rounding in ``polar``'s cosine and sine).
+eager's values up to float rounding (``polar``'s cosine and sine are libm's; ATen's scalar tail of a complex
+product may fuse a multiply-add). One difference beyond rounding: a real factor multiplies both parts, where
+PyTorch multiplies by ``x + 0i`` and so turns an infinite part into NaN.
 
-An op on a complex value that is not in the table below keeps the graph in PyTorch (:func:`refusal` names it):
-the rewrite never guesses. So do complex graph inputs and outputs; a complex parameter or buffer is frozen as its
-real pair.
+An op on a complex value that is not in the table below (``_TABLE``) keeps the graph in PyTorch (:func:`refusal`
+names it): the rewrite never guesses. So do complex graph inputs and outputs; a complex parameter, buffer or
+constant, or a complex tensor the analysis classes as model state (an attribute or a global), is passed to the
+rewritten graph as its real pair.
 """
 
 from __future__ import annotations
