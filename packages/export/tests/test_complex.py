@@ -219,6 +219,32 @@ def test_real_and_imag_parts() -> None:
     _rewritten_matches(cap)
 
 
+def test_real_operands_take_part_as_x_plus_0i() -> None:
+    """A real factor or summand takes part as x + 0i, as PyTorch promotes it: infinite parts give PyTorch's NaNs
+    and signed zeros come out as PyTorch's."""
+
+    def fn(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        z = torch.view_as_complex(x)
+        return torch.cat([torch.view_as_real(z * r), torch.view_as_real(r * z * 2.0), torch.view_as_real(z - r)], 0)
+
+    inf = float("inf")
+    x = torch.tensor([[1.0, inf], [-0.0, 2.0], [3.0, -0.0], [-inf, 1.0], [0.0, -0.0]])
+    r = torch.tensor([2.0, 0.0, -1.0, 0.5, -0.0])
+    cap = only(capture(fn, x, r)[0])
+    assert cap.analysis.exportable, cap.analysis.problems
+    (got,) = _rewritten_matches_nan(cap)
+    ref = fn(x, r)
+    assert torch.equal(got.isnan(), ref.isnan())
+    finite = ~ref.isnan()
+    assert torch.equal(got[finite], ref[finite]) and torch.equal(got[finite].signbit(), ref[finite].signbit())
+
+
+def _rewritten_matches_nan(cap: Any) -> tuple[Any, ...]:
+    """The rewritten graph's outputs (compared by the caller: they hold NaNs)."""
+    gm, inputs = as_real_pairs(cap.gm, cap.example_inputs)
+    return tuple(gm(*inputs))
+
+
 # Each step: the name, and what it does to the complex value z (shape [B, S, H, D]) and the real angles.
 _STEPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "polar_none_index": lambda z, a: z * torch.polar(torch.ones_like(a), a)[None, :, None, :],

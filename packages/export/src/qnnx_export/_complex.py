@@ -9,8 +9,8 @@ would return (its last dimension holds the real and imaginary parts): ``view_as_
 become nothing, a product becomes the four real products it is made of, and views, indexing and concatenations
 act on the leading dimensions. PyTorch computes these products the same way, so the rewritten graph gives
 eager's values up to float rounding (``polar``'s cosine and sine are libm's; ATen's scalar tail of a complex
-product may fuse a multiply-add). One difference beyond rounding: a real factor multiplies both parts, where
-PyTorch multiplies by ``x + 0i`` and so turns an infinite part into NaN.
+product may fuse a multiply-add). A real operand takes part as ``x + 0i``, as PyTorch promotes it, so infinities
+and signed zeros come out as PyTorch's.
 
 An op on a complex value that is not in the table below (``_TABLE``) keeps the graph in PyTorch (:func:`refusal`
 names it): the rewrite never guesses. So do complex graph inputs and outputs; a complex parameter, buffer or
@@ -324,8 +324,9 @@ def _complex(r: _Rewriter, node: Any) -> tuple[Any, bool]:
 
 
 def _operand(r: _Rewriter, arg: Any, dtype: Any) -> tuple[Any, Any]:
-    """(real part, imaginary part) of an operand of complex arithmetic; the imaginary part is None when it is
-    exactly zero (a real tensor or number)."""
+    """(real part, imaginary part) of an operand of complex arithmetic. A real tensor or number has the imaginary
+    part 0.0: PyTorch promotes it to ``x + 0i`` before the arithmetic, and the rewrite computes with that zero too
+    (so an infinite part times it gives PyTorch's NaN, and signed zeros come out as PyTorch's)."""
     import torch
     import torch.fx
 
@@ -336,11 +337,11 @@ def _operand(r: _Rewriter, arg: Any, dtype: Any) -> tuple[Any, Any]:
         value = r.value(arg)
         if value is None or not isinstance(value, torch.Tensor):
             raise _NoPairRewrite(f"operand {arg.name} of complex arithmetic is not a tensor")
-        return r.cast(r.new(arg), arg, dtype), None
+        return r.cast(r.new(arg), arg, dtype), 0.0
     if isinstance(arg, complex):
         return arg.real, arg.imag
     if isinstance(arg, (bool, int, float)):
-        return float(arg), None
+        return float(arg), 0.0
     raise _NoPairRewrite(f"operand {arg!r} of complex arithmetic")
 
 
@@ -350,23 +351,21 @@ def _binary(r: _Rewriter, node: Any) -> tuple[Any, Any, Any]:
     return _operand(r, a, dtype), _operand(r, b, dtype), node.kwargs.get("alpha", 1)
 
 
+def _arith(r: _Rewriter, op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
+    """``op(x, y)`` as a node of the new graph, or computed here when both are numbers."""
+    import torch.fx
+
+    if isinstance(x, torch.fx.Node) or isinstance(y, torch.fx.Node):
+        return r.fn(op, x, y)
+    return op(x, y)
+
+
 def _mul(r: _Rewriter, node: Any) -> tuple[Any, bool]:
     (a0, a1), (b0, b1), _ = _binary(r, node)
-
-    def mul(x: Any, y: Any) -> Any:
-        return r.fn(operator.mul, x, y)
-
-    if a1 is None and b1 is None:
-        raise _NoPairRewrite(f"node {node.name} multiplies two real values into a complex one")
-    if a1 is None or b1 is None:
-        # A real factor x: PyTorch multiplies by (x + 0i), whose product is x times each part (for finite parts:
-        # an infinite part times the zero gives NaN in PyTorch).
-        (z0, z1), x = ((a0, a1), b0) if b1 is None else ((b0, b1), a0)
-        return _pair(r, node, mul(z0, x), mul(z1, x)), True
     # (a0 + a1 i)(b0 + b1 i) = (a0 b0 - a1 b1) + (a0 b1 + a1 b0) i, as c10::complex and ATen's vectorized
-    # complex product compute it.
-    real = r.fn(operator.sub, mul(a0, b0), mul(a1, b1))
-    imag = r.fn(operator.add, mul(a0, b1), mul(a1, b0))
+    # complex product compute it (a real operand has a1 or b1 = 0.0).
+    real = _arith(r, operator.sub, _arith(r, operator.mul, a0, b0), _arith(r, operator.mul, a1, b1))
+    imag = _arith(r, operator.add, _arith(r, operator.mul, a0, b1), _arith(r, operator.mul, a1, b0))
     return _pair(r, node, real, imag), True
 
 
@@ -385,18 +384,7 @@ def _add_sub(op: Callable[[Any, Any], Any]) -> Callable[[_Rewriter, Any], tuple[
         (a0, a1), (b0, b1), alpha = _binary(r, node)
         if alpha != 1:
             raise _NoPairRewrite(f"node {node.name} ({_name(node)}) with alpha={alpha!r}")
-
-        def combine(x: Any, y: Any) -> Any:
-            if y is None:
-                return x
-            if x is None:
-                return y if op is operator.add else r.fn(operator.neg, y)
-            return r.fn(op, x, y)
-
-        imag = combine(a1, b1)
-        if imag is None:
-            raise _NoPairRewrite(f"node {node.name} adds two real values into a complex one")
-        return _pair(r, node, combine(a0, b0), imag), True
+        return _pair(r, node, _arith(r, op, a0, b0), _arith(r, op, a1, b1)), True
 
     return handler
 
