@@ -264,3 +264,29 @@ def test_a_sliding_window_that_slides_keeps_its_semantics(caplog: pytest.LogCapt
         reports = _generate_against_eager(_gemma2(sliding_window=4), new_tokens=3, max_cache_len=32)
     assert reports[0].on_qnn, reports[0].summary()  # the prefill
     assert any("sliding window (4 tokens) fits in the cache" in r.getMessage() for r in caplog.records)
+
+
+def test_llama4_generation_runs_on_qnn_and_agrees_with_eager() -> None:
+    """Llama 4 text (rope by complex arithmetic, carried as real pairs; dense layers): the prefill and decode graphs
+    run on QNN and every step agrees with eager by teacher forcing."""
+    import transformers
+
+    config = transformers.Llama4TextConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        moe_layers=[],
+        attn_implementation="eager",
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    reports = _generate_against_eager(transformers.Llama4ForCausalLM(config).eval(), new_tokens=8, max_cache_len=32)
+    assert len(reports) == 2 and all(r.on_qnn for r in reports), [r.summary() for r in reports]

@@ -77,12 +77,23 @@ def test_empty_intermediate_graph_runs_in_pytorch_with_reason() -> None:
     assert "no elements" in (reports[0].reason or "")  # qnnx-opcheck refuses the ONNX node that holds it
 
 
-def test_complex_values_stay_in_pytorch() -> None:
-    """view_as_complex arithmetic is not exported (no faithful ONNX type): the graph runs eagerly and is right."""
+def test_complex_values_without_a_real_rewrite_stay_in_pytorch() -> None:
+    """An op on a complex value with no real-pair rewrite (exp) is not exported (ONNX has no complex type): the
+    graph runs eagerly and is right, and the reason names the op."""
+    x = torch.randn(3, 2)
+    out, reports = _run(lambda t: torch.view_as_real(torch.exp(torch.view_as_complex(t))), x)
+    torch.testing.assert_close(out, torch.view_as_real(torch.exp(torch.view_as_complex(x))))
+    assert reports[0].device == "eager" and "complex" in (reports[0].reason or "")
+    assert "exp" in (reports[0].reason or "")
+
+
+def test_complex_products_run_on_qnn_as_real_pairs() -> None:
+    """A complex product between real inputs and outputs is carried as real pairs and runs on QNN with eager's
+    values."""
     x = torch.randn(3, 2)
     out, reports = _run(lambda t: torch.view_as_real(torch.view_as_complex(t) * (1 + 2j)), x)
-    torch.testing.assert_close(out, torch.view_as_real(torch.view_as_complex(x) * (1 + 2j)))
-    assert reports[0].device == "eager" and "complex" in (reports[0].reason or "")
+    torch.testing.assert_close(out, torch.view_as_real(torch.view_as_complex(x) * (1 + 2j)), rtol=2e-3, atol=2e-3)
+    assert reports[0].device == "npu" and not reports[0].cpu_nodes, reports[0].summary()
 
 
 def test_unfaithful_torch_onnx_lowering_is_caught() -> None:

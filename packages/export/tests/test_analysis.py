@@ -211,9 +211,12 @@ def test_zero_element_values_detected(fn: object, args: tuple[torch.Tensor, ...]
 
 
 def test_complex_intermediate_detected() -> None:
-    """A complex intermediate (view_as_complex) from real inputs is an unsupported_value problem."""
-    cap = only(capture(lambda x: torch.view_as_real(torch.view_as_complex(x) * 2), torch.randn(3, 2))[0])
+    """A complex intermediate with an op that has no real-pair rewrite (exp) is an unsupported_value problem; one
+    whose ops all have one (a product) is exportable."""
+    cap = only(capture(lambda x: torch.view_as_real(torch.exp(torch.view_as_complex(x))), torch.randn(3, 2))[0])
     assert [p.kind for p in cap.analysis.problems] == ["unsupported_value"]
+    cap = only(capture(lambda x: torch.view_as_real(torch.view_as_complex(x) * 2), torch.randn(3, 2))[0])
+    assert cap.analysis.exportable
 
 
 def test_ordinary_graph_has_no_value_problem() -> None:

@@ -119,6 +119,17 @@ def is_param_placeholder(node: Any, example: Any) -> bool:
     return isinstance(example, torch.nn.Parameter)
 
 
+def _is_model_state(node: Any) -> bool:
+    """Whether a placeholder is read from an attribute or a global (the model's state, such as Meta's reference
+    Llama's plain ``self.freqs_cis``) rather than passed as an argument of the compiled function."""
+    source = _placeholder_source(node)
+    kinds: list[str] = []
+    while source is not None:
+        kinds.append(type(source).__name__)
+        source = getattr(source, "base", None)
+    return bool(kinds) and (kinds[-1] != "LocalSource" or any("Attr" in kind for kind in kinds))
+
+
 # Ops whose result may share storage with their first argument: an in-place op on their result
 # writes into the argument.
 _VIEW_METHODS = frozenset(
@@ -333,7 +344,7 @@ def _is_symbolic(value: Any) -> bool:
     return False
 
 
-def _input_problem(index: int, name: str, value: Any) -> Problem | None:
+def _input_problem(index: int, name: str, value: Any, *, param: bool = False) -> Problem | None:
     import torch
 
     if _is_symbolic(value):
@@ -358,11 +369,12 @@ def _input_problem(index: int, name: str, value: Any) -> Problem | None:
             detail=f"Dynamo argument {index} ({name}) is a fake/meta tensor; pass the real example inputs.",
             node=name,
         )
-    if value.layout != torch.strided or value.is_quantized or value.is_complex() or value.is_nested:
+    # A complex parameter or buffer is frozen as its real pair (_complex.py); a complex user input is not.
+    if value.layout != torch.strided or value.is_quantized or (value.is_complex() and not param) or value.is_nested:
         return Problem(
             kind="unsupported_input",
             detail=f"Dynamo argument {index} ({name}) has layout={value.layout}, dtype={value.dtype}; only dense "
-            "real (non-quantized, non-complex) tensors are supported.",
+            "real (non-quantized, non-complex) tensors are supported as inputs.",
             node=name,
         )
     if value.device.type != "cpu":
@@ -393,14 +405,17 @@ def _tensor_leaves_nodes(value: Any) -> list[Any]:
     return [value]
 
 
-def _value_problems(graph: Any, example_inputs: Sequence[Any]) -> list[Problem]:
+def _value_problems(gm: Any, example_inputs: Sequence[Any], *, inputs_refused: bool = False) -> list[Problem]:
     """Values QNN must never see: tensors with zero elements anywhere in the graph, and complex values.
 
     QNN HTP dies with SIGFPE on a zero-element tensor (onnxruntime-qnn 2.4-2.7: ``(x * y).sum(-1)`` on two
     empty vectors, and mm, var, repeat, reflect padding... with an empty input), taking the user's process with
     it; a graph with such a value is never sent to QNN. Complex values have no ONNX type that the exporters
-    handle faithfully (they come back with the wrong shape or dtype), so they stay in PyTorch too.
+    handle faithfully (they come back with the wrong shape or dtype): the export carries them as real pairs
+    (``_complex.py``) when every op on them has a real-pair rewrite, and they stay in PyTorch otherwise (not
+    looked for when an input is refused already: a complex user input is one).
     """
+    graph = gm.graph
     empty: list[str] = []
     complex_nodes: list[str] = []
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -412,8 +427,8 @@ def _value_problems(graph: Any, example_inputs: Sequence[Any]) -> list[Problem]:
             continue
         value = real.get(node, node.meta.get("example_value", node.meta.get("val")))
         for leaf in _tensor_leaves(value):
-            # A complex placeholder is already an unsupported_input problem.
-            if leaf.is_complex() and node.op != "placeholder" and node.name not in complex_nodes:
+            # A complex parameter or buffer is carried as a pair too, so it counts.
+            if leaf.is_complex() and node.name not in complex_nodes and not inputs_refused:
                 complex_nodes.append(node.name)
             # Empty inputs and outputs are refused here; an empty value inside the graph may be rewritten away
             # (a zero-width slice concatenated back, as Phi-3's partial rotary writes it), and qnnx-opcheck
@@ -437,14 +452,18 @@ def _value_problems(graph: Any, example_inputs: Sequence[Any]) -> list[Problem]:
             )
         )
     if complex_nodes:
-        problems.append(
-            Problem(
-                kind="unsupported_value",
-                detail=f"{len(complex_nodes)} value(s) of the graph are complex (first: {complex_nodes[0]}); "
-                "ONNX and QNN have no faithful complex type, so this graph runs in PyTorch.",
-                node=complex_nodes[0],
+        from qnnx_export._complex import refusal
+
+        why = refusal(gm, example_inputs)
+        if why is not None:
+            problems.append(
+                Problem(
+                    kind="unsupported_value",
+                    detail=f"{len(complex_nodes)} value(s) of the graph are complex (first: {complex_nodes[0]}) and "
+                    f"{why}; ONNX and QNN have no complex type, so this graph runs in PyTorch.",
+                    node=complex_nodes[0],
+                )
             )
-        )
     return problems
 
 
@@ -476,10 +495,14 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
     user_idx: list[int] = []
     kind_of: dict[Any, str] = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs, strict=True)):
-        is_param = is_param_placeholder(node, value)
+        # A complex tensor of the model's state is frozen (as its real pair) and watched like a buffer: the
+        # export cannot take it as an input, and the watch recompiles when it is replaced or written.
+        is_param = is_param_placeholder(node, value) or (
+            isinstance(value, torch.Tensor) and value.is_complex() and _is_model_state(node)
+        )
         (param_idx if is_param else user_idx).append(i)
         kind_of[node] = "param" if is_param else "user"
-        problem = _input_problem(i, node.name, value)
+        problem = _input_problem(i, node.name, value, param=is_param)
         if problem is None and _is_symbolic(node.meta.get("example_value")):
             problem = Problem(
                 kind="dynamic_shape",
@@ -555,7 +578,9 @@ def analyze(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> GraphAna
                     node=node.name,
                 )
             )
-    problems.extend(_value_problems(gm.graph, example_inputs))
+    problems.extend(
+        _value_problems(gm, example_inputs, inputs_refused=any(p.kind == "unsupported_input" for p in problems))
+    )
     if problems:
         log.debug("analyze found %d problem(s): %s", len(problems), [p.kind for p in problems])
     return GraphAnalysis(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import attrs
 
 from qnnx_export._analysis import GraphAnalysis, analyze
+from qnnx_export._complex import as_real_pairs, complex_values
 from qnnx_export._fingerprint import weight_digest
 from qnnx_export._naming import UniqueNames, identifier, module_origin
 from qnnx_export._options import ExportOptions
@@ -404,11 +405,18 @@ def export(
             f"the graph cannot be exported faithfully ({len(analysis.problems)} problem(s)):\n{lines}",
             problems=analysis.problems,
         )
+    originals = example_inputs
+    if complex_values(gm, example_inputs):
+        # The analysis found a real-pair rewrite for every complex value: the export reads the rewritten copy.
+        try:
+            gm, example_inputs = as_real_pairs(gm, example_inputs)
+        except ValueError as exc:
+            raise ExportError(f"{exc}; ONNX and QNN have no complex type, so run this graph in PyTorch.") from exc
     make_frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(
         gm, example_inputs, analysis, options.max_dense_experts
     )
     user_args = tuple(example_inputs[i].detach() for _, i in user_inputs)
-    digest = weight_digest(example_inputs, analysis)
+    digest = weight_digest(originals, analysis)
     t1 = time.perf_counter()
 
     exporter, declined, origins_before = "none", None, None
@@ -516,12 +524,12 @@ def export(
     params = tuple(
         _ParamRecord(
             index=i,
-            ref=weakref.ref(example_inputs[i]),
-            data_ptr=example_inputs[i].data_ptr(),
-            version=example_inputs[i]._version,
+            ref=weakref.ref(originals[i]),
+            data_ptr=originals[i].data_ptr(),
+            version=originals[i]._version,
         )
         for i in analysis.param_indices
-        if isinstance(example_inputs[i], torch.Tensor)
+        if isinstance(originals[i], torch.Tensor)
     )
     timings = {"prepare": t1 - t0, "translate": t2 - t1, "passes": t3 - t2, "size_check": t4 - t3}
     log.debug("exported graph: %d nodes, timings %s", len(model.graph), timings)
