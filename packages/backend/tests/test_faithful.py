@@ -46,3 +46,23 @@ def test_nonfinite_and_structure_mismatches_are_reported() -> None:
     assert "dtype" in compare_outputs(ref.double(), ref, RTOL_FP32)
     assert "outputs" in compare_outputs((ref, ref), (ref,), RTOL_FP32)
     assert "differs" in compare_outputs(torch.tensor([1, 2]), torch.tensor([1, 3]), RTOL_FP32)
+
+
+@given(shape=shapes(min_rank=1, max_side=5), seed=seeds(999), scale=st.sampled_from([1.0, 1e4, 1e6]))
+def test_the_export_check_leaves_values_beyond_float16_to_the_range_check(
+    shape: list[int], seed: int, scale: float
+) -> None:
+    """Where eager's value is beyond float16's range (a clipped Exp saturates there on purpose), the CPU check of
+    an export takes eager's value; everywhere else the exported model's own value is compared, so an unfaithful
+    value within float16's range is still reported."""
+    from qnnx_backend._faithful import _within_fp16
+
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(shape, generator=g) * scale
+    got = torch.full_like(ref, 65504.0)
+    kept = _within_fp16(got, ref)
+    assert isinstance(kept, torch.Tensor)
+    beyond = ref.abs() > 65504
+    assert torch.equal(kept[beyond], ref[beyond]) and torch.equal(kept[~beyond], got[~beyond])
+    if bool((~beyond).any()) and not torch.equal(got[~beyond], ref[~beyond]):
+        assert compare_outputs([kept], [ref], RTOL_FP32) is not None

@@ -104,10 +104,9 @@ def cosine(out: torch.Tensor, ref: torch.Tensor) -> float:
 _CHILD_RUN = """
 import sys
 import numpy as np
-sys.path.insert(0, sys.argv[1])
 from export_qnn_helpers import cpu_session, qnn_session
-feeds = dict(np.load(sys.argv[3]))
-model = open(sys.argv[2], "rb").read()
+feeds = dict(np.load(sys.argv[2]))
+model = open(sys.argv[1], "rb").read()
 got = qnn_session(model).run(None, feeds)
 want = cpu_session(model).run(None, feeds)
 print(max(float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-6)) for g, w in zip(got, want)))
@@ -127,8 +126,10 @@ def qnn_error_in_child(model: bytes, feeds: dict[str, np.ndarray]) -> tuple[int,
         path.write_bytes(model)
         np.savez(data, **feeds)
         here = str(Path(__file__).resolve().parent)
+        path_var = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD_RUN, here, str(path), str(data)],
+            [sys.executable, "-c", _CHILD_RUN, str(path), str(data)],
+            env={**os.environ, "PYTHONPATH": path_var},
             capture_output=True,
             text=True,
             timeout=600,
