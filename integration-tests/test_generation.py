@@ -16,6 +16,20 @@ import qnnx_backend
 pytest.importorskip("transformers")
 
 NEW_TOKENS = 32
+
+# The tiny decoder every generation test here builds (the families add their own fields).
+_TINY = {
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 EOS = 2  # the models' eos_token_id
 
 
@@ -23,19 +37,7 @@ def _model(kind: str, attention: str, layers: int = 2) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    common = {
-        "vocab_size": 128,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 128,
-        "attn_implementation": attention,
-        "pad_token_id": 0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
+    common = {**_TINY, "num_hidden_layers": layers, "attn_implementation": attention}
     config = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
@@ -212,20 +214,7 @@ def _gemma2(sliding_window: int) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.Gemma2Config(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        sliding_window=sliding_window,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config = transformers.Gemma2Config(**_TINY, head_dim=8, sliding_window=sliding_window)
     return transformers.Gemma2ForCausalLM(config).eval()
 
 
@@ -272,20 +261,7 @@ def test_llama4_generation_runs_on_qnn_and_agrees_with_eager() -> None:
     import transformers
 
     config = transformers.Llama4TextConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        intermediate_size_mlp=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        moe_layers=[],
-        attn_implementation="eager",
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
+        **_TINY, intermediate_size_mlp=64, head_dim=8, moe_layers=[], attn_implementation="eager"
     )
     torch.manual_seed(0)
     reports = _generate_against_eager(transformers.Llama4ForCausalLM(config).eval(), new_tokens=8, max_cache_len=32)

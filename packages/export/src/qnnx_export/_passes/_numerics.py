@@ -376,6 +376,22 @@ _L2_MAX_RANK = 4  # at rank 5 the QNN EP declines the rewrite's ReduceMax (and R
 _PRESCALED = "qnnx_l2_scaled"  # the name (prefix) of the prescaled input this pass writes
 
 
+def _reduced_axes(reduce: ir.Node, rank: int) -> tuple[int, ...] | None:
+    """The sorted non-negative axes a Reduce* node of input rank ``rank`` reduces: its constant axes input (opset
+    18), else its ``axes`` attribute, else every axis; None for runtime axes or ``noop_with_empty_axes``."""
+    if reduce.attributes.get_int("noop_with_empty_axes", 0):
+        return None
+    axes_input = reduce.inputs[1] if len(reduce.inputs) > 1 else None
+    if axes_input is not None:
+        found = _graph.const_array(axes_input)
+        if found is None:
+            return None
+        listed = [int(a) for a in found.reshape(-1)]
+    else:
+        listed = list(reduce.attributes.get_ints("axes", []))
+    return tuple(sorted({a % rank for a in listed})) if listed else tuple(range(rank))
+
+
 @dataclass(frozen=True)
 class _L2Norm:
     x: ir.Value
@@ -465,22 +481,10 @@ class L2NormPrescaled(QnnPass):
         producer = x.producer()
         if producer is not None and (producer.outputs[0].name or "").startswith(_PRESCALED):
             return None  # already this pass's prescaled input
-        if reduce.attributes.get_int("noop_with_empty_axes", 0):
-            return None
-        axes_input = reduce.inputs[1] if len(reduce.inputs) > 1 else None
-        if axes_input is not None:
-            found = _graph.const_array(axes_input)
-            if found is None:
-                return None
-            axes_list = [int(a) for a in found.reshape(-1)]
-        elif "axes" in reduce.attributes:  # before opset 18
-            axes_list = list(reduce.attributes.get_ints("axes", []))
-        else:
-            axes_list = []
         rank = len(shape)
-        if rank > _L2_MAX_RANK:
+        axes = _reduced_axes(reduce, rank)
+        if axes is None or rank > _L2_MAX_RANK:
             return None
-        axes = tuple(sorted({a % rank for a in axes_list})) if axes_list else tuple(range(rank))
         if math.prod(shape[a] for a in axes) >= 65504:
             return None
         return _L2Norm(x, axes, bool(reduce.attributes.get_int("keepdims", 1)), reduce, square)
@@ -624,18 +628,8 @@ class StableLogSumExp(QnnPass):
             if not -rank <= axis < rank or shape[axis] == 1:
                 return None
             return x, (axis % rank,), True
-        if node.attributes.get_int("noop_with_empty_axes", 0):
-            return None
-        axes_input = node.inputs[1] if len(node.inputs) > 1 else None
-        if axes_input is not None:
-            found = _graph.const_array(axes_input)
-            if found is None:
-                return None
-            axes_list = [int(a) for a in found.reshape(-1)]
-        else:
-            axes_list = list(node.attributes.get_ints("axes", []))
-        axes = tuple(sorted({a % rank for a in axes_list})) if axes_list else tuple(range(rank))
-        return x, axes, bool(node.attributes.get_int("keepdims", 1))
+        axes = _reduced_axes(node, rank)
+        return None if axes is None else (x, axes, bool(node.attributes.get_int("keepdims", 1)))
 
     def rewrite(self, graph: ir.Graph) -> bool:
         def stable(
