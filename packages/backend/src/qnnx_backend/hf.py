@@ -162,6 +162,11 @@ class _SlidingWindows:
         return self._windows
 
     def unslide(self, cache: Any) -> None:
+        """Swap the never-sliding layers of ``cache`` before they hold anything (called on every forward: a model
+        without sliding windows returns at once)."""
+        windows = self._per_layer()
+        if not any(isinstance(w, int) for w in windows):
+            return
         layers = getattr(cache, "layers", None)
         if not isinstance(layers, list):
             return
@@ -169,7 +174,6 @@ class _SlidingWindows:
             from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
         except ImportError:
             return
-        windows = self._per_layer()
         swapped = []
         for i, layer in enumerate(layers):
             if type(layer) is not StaticSlidingWindowLayer or layer.is_initialized or i >= len(windows):
