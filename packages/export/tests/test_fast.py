@@ -377,11 +377,6 @@ def test_avgpool_divisor_override_declines() -> None:
 
 
 _INDEX_DECLINES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], str]] = {
-    "runtime_index_pair": (
-        lambda x, i, j: x[i, j],
-        (torch.randn(4, 5), torch.tensor([0, 3]), torch.tensor([1, 4])),
-        "not constants",
-    ),
     "non_adjacent_indices": (
         lambda x: x[torch.tensor([0, 1]), :, torch.tensor([2, 0])],
         (torch.randn(2, 3, 4),),
@@ -982,6 +977,85 @@ def test_addmm_with_scales_runs_on_qnn_htp() -> None:
     ref = torch.addmm(bias, a, b, beta=0.5, alpha=-2.0)
     backend = Capture(qnn_session)
     out = compile_and_run(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=-2.0), (bias, a, b), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 4), min_size=2, max_size=4),
+    data=st.data(),
+    seed=seeds(),
+)
+def test_index_with_several_runtime_index_tensors_matches_eager(
+    dims: list[int], data: st.DataObject, seed: int
+) -> None:
+    """x[..., i1, i2, ...] with two or more adjacent runtime index tensors (broadcast against each other, negative
+    indices included) is one Gather over the merged axes and matches eager exactly."""
+    k = data.draw(st.integers(2, len(dims)))
+    p = data.draw(st.integers(0, len(dims) - k))
+    gen = torch.Generator().manual_seed(seed)
+    idx_shapes = [data.draw(st.sampled_from([(3,), (1,), (2, 1), (2, 3)])) for _ in range(k)]
+    assume(all(torch.broadcast_shapes(*idx_shapes)))
+    indices = [torch.randint(-d, d, s, generator=gen) for d, s in zip(dims[p : p + k], idx_shapes, strict=True)]
+    x = torch.randn(*dims, generator=gen)
+    lead = (slice(None),) * p
+
+    def fn(t: torch.Tensor, *idx: torch.Tensor) -> torch.Tensor:
+        return t[(*lead, *idx)]
+
+    exported = _check_fast(fn, x, *indices, tol=0.0)
+    assert "Gather" in _op_types(exported)
+
+
+def test_padding_mask_read_with_runtime_indices_runs_on_qnn_htp() -> None:
+    """transformers' padding-mask read ``mask[batch_idx, kv_idx]`` with runtime index tensors runs wholly on the HTP
+    simulator (CPU fallback off) and equals eager."""
+    mask = torch.rand(2, 16) > 0.3
+    b = torch.arange(2).view(2, 1, 1, 1)
+    kv = torch.arange(16).view(1, 1, 1, 16)
+
+    def fn(m: torch.Tensor, bi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+        return m[bi, ki + 0] & m[bi, ki - 16]
+
+    ref = fn(mask, b, kv)
+    backend = Capture(qnn_session)
+    out = compile_and_run(fn, (mask, b, kv), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert torch.equal(out, ref)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    alpha=st.sampled_from([1.0, 0.0, 0.125, -2.0]),
+    beta=st.sampled_from([1.0, 0.0, 0.5, -1.0]),
+    bias_shape=st.sampled_from([(2, 3, 4), (2, 1, 4), (1, 3, 1), (4,)]),
+    seed=seeds(),
+)
+def test_baddbmm_with_any_scales_matches_eager(
+    alpha: float, beta: float, bias_shape: tuple[int, ...], seed: int
+) -> None:
+    """baddbmm (BLOOM's scores plus ALiBi) with any alpha, beta and broadcast bias is translated directly and matches
+    eager; with beta 0 a NaN in the bias does not reach the output, as in PyTorch."""
+    gen = torch.Generator().manual_seed(seed)
+    bias, a, b = (
+        torch.randn(bias_shape, generator=gen),
+        torch.randn(2, 3, 5, generator=gen),
+        torch.randn(2, 5, 4, generator=gen),
+    )
+    if beta == 0:
+        bias.view(-1)[0] = float("nan")
+    exported = _check_fast(lambda c, x, y: torch.baddbmm(c, x, y, beta=beta, alpha=alpha), bias, a, b)
+    assert "MatMul" in _op_types(exported)
+
+
+def test_baddbmm_runs_on_qnn_htp() -> None:
+    """baddbmm with alpha and beta other than 1 runs wholly on the HTP simulator (CPU fallback off) within fp16
+    error."""
+    bias, a, b = torch.randn(4, 1, 6), torch.randn(4, 3, 8), torch.randn(4, 8, 6)
+    ref = torch.baddbmm(bias, a, b, beta=0.5, alpha=0.125)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=0.125), (bias, a, b), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3
 

@@ -232,6 +232,9 @@ EXAMPLES: dict[str, _Example] = {
     "aten.addmm.default": _ex(
         lambda x, bias, w: aten.addmm.default(bias, x, aten.t.default(w)), _X, params=[(5,), (5, 4)]
     ),
+    "aten.baddbmm.default": _ex(
+        lambda bias, a, b: aten.baddbmm.default(bias, a, b, beta=1.0, alpha=0.25), (2, 1, 5), (2, 3, 4), (2, 4, 5)
+    ),
     # nn
     "aten.convolution.default": _ex(
         lambda x, w, b: aten.convolution.default(x, w, b, [2, 2], [1, 1], [1, 1], False, [0, 0], 2),
@@ -268,6 +271,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.zeros_like.default": _ex(lambda x: aten.zeros_like.default(x), _X),
     "aten.ones_like.default": _ex(lambda i: aten.ones_like.default(i), _ints(3, 4)),
     "aten.full_like.default": _ex(lambda x: aten.full_like.default(x, 2.5), _X),
+    "aten.new_zeros.default": _ex(lambda x: aten.add.Tensor(x, aten.new_zeros.default(x, [4])), _X),
+    "aten.new_ones.default": _ex(lambda x: aten.add.Tensor(x, aten.new_ones.default(x, [1, 4])), _X),
+    "aten.new_full.default": _ex(lambda x: aten.mul.Tensor(x, aten.new_full.default(x, [3, 1], -1.5)), _X),
+    # every position of the uninitialized tensor written
+    "aten.new_empty.default": _ex(lambda x: aten.copy.default(aten.new_empty.default(x, [3, 4]), x), _X),
     # every position of the uninitialized tensor written (how transformers inverts a permutation)
     "aten.empty_like.default": _ex(
         lambda p, r: aten.index_put.default(aten.empty_like.default(p), [p], r),

@@ -87,9 +87,10 @@ def _index_select(t: Translator, node: Node, x: Node, dim: int, index: Node) -> 
 def _index(t: Translator, node: Node, x: Node, indices: Sequence[Node | None]) -> ir.Value:
     """``x[..., i1, i2, ...]`` with adjacent integer index tensors (advanced indexing).
 
-    One index tensor is a Gather on its axis. Several must be constants (masks built from ``arange``, the usual
-    case): they are broadcast and flattened at export time into one index over the merged axes, checked against
-    the sizes (PyTorch raises for an index out of range), and the data is gathered once.
+    One index tensor is a Gather on its axis. Several are flattened into one index over the merged axes and the
+    data is gathered once: constants (masks built from ``arange``, the usual case) at export time, checked against
+    the sizes (PyTorch raises for an index out of range); runtime ones in the graph (transformers' padding mask read
+    as ``mask[batch_idx, kv_idx]``), each made non-negative first.
     """
     shape = tuple(fake(x).shape)
     pos = [i for i, v in enumerate(indices) if v is not None]
@@ -102,17 +103,49 @@ def _index(t: Translator, node: Node, x: Node, indices: Sequence[Node | None]) -
     if k == 1:
         return t.out("Gather", [t.value(x), _gather_index(t, idx_nodes[0], shape[p])], {"axis": p})
     consts = [t.constant_of(v) for v in idx_nodes]
-    if any(c is None for c in consts):
-        raise Declined("index with several index tensors that are not constants")
     sizes = shape[p : p + k]
+    merged = (*shape[:p], math.prod(sizes), *shape[p + k :])
+    dtype = fake(x).dtype
+    if any(c is None for c in consts):
+        data = t.emit1("Reshape", [t.value(x), t.ints(merged)], dtype=dtype, shape=merged)
+        return t.out("Gather", [data, _flat_runtime_index(t, idx_nodes, sizes)], {"axis": p})
     parts = torch.broadcast_tensors(*[c.to(torch.int64) for c in consts if c is not None])
     flat = torch.zeros(parts[0].shape, dtype=torch.int64)
     for idx, size in zip(parts, sizes, strict=True):
         flat = flat * size + _in_range(idx, size)
-    merged = (*shape[:p], math.prod(sizes), *shape[p + k :])
-    dtype = fake(x).dtype
     data = t.emit1("Reshape", [t.value(x), t.ints(merged)], dtype=dtype, shape=merged)
     return t.out("Gather", [data, t.initializer(flat, "index")], {"axis": p})
+
+
+def _flat_runtime_index(t: Translator, idx_nodes: Sequence[Node], sizes: Sequence[int]) -> ir.Value:
+    """``sum(nonneg(i_k) * stride_k)`` over broadcast index tensors: one int64 index into the merged axes.
+
+    A negative index counts from the end, as in PyTorch, so each is made non-negative before the sum (a negative
+    term would land in the previous row). Indices outside ``[-size, size)`` raise in PyTorch and are not checked.
+    """
+    flat: ir.Value | None = None
+    flat_shape: tuple[int, ...] = ()
+    stride = math.prod(sizes)
+    for node, size in zip(idx_nodes, sizes, strict=True):
+        stride //= size
+        shape = tuple(fake(node).shape)
+        const = t.constant_of(node)
+        if const is not None:
+            term = t.initializer((_in_range(const, size) * stride).to(torch.int64), "index")
+        else:
+            i = t.operand(node, torch.int64)
+            negative = t.emit1("Less", [i, t.scalar(0, torch.int64)], dtype=torch.bool, shape=shape)
+            wrapped = t.emit1("Add", [i, t.scalar(size, torch.int64)], dtype=torch.int64, shape=shape)
+            term = t.emit1("Where", [negative, wrapped, i], dtype=torch.int64, shape=shape)
+            if stride != 1:
+                term = t.emit1("Mul", [term, t.scalar(stride, torch.int64)], dtype=torch.int64, shape=shape)
+        if flat is None:
+            flat, flat_shape = term, shape
+        else:
+            flat_shape = tuple(torch.broadcast_shapes(flat_shape, shape))
+            flat = t.emit1("Add", [flat, term], dtype=torch.int64, shape=flat_shape)
+    assert flat is not None
+    return flat
 
 
 @handles(aten.index_copy.default)

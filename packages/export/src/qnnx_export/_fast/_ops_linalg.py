@@ -1,4 +1,4 @@
-"""Matrix products: mm, bmm and addmm (a Linear layer)."""
+"""Matrix products: mm, bmm, addmm (a Linear layer) and baddbmm (BLOOM's attention scores with ALiBi)."""
 
 from __future__ import annotations
 
@@ -42,16 +42,42 @@ def _addmm(
     dtype = node.meta["val"].dtype
     if alpha == 1 and beta == 1:
         return t.out("Gemm", [t.operand(a, dtype), b_value, t.operand(bias, dtype)], {"transB": trans_b})
-    # The QNN EP takes Gemm with alpha 1 and beta 0 or 1 only, so the scales are Muls; with beta 0 PyTorch ignores
-    # the bias, NaN and inf in it included, so it is left out.
+    # The QNN EP takes Gemm with alpha 1 and beta 0 or 1 only, so the scales are Muls.
+    return _scaled_sum(t, node, "Gemm", [t.operand(a, dtype), b_value], {"transB": trans_b}, bias, beta, alpha)
+
+
+@handles(aten.baddbmm.default)
+def _baddbmm(
+    t: Translator, node: Node, bias: Operand, a: Node, b: Node, *, beta: float = 1, alpha: float = 1
+) -> ir.Value:
+    dtype = node.meta["val"].dtype
+    if dtype not in (torch.float32, torch.float16):
+        raise Declined(f"baddbmm on {dtype} (only float is translated)")
+    return _scaled_sum(t, node, "MatMul", [t.value(a), t.value(b)], {}, bias, beta, alpha)
+
+
+def _scaled_sum(
+    t: Translator,
+    node: Node,
+    op: str,
+    inputs: list[ir.Value],
+    attrs: dict[str, int],
+    bias: Operand,
+    beta: float,
+    alpha: float,
+) -> ir.Value:
+    """``beta * bias + alpha * op(inputs)`` as PyTorch defines it for addmm/baddbmm: with beta 0 the bias is
+    ignored, NaN and inf in it included, so it is left out."""
+    dtype = node.meta["val"].dtype
     shape = tuple(node.meta["val"].shape)
-    gemm_inputs, attrs = [t.operand(a, dtype), b_value], {"transB": trans_b}
     if beta == 0 and alpha == 1:
-        return t.out("Gemm", gemm_inputs, attrs)
-    product = t.emit1("Gemm", gemm_inputs, attrs, dtype=dtype, shape=shape)
+        return t.out(op, inputs, attrs)
+    product = t.emit1(op, inputs, attrs, dtype=dtype, shape=shape)
     if beta == 0:
         return t.out("Mul", [product, t.scalar(alpha, dtype)])
     if alpha != 1:
         product = t.emit1("Mul", [product, t.scalar(alpha, dtype)], dtype=dtype, shape=shape)
+    if beta == 1:
+        return t.out("Add", [product, t.operand(bias, dtype)])
     scaled = t.emit1("Mul", [t.operand(bias, dtype), t.scalar(beta, dtype)], dtype=dtype, shape=_shape_of(bias))
     return t.out("Add", [product, scaled])

@@ -33,15 +33,28 @@ def _to_copy(t: Translator, node: Node, x: Node, **kwargs: object) -> ir.Value:
     return t.out("Cast", [t.value(x)], {"to": int(ir_dtype(dtype))})
 
 
-@handles(aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default)
+@handles(
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.full_like.default,
+    aten.empty_like.default,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_full.default,
+    aten.new_empty.default,
+)
 def _like_constant(t: Translator, node: Node, *args: object, **kwargs: object) -> torch.Tensor:
-    """zeros_like/ones_like/full_like of a runtime tensor: only the (static) shape matters. empty_like's memory is
-    uninitialized: zeros are one of its values (a graph that reads them before writing is wrong in PyTorch too)."""
+    """zeros_like/ones_like/full_like of a runtime tensor, and its new_zeros/new_ones/new_full: only the (static)
+    shape matters. empty_like's and new_empty's memory is uninitialized: zeros are one of its values (a graph that
+    reads them before writing is wrong in PyTorch too)."""
     val = node.meta["val"]
     if val.numel() * val.element_size() > MAX_FOLD_BYTES:
         raise Declined(f"{node.target} would become a constant of {val.numel() * val.element_size()} bytes")
-    fill = {"zeros_like": 0, "ones_like": 1, "empty_like": 0}.get(
-        node.target.__name__.split(".")[0],  # type: ignore[union-attr]  # fx types Node.target loosely; here it is an OpOverload
-        args[1] if len(args) > 1 else kwargs.get("fill_value"),
+    name = node.target.__name__.split(".")[0]  # type: ignore[union-attr]  # fx types Node.target loosely; here it is an OpOverload
+    # full_like(self, fill_value), new_full(self, size, fill_value)
+    fill_at = {"full_like": 1, "new_full": 2}.get(name)
+    fill = {"zeros": 0, "ones": 1, "empty": 0}.get(
+        name.removeprefix("new_").removesuffix("_like"),
+        args[fill_at] if fill_at is not None and len(args) > fill_at else kwargs.get("fill_value"),
     )
     return torch.full(tuple(val.shape), fill, dtype=val.dtype)  # type: ignore[call-overload]  # fill: the op's scalar
