@@ -26,12 +26,16 @@ class NodeExplanation:
     """One ONNX node of a graph: where it comes from, what opcheck says, and where it runs."""
 
     onnx_node: str
+    """The node's name in the exported ONNX model."""
     op_type: str
+    """Its ONNX operator, e.g. ``MatMul``."""
     fx_nodes: tuple[str, ...] = ()
     """Where it comes from in the PyTorch model (module path, class and ATen op), when the exporter recorded it."""
     verdict: str | None = None
     """opcheck's verdict for the device the graph runs on: supported / unsupported / hazard."""
     reason: str | None = None
+    """opcheck's reason for that verdict: why the node is not plainly supported, or how it is supported (e.g. folded
+    by ONNX Runtime); None when opcheck gave none."""
     placement: str | None = None
     """Where ONNX Runtime put it when a session was built: ``QNN``, ``ORT CPU``, or ``fused`` (ORT's graph
     optimizer folded it into a constant or fused it into another node before placement); None when predicted."""

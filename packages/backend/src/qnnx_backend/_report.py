@@ -127,10 +127,15 @@ class CompileReport:
     """
 
     graph_id: int
+    """This report's number in the process: 0, 1, 2, ... in the order the reports were made."""
     device: str
     requested_device: str
+    """The ``device`` option it was compiled with, e.g. ``"auto"``."""
     strict: bool
+    """The ``strict`` option it was compiled with: when True, a failure on the chosen device raises (naming the
+    device and the cause) instead of falling back."""
     attempts: tuple[Attempt, ...] = ()
+    """The QNN devices the chain tried, in order, each with its outcome and the time spent on it."""
     reason: str | None = None
     """Why the graph runs on eager PyTorch (or, loaded from a saved function, on ONNX Runtime's CPU EP), when it does."""
     is_simulator: bool | None = None

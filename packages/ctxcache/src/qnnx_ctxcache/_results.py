@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -128,7 +128,14 @@ class EntryDetails:
 
 @attrs.frozen(kw_only=True)
 class Problem:
-    """One bad or skipped entry: found by :meth:`ContextStore.verify`, left out by ``pack`` or ``unpack``."""
+    """One bad or skipped entry: found by :meth:`ContextStore.verify`, left out by ``pack`` or ``unpack``.
+
+    Attributes:
+        key: the entry's key (hex).
+        reason: what is wrong, as a code: from ``verify`` and ``pack`` its kind and what failed, e.g.
+            ``corrupt:checksum``, ``manifest:key`` or ``untrusted:path``; from ``unpack`` ``too-large`` or ``occupied``.
+        detail: the specifics, for a person, e.g. ``'model_ctx.onnx' is missing``.
+    """
 
     key: str
     reason: str
@@ -203,7 +210,7 @@ class PackReport:
     skipped: tuple[Problem, ...]
     size_bytes: int
     sha256: str
-    compression: str
+    compression: Literal["gz", "none"]
 
 
 @attrs.frozen(kw_only=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal, cast
 
 from qnnx_detection._devices import normalize_device
 from qnnx_detection._report import Overrides
@@ -54,7 +55,7 @@ def _disabled(raw: str | None, problems: list[str]) -> bool:
     return flag not in _FALSE
 
 
-def _device(raw: str | None, problems: list[str]) -> str | None:
+def _device(raw: str | None, problems: list[str]) -> Literal["npu", "gpu", "cpu"] | None:
     """``QNNX_DEVICE``: the forced device, or None when unset, ``auto`` or invalid (a problem noted)."""
     if raw is None or not raw.strip():
         return None
@@ -63,7 +64,7 @@ def _device(raw: str | None, problems: list[str]) -> str | None:
     except InvalidDeviceError as exc:
         problems.append(f"{exc} (ignored: automatic device choice)")
         return None
-    return None if device == "auto" else device
+    return None if device == "auto" else cast(Literal["npu", "gpu", "cpu"], device)  # one of _DEVICE_VALUES
 
 
 def _soc_model(raw: str | None, problems: list[str]) -> int | None:

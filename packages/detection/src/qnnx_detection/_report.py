@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -86,7 +86,13 @@ class Versions:
 
 @attrs.frozen(kw_only=True)
 class PlatformInfo:
-    """The host. Attributes: ``system`` (``platform.system()``), ``release``, ``machine`` (CPU architecture)."""
+    """The host, as Python's :mod:`platform` reports it.
+
+    Attributes:
+        system: The operating system (``platform.system()``, e.g. ``"Linux"`` or ``"Windows"``).
+        release: Its release (``platform.release()``).
+        machine: The CPU architecture (``platform.machine()``, e.g. ``"x86_64"`` or ``"ARM64"``).
+    """
 
     system: str
     release: str
@@ -108,7 +114,7 @@ class Overrides:
     """
 
     disabled: bool = False
-    device: str | None = None
+    device: Literal["npu", "gpu", "cpu"] | None = None
     soc_model: int | None = None
     raw_disable: str | None = None
     raw_device: str | None = None

@@ -18,19 +18,23 @@ if TYPE_CHECKING:
 aten = torch.ops.aten
 
 
+_SOFTMAX = {aten._softmax.default: "Softmax", aten._log_softmax.default: "LogSoftmax"}
+# Over the given axes (all of them for the overloads without a dim, or for dim=None).
 _REDUCTIONS = {
     aten.mean.dim: "ReduceMean",
     aten.sum.dim_IntList: "ReduceSum",
     aten.amax.default: "ReduceMax",
     aten.amin.default: "ReduceMin",
+    aten.mean.default: "ReduceMean",
+    aten.sum.default: "ReduceSum",
 }
-_REDUCTIONS_OF_ALL = {aten.mean.default: "ReduceMean", aten.sum.default: "ReduceSum"}
-_SOFTMAX = {aten._softmax.default: "Softmax", aten._log_softmax.default: "LogSoftmax"}
 
 
-def _reduce_as(
-    op: str, t: Translator, node: Node, x: Node, dim: int | Sequence[int] | None, keepdim: bool, **kwargs: object
+@handles(*_REDUCTIONS)
+def _reduce(
+    t: Translator, node: Node, x: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False, **kwargs: object
 ) -> ir.Value:
+    op = _REDUCTIONS[node.target]  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
     if kwargs.get("dtype") not in (None, fake(x).dtype):
         raise Declined(f"{node.target} with dtype=")
     rank = fake(x).dim()
@@ -41,18 +45,6 @@ def _reduce_as(
     # sum of bool/int8 gives int64 in PyTorch: reduce in the output dtype.
     xv = t.operand(x, node.meta["val"].dtype)
     return t.out(op, [xv, t.ints(axes, "axes")], {"keepdims": int(bool(keepdim))})
-
-
-@handles(*_REDUCTIONS)
-def _reduce(
-    t: Translator, node: Node, x: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False, **kwargs: object
-) -> ir.Value:
-    return _reduce_as(_REDUCTIONS[node.target], t, node, x, dim, keepdim, **kwargs)  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
-
-
-@handles(*_REDUCTIONS_OF_ALL)
-def _reduce_all(t: Translator, node: Node, x: Node, **kwargs: object) -> ir.Value:
-    return _reduce_as(_REDUCTIONS_OF_ALL[node.target], t, node, x, None, False, **kwargs)  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
 
 
 @handles(*_SOFTMAX)

@@ -381,10 +381,9 @@ def _stable_softplus(graph: ir.Graph, names: UniqueNames, x: ir.Value, negate: b
     one = _graph.add_initializer(graph, names("one"), np.array(1.0, dtype=dtype))
 
     def build(v: ir.Value) -> tuple[list[ir.Node], ir.Value]:
-        vals = {
-            k: _graph.new_value(names(k), x.dtype, _graph.static_shape(v))
-            for k in ("abs", "neg", "exp", "plus1", "log", "relu", "out")
-        }
+        vals = _graph.new_values(
+            names, x.dtype, dict.fromkeys(("abs", "neg", "exp", "plus1", "log", "relu", "out"), _graph.static_shape(v))
+        )
         nodes = [
             ir.Node("", "Abs", [v], outputs=[vals["abs"]]),
             ir.Node("", "Mul", [vals["abs"], minus_one], outputs=[vals["neg"]]),
@@ -486,8 +485,7 @@ class SoftplusStable(QnnPass):
     defect = "Softplus on QNN HTP is off by 1.4e-2 of its value near 0 (silent imprecise output)"
 
     def match(self, node: ir.Node) -> ir.Value | None:
-        x = _graph.op_input(node, "Softplus")
-        return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
+        return _graph.float_op_input(node, "Softplus")
 
     def rewrite(self, graph: ir.Graph) -> bool:
         return self.replace_matched(

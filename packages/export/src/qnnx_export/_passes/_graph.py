@@ -3,7 +3,7 @@ and initializers, and redirecting the uses of a value."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -13,10 +13,12 @@ from qnnx_export._naming import UniqueNames
 __all__ = [
     "add_initializer",
     "const_array",
+    "float_op_input",
     "fresh_names",
     "input_producer",
     "is_op",
     "new_value",
+    "new_values",
     "one_node_like",
     "op_input",
     "replace_value",
@@ -33,6 +35,13 @@ def op_input(node: ir.Node, op_type: str) -> ir.Value | None:
     """The first input of ``node`` when it is an ``op_type`` node of the default domain (see :func:`is_op`), else
     None."""
     return node.inputs[0] if is_op(node, op_type) and node.inputs else None
+
+
+def float_op_input(node: ir.Node, op_type: str) -> ir.Value | None:
+    """The first input of ``node`` when it is an ``op_type`` node (see :func:`op_input`) and that input is float32
+    or float16, else None."""
+    x = op_input(node, op_type)
+    return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
 
 
 def input_producer(node: ir.Node, index: int = 0) -> ir.Node | None:
@@ -89,6 +98,13 @@ def new_value(name: str, dtype: ir.DataType | None, shape: Iterable[int] | None)
         type=ir.TensorType(dtype) if dtype is not None else None,
         shape=ir.Shape(list(shape)) if shape is not None else None,
     )
+
+
+def new_values(
+    names: UniqueNames, dtype: ir.DataType | None, shapes: Mapping[str, Iterable[int] | None]
+) -> dict[str, ir.Value]:
+    """One new value per name hint of ``shapes``, in order: named after the hint, of ``dtype`` and that shape."""
+    return {hint: new_value(names(hint), dtype, shape) for hint, shape in shapes.items()}
 
 
 def one_node_like(

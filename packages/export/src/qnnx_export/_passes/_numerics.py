@@ -497,16 +497,9 @@ class L2NormPrescaled(QnnPass):
             out_shape = cast(tuple[int, ...], _graph.static_shape(node.outputs[0]))
             axes = _graph.add_initializer(graph, names("axes"), np.array(norm.axes, dtype=np.int64))
             floor = _graph.add_initializer(graph, names("floor"), np.array(_L2_FLOOR, dtype=dtype.numpy()))
-            values = {
-                key: _graph.new_value(names(key), dtype, dims)
-                for key, dims in (
-                    ("abs", shape),
-                    ("max", kept),
-                    ("scale", kept),
-                    ("scaled", shape),
-                    ("norm", out_shape),
-                )
-            }
+            values = _graph.new_values(
+                names, dtype, {"abs": shape, "max": kept, "scale": kept, "scaled": shape, "norm": out_shape}
+            )
             nodes = [
                 ir.Node("", "Abs", [x], outputs=[values["abs"]]),
                 ir.Node(
@@ -575,8 +568,8 @@ class ExpInputFloor(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The float input of an Exp that is not already floored, or None."""
-        x = _graph.op_input(node, "Exp")
-        if x is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        x = _graph.float_op_input(node, "Exp")
+        if x is None:
             return None
         producer = x.producer()
         if producer is not None and (producer.outputs[0].name or "").startswith(_FLOORED):
@@ -641,17 +634,9 @@ class StableLogSumExp(QnnPass):
             kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
             out_shape = cast(tuple[int, ...], _graph.static_shape(node.outputs[0]))
             axes_value = _graph.add_initializer(graph, names("axes"), np.array(axes, dtype=np.int64))
-            v = {
-                k: _graph.new_value(names(k), dtype, d)
-                for k, d in (
-                    ("max", kept),
-                    ("shifted", shape),
-                    ("exp", shape),
-                    ("sum", kept),
-                    ("log", kept),
-                    ("out", out_shape),
-                )
-            }
+            v = _graph.new_values(
+                names, dtype, {"max": kept, "shifted": shape, "exp": shape, "sum": kept, "log": kept, "out": out_shape}
+            )
             keep1 = [ir.AttrInt64("keepdims", 1)]
             nodes = [
                 ir.Node("", "ReduceMax", [x, axes_value], attributes=keep1, outputs=[v["max"]]),
@@ -689,8 +674,7 @@ class MishAsSoftplus(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The float input of a Mish node, or None."""
-        x = _graph.op_input(node, "Mish")
-        return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
+        return _graph.float_op_input(node, "Mish")
 
     def rewrite(self, graph: ir.Graph) -> bool:
         def decomposed(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
