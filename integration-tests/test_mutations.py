@@ -53,6 +53,38 @@ def _decode_steps(cache: type[_KVCache], steps: int) -> qnnx_backend.CompileRepo
     return report
 
 
+class _SlidingWindow(torch.nn.Module):
+    """A full sliding window the way transformers' static sliding-window layer updates it: roll left by one, write
+    the new row last, copy back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keys", torch.randn(1, 2, 6, 4))
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, new: torch.Tensor) -> torch.Tensor:
+        rolled = self.keys.roll(-1, dims=-2)
+        rolled[:, :, torch.tensor([-1])] = self.proj(new)
+        self.keys.copy_(rolled)
+        return torch.softmax(self.keys.sum(-1), dim=-1)
+
+
+def test_sliding_window_roll_runs_on_qnn_and_matches_eager_step_by_step() -> None:
+    """Ten steps of a full sliding window (more than its length, so every row has been moved and replaced): one
+    QNN graph, and after every step the output and the window match eager."""
+    torch.manual_seed(0)
+    model, reference = _SlidingWindow().eval(), _SlidingWindow().eval()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="qnn", options=NPU_STRICT)
+    with torch.no_grad():
+        for _ in range(10):
+            new = torch.randn(1, 2, 1, 4)
+            assert_close_fp16(compiled(new), reference(new))
+            assert_close_fp16(model.keys, reference.keys)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.on_qnn
+
+
 def test_a_written_user_input_is_updated_in_the_callers_tensor() -> None:
     """x.copy_(y * 2) and an int counter's add_ inside the graph: the caller's tensors are updated after the QNN
     run, and the output is right."""

@@ -376,6 +376,35 @@ def test_float_state_updated_from_itself_is_not_lifted() -> None:
         qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(lift_mutations=True))
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_sliding_window_roll_of_float_state_is_lifted(scaled: bool) -> None:
+    """A sliding window's update (transformers' full static sliding-window layer: roll the cache left by one and write
+    the new row last) moves old values without arithmetic, so nothing accumulates and the write is lifted. The same
+    roll scaled by 0.5 is arithmetic on the old values and is refused."""
+    from export_capture import capture, only
+
+    class Window(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("keys", torch.randn(1, 2, 4, 3))
+
+        def forward(self, k: torch.Tensor) -> torch.Tensor:
+            rolled = self.keys.roll(-1, dims=-2)
+            if scaled:
+                rolled = rolled * 0.5
+            rolled[:, :, -1:] = k
+            self.keys.copy_(rolled)
+            return self.keys.sum(-1)
+
+    cap = only(capture(Window().eval(), torch.randn(1, 2, 1, 3))[0])
+    options = qe.ExportOptions(lift_mutations=True, exporter="fast")
+    if scaled:
+        with pytest.raises(qe.errors.ExportError, match="accumulate fp16 rounding"):
+            qe.export(cap.gm, cap.example_inputs, options=options)
+    else:
+        assert qe.export(cap.gm, cap.example_inputs, options=options).signature.writes
+
+
 @pytest.mark.parametrize("from_itself", [False, True])
 def test_write_lifting_is_linear_in_shared_values(from_itself: bool) -> None:
     """Deciding whether a lifted write overwrites or accumulates walks the graph once: a chain of 40 values each

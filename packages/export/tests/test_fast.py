@@ -1008,6 +1008,62 @@ def test_index_with_several_runtime_index_tensors_matches_eager(
     assert "Gather" in _op_types(exported)
 
 
+@settings(max_examples=15, deadline=None)
+@given(dims=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(), seed=seeds())
+def test_roll_over_any_dims_and_shifts_is_exact_data_movement(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """torch.roll by any shifts (negative, zero, beyond the size) over any dims, or of the flattened tensor, is Slices
+    and Concats equal to eager bit for bit."""
+    x = torch.randn(*dims, generator=torch.Generator().manual_seed(seed))
+    axes = data.draw(st.lists(st.integers(-len(dims), len(dims) - 1), max_size=len(dims), unique=True))
+    shifts = data.draw(st.lists(st.integers(-7, 7), min_size=max(1, len(axes)), max_size=max(1, len(axes))))
+    exported = _check_fast(lambda t: torch.roll(t, shifts, axes), x, tol=0.0)
+    assert "Add" not in _op_types(exported) and "Mul" not in _op_types(exported)
+
+
+@settings(max_examples=15, deadline=None)
+@given(dims=st.lists(st.integers(1, 4), min_size=2, max_size=4), data=st.data(), seed=seeds())
+def test_index_put_after_skipped_dims_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """x[:, ..., i1, i2] = v (index tensors after skipped leading dims, runtime or constant, negatives included,
+    values broadcast) is a ScatterND on x transposed so the indexed dims lead, and matches eager exactly."""
+    lead = data.draw(st.integers(1, len(dims) - 1))
+    k = data.draw(st.integers(1, len(dims) - lead))
+    gen = torch.Generator().manual_seed(seed)
+    # distinct positions: duplicate writes are undefined in PyTorch
+    picks = [
+        torch.randperm(d, generator=gen)[: min(d, 2)] - d * int(data.draw(st.booleans())) for d in dims[lead : lead + k]
+    ]
+    n = min(len(p) for p in picks)
+    indices = [p[:n] for p in picks]
+    result = (*dims[:lead], n, *dims[lead + k :])
+    v_shape = data.draw(st.sampled_from([result, result[-1:], (1,) * len(result)]))
+    x, v = torch.randn(*dims, generator=gen), torch.randn(*v_shape, generator=gen)
+    skip = (slice(None),) * lead
+
+    def fn(t: torch.Tensor, vals: torch.Tensor, *idx: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t[(*skip, *idx)] = vals
+        return t
+
+    exported = _check_fast(fn, x, v, *indices, tol=0.0)
+    assert "ScatterND" in _op_types(exported)
+
+
+def test_sliding_window_row_write_runs_on_qnn_htp() -> None:
+    """A sliding window's write of its last row (``rolled[:, :, tensor([-1])] = k``, transformers' form) runs wholly
+    on the HTP simulator (CPU fallback off) and equals eager."""
+    keys, k = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 1, 4)
+
+    def fn(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        rolled = cache.roll(-1, dims=-2)
+        rolled[:, :, torch.tensor([-1])] = new
+        return rolled
+
+    backend = Capture(qnn_session)
+    out = compile_and_run(fn, (keys, k), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, fn(keys, k)) <= 1e-3
+
+
 def test_padding_mask_read_with_runtime_indices_runs_on_qnn_htp() -> None:
     """transformers' padding-mask read ``mask[batch_idx, kv_idx]`` with runtime index tensors runs wholly on the HTP
     simulator (CPU fallback off) and equals eager."""

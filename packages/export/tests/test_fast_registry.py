@@ -182,6 +182,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.expand.default": _ex(lambda x: aten.expand.default(x, [3, 4, 5]), (1, 4, 1)),
     "aten.repeat.default": _ex(lambda x: aten.repeat.default(x, [2, 1, 3, 2]), (3, 1, 4)),
     "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
+    "aten.roll.default": _ex(lambda x: aten.roll.default(x, [1, -3], [0, 1]), _X),
     "aten.cat.default": _ex(lambda x, i: aten.cat.default([x, i, x], 1), (2, 3), _ints(2, 4)),
     "aten.stack.default": _ex(lambda x, y: aten.stack.default([x, y, x], -2), (2, 3), (2, 3)),
     "aten.split.Tensor": _ex(lambda x: _items(aten.split.Tensor(x, 2, 1), 3), (2, 5)),

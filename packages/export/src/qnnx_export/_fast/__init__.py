@@ -139,12 +139,51 @@ def _partial_writes() -> dict[Any, tuple[int, ...]]:
     }
 
 
+@functools.cache
+def _moves() -> dict[Any, tuple[int, ...]]:
+    """ATen ops whose output elements are copies of their data arguments' elements -> the positions of those
+    arguments (a list argument counts as all of its tensors). Other arguments only say which elements go where."""
+    import torch
+
+    aten = torch.ops.aten
+    first = (0,)
+    return {
+        **dict.fromkeys(
+            (
+                aten.roll.default,
+                aten.slice.Tensor,
+                aten.select.int,
+                aten.index_select.default,
+                aten.index.Tensor,
+                aten.gather.default,
+                aten.flip.default,
+                aten.clone.default,
+                aten.alias.default,
+                aten.view.default,
+                aten._unsafe_view.default,
+                aten.reshape.default,
+                aten.permute.default,
+                aten.transpose.int,
+                aten.expand.default,
+                aten.unsqueeze.default,
+                aten.squeeze.dim,
+                aten.squeeze.dims,
+                aten.cat.default,
+            ),
+            first,
+        ),
+        aten.where.self: (1, 2),
+    }
+
+
 def _check_no_fp16_accumulation(placeholder: Any, new: Any) -> None:
     """Refuse a float tensor whose new value is arithmetic on its old one (``count += 1``, a running sum).
 
     HTP computes float in fp16: such state would carry fp16 rounding from call to call, and a float counter stops
-    at 2048. Overwrites are fine: a KV cache's ``index_copy_`` of new values, a slice assignment, or ``copy_`` of a
-    value computed without the old one, round each written value once. Integer state is exact.
+    at 2048. Overwrites and moves are fine: a KV cache's ``index_copy_`` of new values, a slice assignment, ``copy_``
+    of a value computed without the old one, or a sliding window's ``roll`` and ``cat`` of old rows with new ones.
+    Each element is then either a copy of an old one or a new value, rounded to fp16 once (rounding a value that
+    fp16 already holds changes nothing, so nothing accumulates). Integer state is exact.
     """
     import torch
     import torch.fx
@@ -152,36 +191,38 @@ def _check_no_fp16_accumulation(placeholder: Any, new: Any) -> None:
     if not placeholder.meta["val"].is_floating_point():
         return
     from_old = _computed_from(placeholder)
-    partial = _partial_writes()
+    partial, moves = _partial_writes(), _moves()
 
     aten = torch.ops.aten
 
-    def fresh(value: Any) -> bool:
-        """``value`` holds nothing of the old tensor: computed without it, or a copy/fill of such a value into a
-        view of it (which keeps only its shape)."""
-        if not isinstance(value, torch.fx.Node) or value not in from_old:
-            return True
-        if value.op == "call_function" and value.target in (aten.copy.default, aten.fill.Tensor, aten.fill.Scalar):
-            return fresh(value.args[1])
-        return False
+    decided: dict[Any, bool] = {}  # each node once: values shared along many paths stay linear
 
-    def overwrites(value: Any) -> bool:
-        """``value`` is the old tensor with some parts replaced by values computed without it."""
-        if value is placeholder:
+    def exact(value: Any) -> bool:
+        """Every element of ``value`` is a copy of an element of the old tensor or computed without it."""
+        if not isinstance(value, torch.fx.Node) or value not in from_old or value is placeholder:
             return True
-        written = partial.get(value.target) if value.op == "call_function" else None
-        if value.op == "call_function" and value.target is aten.index_put.default:
+        if value not in decided:
+            decided[value] = decide(value)
+        return decided[value]
+
+    def decide(value: Any) -> bool:
+        if value.op != "call_function":
+            return False
+        if value.target in (aten.copy.default, aten.fill.Tensor, aten.fill.Scalar):
+            return exact(value.args[1])
+        if value.target is aten.index_put.default:
             accumulate = value.args[3] if len(value.args) > 3 else value.kwargs.get("accumulate", False)
             if accumulate:
                 return False  # adds into the old values: the same fp16 drift as a running sum
-        if written is not None:
-            # The base keeps its other elements as they are: it must itself be the old tensor or such an overwrite.
-            args = [value.args[k] for k in written]
-            what = [a for arg in args for a in (arg if isinstance(arg, list) else [arg])]
-            return overwrites(value.args[0]) and all(fresh(a) for a in what)
-        return fresh(value)
+        written = partial.get(value.target)
+        # A partial write: the base keeps its other elements and the written values replace some.
+        positions = (0, *written) if written is not None else moves.get(value.target, ())
+        if not positions:
+            return False
+        args = [value.args[k] for k in positions if k < len(value.args)]
+        return all(exact(a) for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg]))
 
-    if not overwrites(new):
+    if not exact(new):
         raise Declined(
             f"float state {placeholder.name} is updated from its own value: on HTP it would accumulate fp16 "
             "rounding from call to call"

@@ -117,6 +117,15 @@ def _index(t: Translator, node: Node, x: Node, indices: Sequence[Node | None]) -
     return t.out("Gather", [data, t.initializer(flat, "index")], {"axis": p})
 
 
+def _wrapped(t: Translator, index: Node, size: int) -> ir.Value:
+    """Runtime int64 indices with the negative ones counted from the end (``i + size``), as PyTorch reads them."""
+    i = t.operand(index, torch.int64)
+    shape = tuple(fake(index).shape)
+    negative = t.emit1("Less", [i, t.scalar(0, torch.int64)], dtype=torch.bool, shape=shape)
+    wrapped = t.emit1("Add", [i, t.scalar(size, torch.int64)], dtype=torch.int64, shape=shape)
+    return t.emit1("Where", [negative, wrapped, i], dtype=torch.int64, shape=shape)
+
+
 def _flat_runtime_index(t: Translator, idx_nodes: Sequence[Node], sizes: Sequence[int]) -> ir.Value:
     """``sum(nonneg(i_k) * stride_k)`` over broadcast index tensors: one int64 index into the merged axes.
 
@@ -133,10 +142,7 @@ def _flat_runtime_index(t: Translator, idx_nodes: Sequence[Node], sizes: Sequenc
         if const is not None:
             term = t.initializer((_in_range(const, size) * stride).to(torch.int64), "index")
         else:
-            i = t.operand(node, torch.int64)
-            negative = t.emit1("Less", [i, t.scalar(0, torch.int64)], dtype=torch.bool, shape=shape)
-            wrapped = t.emit1("Add", [i, t.scalar(size, torch.int64)], dtype=torch.int64, shape=shape)
-            term = t.emit1("Where", [negative, wrapped, i], dtype=torch.int64, shape=shape)
+            term = _wrapped(t, node, size)
             if stride != 1:
                 term = t.emit1("Mul", [term, t.scalar(stride, torch.int64)], dtype=torch.int64, shape=shape)
         if flat is None:
@@ -259,40 +265,53 @@ def _select_scatter(t: Translator, node: Node, x: Node, src: Node, dim: int, ind
 def _index_put(
     t: Translator, node: Node, x: Node, indices: Sequence[Node | None], values: Node, accumulate: bool = False
 ) -> ir.Value:
-    """``x[i0, i1, ...] = values`` with integer index tensors on the leading dimensions, as ScatterND.
+    """``x[..., i0, i1, ...] = values`` with adjacent integer index tensors, as ScatterND.
 
-    Negative indices count from the end, as in PyTorch; duplicate positions are undefined in PyTorch too. Boolean
-    masks (data-dependent shapes), indices after a skipped dimension and ``accumulate=True`` (a sum HTP would
-    take in fp16) decline.
+    Index tensors after skipped leading dimensions (``x[:, :, i] = v``, how a sliding-window cache writes its last
+    row) scatter into ``x`` transposed so that the indexed dimensions lead, then transposed back. Negative indices
+    count from the end, as in PyTorch; duplicate positions are undefined in PyTorch too. Boolean masks
+    (data-dependent shapes), index tensors that are not adjacent and ``accumulate=True`` (a sum HTP would take in
+    fp16) decline.
     """
     shape = tuple(fake(x).shape)
     dtype = fake(x).dtype
     if accumulate:
         raise Declined("index_put with accumulate=True")
-    if not indices or any(i is None for i in indices) or len(indices) > len(shape):
-        raise Declined("index_put with skipped dimensions")
-    if any(fake(i).dtype not in (torch.int64, torch.int32) for i in indices):
+    lead = next((p for p, i in enumerate(indices) if i is not None), len(indices))
+    given = [i for i in indices[lead:] if i is not None]
+    if not given or len(given) != len(indices) - lead or len(indices) > len(shape):
+        raise Declined("index_put with index tensors that are not adjacent")
+    if any(fake(i).dtype not in (torch.int64, torch.int32) for i in given):
         raise Declined("index_put with a boolean mask")
-    k = len(indices)
-    batch = tuple(torch.broadcast_shapes(*(tuple(fake(i).shape) for i in indices)))
+    k = len(given)
+    batch = tuple(torch.broadcast_shapes(*(tuple(fake(i).shape) for i in given)))
     columns = []
-    for dim, index in enumerate(indices):
-        assert index is not None
+    for dim, index in enumerate(given, start=lead):
         const = t.constant_of(index)
         if const is not None:
             idx = t.initializer(_in_range(const, shape[dim]).to(torch.int64), "index")
         else:
-            idx = t.operand(index, torch.int64)
             ishape = tuple(fake(index).shape)
-            negative = t.emit1("Less", [idx, t.scalar(0, torch.int64)], dtype=torch.bool, shape=ishape)
-            wrapped = t.emit1("Add", [idx, t.scalar(shape[dim], torch.int64)], dtype=torch.int64, shape=ishape)
-            idx = t.emit1("Where", [negative, wrapped, idx], dtype=torch.int64, shape=ishape)
+            idx = _wrapped(t, index, shape[dim])
             # A no-op for every valid index ([-size, size) wraps into [0, size)), and it lets opcheck prove the
             # positions non-negative.
             idx = t.emit1("Max", [idx, t.scalar(0, torch.int64)], dtype=torch.int64, shape=ishape)
         idx = t.emit1("Expand", [idx, t.ints(batch)], dtype=torch.int64, shape=batch)
         columns.append(t.emit1("Unsqueeze", [idx, t.ints([-1], "axes")], dtype=torch.int64, shape=(*batch, 1)))
     stacked = columns[0] if k == 1 else t.emit1("Concat", columns, {"axis": -1}, dtype=torch.int64, shape=(*batch, k))
-    update_shape = batch + shape[k:]
-    updates = t.emit1("Expand", [t.operand(values, dtype), t.ints(update_shape)], dtype=dtype, shape=update_shape)
-    return t.out("ScatterND", [t.value(x), stacked, updates])
+    skipped, rest = shape[:lead], shape[lead + k :]
+    # PyTorch broadcasts the values to the shape of x[..., i0, i1, ...]: the skipped dims, the indices', the rest.
+    result_shape = skipped + batch + rest
+    updates = t.emit1("Expand", [t.operand(values, dtype), t.ints(result_shape)], dtype=dtype, shape=result_shape)
+    if lead == 0:
+        return t.out("ScatterND", [t.value(x), stacked, updates])
+    rank, b = len(shape), len(batch)
+    perm = [*range(lead, lead + k), *range(lead), *range(lead + k, rank)]
+    data = t.emit1("Transpose", [t.value(x)], {"perm": perm}, dtype=dtype, shape=tuple(shape[p] for p in perm))
+    update_perm = [*range(lead, lead + b), *range(lead), *range(lead + b, len(result_shape))]
+    updates = t.emit1(
+        "Transpose", [updates], {"perm": update_perm}, dtype=dtype, shape=tuple(result_shape[p] for p in update_perm)
+    )
+    scattered = t.emit1("ScatterND", [data, stacked, updates], dtype=dtype, shape=tuple(shape[p] for p in perm))
+    inverse = sorted(range(rank), key=perm.__getitem__)
+    return t.out("Transpose", [scattered], {"perm": inverse})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -114,6 +115,45 @@ def _cat(t: Translator, node: Node, tensors: Sequence[Node], dim: int = 0) -> ir
     if len(parts) == 1:
         return parts[0]
     return t.out("Concat", parts, {"axis": onnx_axis(dim, rank)})
+
+
+@handles(aten.roll.default)
+def _roll(t: Translator, node: Node, x: Node, shifts: int | Sequence[int], dims: int | Sequence[int] = ()) -> ir.Value:
+    """``torch.roll`` as two Slices and a Concat per rolled dim (data movement, exact); with no dims, of the
+    flattened tensor. A sliding-window KV cache rolls its rows this way."""
+    val = node.meta["val"]
+    shape, dtype = tuple(val.shape), val.dtype
+    shift_list = [shifts] if isinstance(shifts, int) else list(shifts)
+    dim_list = [dims] if isinstance(dims, int) else list(dims)
+    if not dim_list:
+        if len(shift_list) != 1:
+            raise Declined("roll of the flattened tensor by several shifts")
+        n = math.prod(shape)
+        flat = t.emit1("Reshape", [t.value(x), t.ints([n])], dtype=dtype, shape=(n,))
+        rolled = _roll_axis(t, flat, (n,), 0, shift_list[0], dtype)
+        return t.out("Reshape", [rolled, t.ints(list(shape))])
+    if len(shift_list) != len(dim_list):
+        raise Declined(f"roll with {len(shift_list)} shifts for {len(dim_list)} dims")
+    value = t.value(x)
+    for shift, dim in zip(shift_list, dim_list, strict=True):
+        value = _roll_axis(t, value, shape, onnx_axis(dim, len(shape)), shift, dtype)
+    return value
+
+
+def _roll_axis(
+    t: Translator, value: ir.Value, shape: tuple[int, ...], axis: int, shift: int, dtype: torch.dtype
+) -> ir.Value:
+    """``value`` rolled by ``shift`` along ``axis``: its last ``shift`` (mod size) entries, then the others."""
+    n = shape[axis]
+    s = shift % n if n else 0
+    if s == 0:
+        return value
+    parts = []
+    for start, end in ((n - s, n), (0, n - s)):
+        part_shape = (*shape[:axis], end - start, *shape[axis + 1 :])
+        inputs = [value, t.ints([start], "starts"), t.ints([end], "ends"), t.ints([axis], "axes")]
+        parts.append(t.emit1("Slice", inputs, dtype=dtype, shape=part_shape))
+    return t.emit1("Concat", parts, {"axis": axis}, dtype=dtype, shape=shape)
 
 
 @handles(aten.stack.default)
