@@ -1064,6 +1064,16 @@ def test_sliding_window_row_write_runs_on_qnn_htp() -> None:
     assert rel_err(out, fn(keys, k)) <= 1e-3
 
 
+def test_expm1_runs_on_qnn_htp_within_fp16() -> None:
+    """expm1 over [-6, 3] (xIELU's range) runs wholly on the HTP simulator (CPU fallback off) within the fp16 error
+    of values of its scale."""
+    x = torch.linspace(-6, 3, 301)
+    backend = Capture(qnn_session)
+    out = compile_and_run(torch.expm1, (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert (out - torch.expm1(x)).abs().max() <= 2e-3 * torch.expm1(x).abs().max()
+
+
 def test_padding_mask_read_with_runtime_indices_runs_on_qnn_htp() -> None:
     """transformers' padding-mask read ``mask[batch_idx, kv_idx]`` with runtime index tensors runs wholly on the HTP
     simulator (CPU fallback off) and equals eager."""

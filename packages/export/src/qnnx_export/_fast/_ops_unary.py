@@ -62,6 +62,15 @@ def _rsqrt(t: Translator, node: Node, x: Node) -> ir.Value:
     return t.out("Reciprocal", [root])
 
 
+@handles(aten.expm1.default)
+def _expm1(t: Translator, node: Node, x: Node) -> ir.Value:
+    """``exp(x) - 1``, as torch.onnx writes it (ONNX has no Expm1): near 0 the absolute error is fp16's at 1, which
+    is what HTP gives for any value of that scale. Apertus' xIELU activation uses it."""
+    val = node.meta["val"]
+    e = t.emit1("Exp", [t.operand(x, val.dtype)], dtype=val.dtype, shape=tuple(val.shape))
+    return t.out("Sub", [e, t.scalar(1, val.dtype)])
+
+
 @handles(aten.clamp.default)
 def _clamp(t: Translator, node: Node, x: Node, lo: float | None = None, hi: float | None = None) -> ir.Value:
     dtype = node.meta["val"].dtype
