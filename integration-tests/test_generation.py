@@ -255,6 +255,19 @@ def test_a_sliding_window_that_slides_keeps_its_semantics(caplog: pytest.LogCapt
     assert any("sliding window (4 tokens) fits in the cache" in r.getMessage() for r in caplog.records)
 
 
+def test_bloom_generation_runs_on_qnn_and_agrees_with_eager() -> None:
+    """BLOOM (ALiBi added to the scores by baddbmm, the padding mask read with runtime index tensors): the prefill
+    and decode graphs run on QNN with the cache writes lifted, and every step agrees with eager by teacher forcing."""
+    import transformers
+
+    config = transformers.BloomConfig(
+        vocab_size=128, hidden_size=32, n_layer=2, n_head=4, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    )
+    torch.manual_seed(0)
+    reports = _generate_against_eager(transformers.BloomForCausalLM(config).eval(), new_tokens=8, max_cache_len=32)
+    assert len(reports) == 2 and all(r.on_qnn for r in reports), [r.summary() for r in reports]
+
+
 def test_llama4_generation_runs_on_qnn_and_agrees_with_eager() -> None:
     """Llama 4 text (rope by complex arithmetic, carried as real pairs; dense layers): the prefill and decode graphs
     run on QNN and every step agrees with eager by teacher forcing."""
