@@ -1064,6 +1064,18 @@ def test_sliding_window_row_write_runs_on_qnn_htp() -> None:
     assert rel_err(out, fn(keys, k)) <= 1e-3
 
 
+@pytest.mark.parametrize("beta", [1.0, 0.5, 3.0])
+def test_softplus_runs_on_qnn_htp_within_fp16(beta: float) -> None:
+    """softplus with any beta over [-30, 30] (its threshold included) runs wholly on the HTP simulator (CPU fallback
+    off) in the overflow-free form, within fp16 error of eager."""
+    x = torch.linspace(-30, 30, 601)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: F.softplus(t, beta=beta), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    ref = F.softplus(x, beta=beta)
+    assert (out - ref).abs().max() <= 3e-3 * ref.abs().max() + 1e-3
+
+
 def test_expm1_runs_on_qnn_htp_within_fp16() -> None:
     """expm1 over [-6, 3] (xIELU's range) runs wholly on the HTP simulator (CPU fallback off) within the fp16 error
     of values of its scale."""

@@ -134,6 +134,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.tanh.default": _ex(lambda x: aten.tanh.default(x), _X),
     "aten.exp.default": _ex(lambda x: aten.exp.default(x), _X),
     "aten.expm1.default": _ex(lambda x: aten.expm1.default(x), _X),
+    "aten.softplus.default": _ex(lambda x: aten.softplus.default(x, 2.0, 20.0), _X),
     "aten.log.default": _ex(lambda x: aten.log.default(x), _positive(3, 4)),
     "aten.sqrt.default": _ex(lambda x: aten.sqrt.default(x), _positive(3, 4)),
     "aten.rsqrt.default": _ex(lambda x: aten.rsqrt.default(x), _positive(3, 4)),

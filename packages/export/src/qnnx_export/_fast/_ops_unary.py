@@ -71,6 +71,24 @@ def _expm1(t: Translator, node: Node, x: Node) -> ir.Value:
     return t.out("Sub", [e, t.scalar(1, val.dtype)])
 
 
+@handles(aten.softplus.default)
+def _softplus(t: Translator, node: Node, x: Node, beta: float = 1, threshold: float = 20) -> ir.Value:
+    """``softplus(x) = log(1 + exp(beta * x)) / beta`` as ONNX Softplus (rewritten later into the overflow-free form
+    HTP computes right). PyTorch returns ``x`` itself where ``beta * x > threshold``, which differs from the exact
+    value by at most ``exp(-threshold) / beta`` of a value above ``threshold / beta``: below float32's resolution for
+    the default threshold, as torch.onnx also leaves it. A threshold under 15 would show, so it declines."""
+    if threshold < 15:
+        raise Declined(f"softplus with threshold {threshold} (its linear part would show)")
+    val = node.meta["val"]
+    shape = tuple(val.shape)
+    z = t.operand(x, val.dtype)
+    if beta == 1:
+        return t.out("Softplus", [z])
+    scaled = t.emit1("Mul", [z, t.scalar(beta, val.dtype)], dtype=val.dtype, shape=shape)
+    soft = t.emit1("Softplus", [scaled], dtype=val.dtype, shape=shape)
+    return t.out("Div", [soft, t.scalar(beta, val.dtype)])
+
+
 @handles(aten.clamp.default)
 def _clamp(t: Translator, node: Node, x: Node, lo: float | None = None, hi: float | None = None) -> ir.Value:
     dtype = node.meta["val"].dtype
