@@ -56,7 +56,10 @@ BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run: the callable Dynamo gets", ("_compiled",)),
     ("entry points", ("_backend",)),
     ("faces", ("_explain", "_saved", "_registry")),
-    ("Hugging Face generation: the memory view; prompts padded to buckets", ("_hf_memory", "_hf_prompts")),
+    (
+        "Hugging Face generation: the memory view; prompts padded to buckets; rotary tables",
+        ("_hf_memory", "_hf_prompts", "_hf_rope"),
+    ),
     ("Hugging Face generation: saved and loaded", ("_hf_saved",)),
     ("Hugging Face generation: compile, and the public module", ("hf",)),
     ("the package", ("__init__",)),

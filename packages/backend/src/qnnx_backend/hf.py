@@ -16,6 +16,7 @@ import torch
 
 from qnnx_backend._hf_memory import GenerationMemoryReport, generation_memory, weight_sharing
 from qnnx_backend._hf_prompts import BucketedGenerate, prompt_buckets_option
+from qnnx_backend._hf_rope import RotaryTables
 from qnnx_backend._hf_saved import GENERATION_FORMAT as GENERATION_FORMAT
 from qnnx_backend._hf_saved import GenerationSaveReport, LoadedGenerator, load_for_generation, save_for_generation
 from qnnx_backend._hf_saved import attention_mask_4d as attention_mask_4d
@@ -117,10 +118,13 @@ def compile_for_generation(
     graphs: list[CompileReport] = []  # the model's graphs, as they compile (generation_memory reads them)
 
     windows = _SlidingWindows(model)
+    rotary = RotaryTables(model)
 
     @functools.wraps(eager_forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        windows.unslide(kwargs.get("past_key_values", kwargs.get("cache")))
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        windows.unslide(cache)
+        rotary.cover(cache, kwargs.get("cache_position"), max_cache_len)
         with collecting(graphs):
             return compiled(*args, **kwargs)
 
