@@ -612,6 +612,41 @@ def test_fold_high_rank_transpose_window_as_wide_as_channels(window: int, heads:
     assert error < _TOL, error
 
 
+# ------------------------------------------------------------------------------------------ int -> bool
+
+
+@_examples
+@given(
+    shape=_shapes,
+    dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
+    then=st.sampled_from([None, "Not", "float"]),
+    seed=st.integers(0, 2**16),
+)
+def test_int_cast_to_bool_shape_classes(shape: tuple[int, ...], dtype: int, then: str | None, seed: int) -> None:
+    """A Cast of int32/int64 to bool, rewritten as Not(Equal(x, 0)), runs on QNN with exactly the CPU EP's values
+    (negative values, zero and the extremes among them) at ranks 1-5, returned as is or through Not or a Cast to
+    float; HTP's own Cast gives False for the negative values."""
+    nodes = [h.make_node("Cast", ["x"], ["b" if then else "y"], to=TensorProto.BOOL)]
+    out_type = TensorProto.FLOAT if then == "float" else TensorProto.BOOL
+    if then == "Not":
+        nodes.append(h.make_node("Not", ["b"], ["y"]))
+    elif then == "float":
+        nodes.append(h.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT))
+    model = make_model(nodes, [("x", dtype, shape)], [("y", out_type, shape)], {})
+    np_dtype = np.int32 if dtype == TensorProto.INT32 else np.int64
+    values = np.array([0, 1, -1, 2, -2, 256, -256, 70000, -70000, 2**31 - 1, -(2**31)], np_dtype)
+    x = np.random.default_rng(seed).choice(values, size=shape)
+    want = _cpu_reference(model, {"x": x})[0]
+    m = to_ir(model)
+    run_passes(m, ("int_cast_to_bool",))
+    (got,) = qnn_session(to_bytes(m)).run(None, {"x": x})
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if then == "float":  # HTP's bool -> float gives 1.0000001 for True
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -628,6 +663,7 @@ COVERED_HERE = frozenset(
         "stable_log_sum_exp",
         "mish_as_softplus",
         "fold_high_rank_transpose",
+        "int_cast_to_bool",
         *_ELEMENTWISE,
     }
 )

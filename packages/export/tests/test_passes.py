@@ -1051,3 +1051,53 @@ def test_flatten_merged_heads_matmul_leaves_other_merges(source: tuple[int, ...]
     model, _ = merged_heads_matmul(source, merged)
     _, changed, _ = _apply(model, "flatten_merged_heads_matmul")
     assert not changed
+
+
+def _int_to_bool(shape: list[int], dtype: int, then: str | None) -> onnx.ModelProto:
+    """x (int32/int64) cast to bool, returned as is or through Not / a Cast to float."""
+    from onnx import helper as h
+
+    nodes = [h.make_node("Cast", ["x"], ["b" if then else "y"], to=TensorProto.BOOL)]
+    out_type = TensorProto.BOOL
+    if then == "Not":
+        nodes.append(h.make_node("Not", ["b"], ["y"]))
+    elif then == "float":
+        nodes.append(h.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT))
+        out_type = TensorProto.FLOAT
+    return make_model(nodes, [("x", dtype, shape)], [("y", out_type, shape)], {})
+
+
+@given(
+    shape=shapes(max_rank=4),
+    dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
+    then=st.sampled_from([None, "Not", "float"]),
+    seed=seeds(),
+)
+def test_int_cast_to_bool_keeps_results(shape: list[int], dtype: int, then: str | None, seed: int) -> None:
+    """A Cast of int32/int64 to bool becomes Not(Equal(x, 0)), with the same values (negative, zero, positive and the
+    extremes) and the same output dtype, whatever consumes it."""
+    model = _int_to_bool(shape, dtype, then)
+    after, changed, _ = _apply(model, "int_cast_to_bool")
+    assert changed and "Equal" in _ops(after) and _ops(after).count("Cast") == (1 if then == "float" else 0)
+    np_dtype = np.int32 if dtype == TensorProto.INT32 else np.int64
+    info = np.iinfo(np_dtype)
+    rng = np.random.default_rng(seed)
+    x = rng.choice(np.array([0, 1, -1, 255, -256, info.min, info.max], np_dtype), size=shape)
+    _assert_same(model.SerializeToString(), after, {"x": x})
+
+
+@pytest.mark.parametrize(
+    ("dtype", "to"),
+    [
+        (TensorProto.UINT8, TensorProto.BOOL),
+        (TensorProto.FLOAT, TensorProto.BOOL),
+        (TensorProto.INT32, TensorProto.FLOAT),
+    ],
+)
+def test_int_cast_to_bool_leaves_other_casts_alone(dtype: int, to: int) -> None:
+    """uint8 -> bool (right on HTP), float -> bool and int -> float are not rewritten."""
+    from onnx import helper as h
+
+    model = make_model([h.make_node("Cast", ["x"], ["y"], to=to)], [("x", dtype, [3])], [("y", to, [3])], {})
+    _, changed, _ = _apply(model, "int_cast_to_bool")
+    assert not changed
