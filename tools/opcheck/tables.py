@@ -721,6 +721,22 @@ NODE_CONDITIONS: list[dict[str, Any]] = [
      "reason": "HTP computes float32 in fp16 and reads an infinite input as NaN, also a value that overflowed fp16 "
      "inside the graph (Exp or Mul of large values), which comes out of QNN clamped to a finite number; the "
      "softmax, sigmoid or tanh of a QNN node is read right", "cases": "test_isnan"},
+    {"ops": ["Cast"], "attr_in": {"to": [9, 2]}, "input_dtype": [0, ["int8", "int16", "int32", "int64"]],
+     "kind": "wrong_result", "reason": "QNN HTP casts a negative integer to bool as False and to uint8 as 0, and an "
+     "integer above 255 to uint8 as 255 (ONNX and PyTorch: any nonzero value is True, uint8 wraps modulo 256); a comparison with zero, "
+     "Not(Equal(x, 0)), gives the bool right (qnnx-export's int_cast_to_bool pass writes it)",
+     "evidence": "probe htp 2.7.0 soc60 2026-12-03: Cast int32 and int64 -> bool of [0, 1, -1, 2, -2, 255, 256, -256, "
+     "70000, -70000, 2^31-1, -2^31]: False for every negative value (CPU EP: True), alone and feeding Not or a Cast "
+     "to float; -> uint8: -1, -2, 70000 gave 0, 0, 255 (CPU EP 255, 254, 112); Not(Equal(x, 0)) right on every "
+     "value, int32 and int64"},
+    {"ops": ["Mod"], "input_dtype": [0, ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"]],
+     "kind": "wrong_result", "reason": "QNN HTP computes an integer Mod in fp16: a dividend beyond 2048 in magnitude "
+     "comes back wrong (int32 70000 mod 256 = 128, 1000003 mod 3 = 64), some below it too (-2047 mod 7 = 5), and int8 "
+     "for small values",
+     "evidence": "probe htp 2.7.0 soc60 2026-12-03: Mod (fmod=0) of int32 and int64 dividends [0, +-5, +-100, 1000, "
+     "2047, 2049, 4097, +-10001, 40000, 70000, +-1000003] by constant 3, 7, -7 and 256: wrong from 2049 on, "
+     "and -2047 mod 7 = 5 (4097 mod 3 = 0, 70000 mod 7 = 0); int16 and uint16 wrong from 2049 on; int8: -5 mod 7 = 127, "
+     "100 mod 7 = 100"},
     {"ops": ["SpaceToDepth"], "attr_in": {"mode": ["CRD"]}, "kind": "wrong_result",
      "reason": "QNN HTP ignores mode=CRD (it computes DCR)", "cases": "test_spacetodepth_crd_mode_example"},
     {"ops": ["RMSNormalization"], "axis_before_last": True, "kind": "rejected",
