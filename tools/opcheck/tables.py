@@ -638,7 +638,8 @@ _ZERO = [None, [0], [0, 0], [0, 0, 0]]
 # Conditions under which the QNN EP declines a node (its REASON line), computes it wrongly or stops the process,
 # measured on ONNX's node tests (tools/opcheck/node_tests.py, whose record names the cases). A rule holds when all
 # its conditions hold; the keys are read by qnnx_opcheck._patterns (runtime_inputs, given_inputs, attr_in,
-# attr_not_in, min_outputs, max_inputs, input_dtype, unbounded_input, uneven_attr, input_rank, axis_before_last).
+# attr_not_in, min_outputs, max_inputs, input_dtype, unbounded_input, uneven_attr, input_rank, axis_before_last,
+# unless_index_wrap).
 NODE_CONDITIONS: list[dict[str, Any]] = [
     {"ops": _REDUCE_WITH_AXES_INPUT, "runtime_inputs": [1], "kind": "rejected",
      "reason": "the QNN EP takes the axes input only as a constant", "cases": "test_reduce_*_random"},
@@ -730,13 +731,14 @@ NODE_CONDITIONS: list[dict[str, Any]] = [
      "to float; -> uint8: -1, -2, 70000 gave 0, 0, 255 (CPU EP 255, 254, 112); Not(Equal(x, 0)) right on every "
      "value, int32 and int64"},
     {"ops": ["Mod"], "input_dtype": [0, ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"]],
-     "kind": "wrong_result", "reason": "QNN HTP computes an integer Mod in fp16: a dividend beyond 2048 in magnitude "
-     "comes back wrong (int32 70000 mod 256 = 128, 1000003 mod 3 = 64), some below it too (-2047 mod 7 = 5), and int8 "
-     "for small values",
+     "unless_index_wrap": 1024, "kind": "wrong_result", "reason": "QNN HTP computes an integer Mod in fp16: a "
+     "dividend beyond 2048 in magnitude comes back wrong (int32 70000 mod 256 = 128, 1000003 mod 3 = 64), some below "
+     "it too (-2047 mod 7 = 5), and int8 for small values. Vouched for: the wrap of gather indices by the gathered "
+     "axis's size d <= 1024 (torch.onnx's take_along_dim), exact for every index in [-d, d)",
      "evidence": "probe htp 2.7.0 soc60 2026-12-03: Mod (fmod=0) of int32 and int64 dividends [0, +-5, +-100, 1000, "
-     "2047, 2049, 4097, +-10001, 40000, 70000, +-1000003] by constant 3, 7, -7 and 256: wrong from 2049 on, "
-     "and -2047 mod 7 = 5 (4097 mod 3 = 0, 70000 mod 7 = 0); int16 and uint16 wrong from 2049 on; int8: -5 mod 7 = 127, "
-     "100 mod 7 = 100"},
+     "2047, 2049, 4097, +-10001, 40000, 70000, +-1000003] by constant 3, 7, -7 and 256: wrong from 2049 on, and "
+     "-2047 mod 7 = 5 (4097 mod 3 = 0, 70000 mod 7 = 0); int16 and uint16 wrong from 2049 on; int8: -5 mod 7 = 127, "
+     "100 mod 7 = 100; every i in [-d, d) mod d right for d 3, 7, 100, 1000 (int32 and int64); 2046 mod 2047 wrong"},
     {"ops": ["SpaceToDepth"], "attr_in": {"mode": ["CRD"]}, "kind": "wrong_result",
      "reason": "QNN HTP ignores mode=CRD (it computes DCR)", "cases": "test_spacetodepth_crd_mode_example"},
     {"ops": ["RMSNormalization"], "axis_before_last": True, "kind": "rejected",

@@ -564,11 +564,13 @@ def test_the_live_simulator_agrees_on_regrouped_projections(
 _INTS = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32, "int64": TensorProto.INT64}
 
 
-def _int_model(nodes: list[onnx.NodeProto], dtype: int, out_type: int, inits: dict | None = None) -> onnx.ModelProto:
+def _int_model(
+    nodes: list[onnx.NodeProto], dtype: int, out_type: int, inits: dict | None = None, size: int = 12
+) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "g",
-        [helper.make_tensor_value_info("x", dtype, [12])],
+        [helper.make_tensor_value_info("x", dtype, [size])],
         [helper.make_tensor_value_info("y", out_type, None)],
         [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()],
     )
@@ -651,3 +653,56 @@ def test_the_live_simulator_agrees_on_integer_mod(x: list[int]) -> None:
     """On the simulator an int32 Mod by 7 is wrong for dividends beyond 2048, and already for -2047."""
     got, want = _qnn_and_cpu(_mod(TensorProto.INT32, 7), {"x": np.array(x, np.int32)})
     assert not np.array_equal(got, want) and np.array_equal(want, np.mod(x, 7))
+
+
+def _wrapped_gather(d: int, gather_axis_size: int, op: str, dtype: int, extra_use: bool) -> onnx.ModelProto:
+    """torch.onnx's take_along_dim: ``Gather[Elements](x, Mod(i, d))`` along axis 1 of x[3, gather_axis_size]."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    nodes = [
+        helper.make_node("Mod", ["i", "d"], ["w"], name="mod"),
+        helper.make_node(op, ["x", "w"], ["y"], axis=1, name="gather"),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if extra_use:
+        nodes.append(helper.make_node("Add", ["w", "w"], ["w2"], name="add"))
+        outputs.append(helper.make_tensor_value_info("w2", dtype, None))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, gather_axis_size]),
+            helper.make_tensor_value_info("i", dtype, [3, 2]),
+        ],
+        outputs,
+        [numpy_helper.from_array(np.array(d, np_dtype), "d")],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+@given(
+    d=st.sampled_from([1, 5, 1000, 1024, 1025, 4096]),
+    same_size=st.booleans(),
+    op=st.sampled_from(["Gather", "GatherElements"]),
+    dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
+    extra_use=st.booleans(),
+)
+def test_an_integer_mod_wrapping_gather_indices_is_vouched_for(
+    d: int, same_size: bool, op: str, dtype: int, extra_use: bool
+) -> None:
+    """The Mod torch.onnx writes to wrap take_along_dim's indices (by the gathered axis's size d <= 1024, used only
+    as the indices) is vouched for; by another divisor, a larger d or with another use it is refused."""
+    v = _verdict(_wrapped_gather(d, d if same_size else d + 1, op, dtype, extra_use), "mod")
+    vouched = d <= 1024 and same_size and not extra_use
+    assert (v.status != "unsupported") == vouched, v
+
+
+@pytest.mark.parametrize("d", [7, 1000, 1024])
+def test_the_live_simulator_wraps_every_valid_index_right(d: int) -> None:
+    """On the simulator Mod(i, d) is right for every index i in [-d, d) up to d = 1024, the range the vouched wrap
+    of gather indices takes."""
+    x = np.arange(-d, d, dtype=np.int32)
+    mod = helper.make_node("Mod", ["x", "d"], ["y"])
+    m = _int_model([mod], TensorProto.INT32, TensorProto.INT32, {"d": np.array(d, np.int32)}, size=2 * d)
+    got, want = _qnn_and_cpu(m, {"x": x})
+    assert np.array_equal(got, want)
