@@ -612,6 +612,31 @@ def test_fold_high_rank_transpose_window_as_wide_as_channels(window: int, heads:
     assert error < _TOL, error
 
 
+# ------------------------------------------------------------------------------------------------------- Erf
+
+
+@_examples
+@given(shape=_shapes, scale=st.sampled_from([1e-3, 0.3, 1.0, 3.0, 100.0]), seed=st.integers(0, 2**16))
+def test_erf_as_polynomial_shape_classes(shape: tuple[int, ...], scale: float, seed: int) -> None:
+    """A standalone Erf, which the QNN EP declines, runs wholly on QNN once written out, within fp16 tolerance of
+    erf at ranks 1-5 with unit dims, for inputs of a thousandth (the series branch alone) to a hundred (saturated)."""
+    model = make_model(
+        [h.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    _check(model, {"x": _x(shape, scale, seed)}, ("erf_as_polynomial",), must_build=True)
+
+
+@pytest.mark.parametrize("lo", [-10.0, -1.0, -1e-2, -1e-4])
+def test_erf_as_polynomial_over_the_whole_line(lo: float) -> None:
+    """Over [lo, -lo] densely (both branches and their border at 0.5), the rewritten Erf is within fp16 tolerance
+    of erf on QNN, relative to the output's largest value: tiny inputs keep their relative precision."""
+    x = np.linspace(lo, -lo, 2001, dtype=np.float32)
+    model = make_model(
+        [h.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, [2001])], [("y", TensorProto.FLOAT, [2001])], {}
+    )
+    _check(model, {"x": x}, ("erf_as_polynomial",), must_build=True)
+
+
 # ------------------------------------------------------------------------------------------ int -> bool
 
 
@@ -664,6 +689,7 @@ COVERED_HERE = frozenset(
         "mish_as_softplus",
         "fold_high_rank_transpose",
         "int_cast_to_bool",
+        "erf_as_polynomial",
         *_ELEMENTWISE,
     }
 )

@@ -1101,3 +1101,32 @@ def test_int_cast_to_bool_leaves_other_casts_alone(dtype: int, to: int) -> None:
     model = make_model([h.make_node("Cast", ["x"], ["y"], to=to)], [("x", dtype, [3])], [("y", to, [3])], {})
     _, changed, _ = _apply(model, "int_cast_to_bool")
     assert not changed
+
+
+@given(shape=shapes(max_rank=5), scale=st.sampled_from([1e-4, 0.5, 2.0, 50.0]), seed=seeds())
+def test_erf_as_polynomial_keeps_results(shape: list[int], scale: float, seed: int) -> None:
+    """A standalone Erf is written out in ops QNN has, within 1e-6 of erf on the CPU EP (the series and the
+    Abramowitz & Stegun form are within 4.2e-7 of it), infinities included; an Erf inside GELU is left to
+    fuse_erf_gelu."""
+    from onnx import helper as h
+
+    model = make_model(
+        [h.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    after, changed, _ = _apply(model, "erf_as_polynomial")
+    assert changed and "Erf" not in _ops(after)
+    x = np.asarray(scale * np.random.default_rng(seed).standard_normal(shape), np.float32)
+    x.reshape(-1)[0] = np.inf
+    (want,) = _run(model.SerializeToString(), {"x": x})
+    (got,) = _run(after, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_erf_as_polynomial_leaves_gelu_to_its_fusion() -> None:
+    """In the default pipeline an Erf inside GELU's pattern becomes one Gelu (fuse_erf_gelu runs first), not the
+    written-out Erf."""
+    model, _ = erf_gelu([2, 8], "half_x_first")
+    m = to_ir(model)
+    run_passes(m, DEFAULT_PASSES)
+    ops = [n.op_type for n in m.graph]
+    assert "Gelu" in ops and "Erf" not in ops and "Sign" not in ops

@@ -18,6 +18,7 @@ from qnnx_export._passes._base import QnnPass, register
 __all__ = [
     "AvgPoolDropUnusedCountIncludePad",
     "AvgPoolWholeWindows",
+    "ErfAsPolynomial",
     "ExpInputFloor",
     "FoldScaleIntoGatherTable",
     "L2NormPrescaled",
@@ -705,3 +706,90 @@ class MishAsSoftplus(QnnPass):
             ], out
 
         return self.replace_matched(graph, "qnnx_mish", decomposed)
+
+
+# ------------------------------------------------------------------------------------------ Erf, written out
+
+# Beyond |x| = 4, erf(x) is 1 to float32's precision (erf(4) = 1 - 1.5e-8): the input is clipped there, which also
+# keeps exp(-x^2) far from Exp's defect range.
+_ERF_CLIP = 4.0
+# Below |x| = 0.5 the Maclaurin series to x^9 (2/sqrt(pi) * (x - x^3/3 + x^5/10 - x^7/42 + x^9/216)) is within
+# 4.2e-7 of erf; from 0.5 up, Abramowitz & Stegun 7.1.26 (within 1.5e-7), whose 1 - tail form would lose small
+# values to cancellation near 0.
+_ERF_SERIES_BELOW = 0.5
+_ERF_SERIES = tuple(2.0 / math.sqrt(math.pi) * c for c in (1.0, -1.0 / 3, 1.0 / 10, -1.0 / 42, 1.0 / 216))
+_ERF_AS_P = 0.3275911
+_ERF_AS_COEFFS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+@register(order=125)
+class ErfAsPolynomial(QnnPass):
+    """Compute a standalone ``Erf`` (one that ``fuse_erf_gelu`` did not fold into a Gelu) from the ops QNN HTP has:
+    its Maclaurin series to x^9 below ``|x| = 0.5`` and ``1 - t * p(t) * exp(-x^2)``, ``t = 1 / (1 + 0.3275911|x|)``
+    (Abramowitz & Stegun 7.1.26) with x's sign above, on ``x`` clipped to [-4, 4].
+
+    The QNN EP declines Erf ("Operators of type `Erf` are not supported by QNN EP", onnxruntime-qnn 2.7.0), so
+    ``torch.erf``, ``erfc`` and a hand-written normal CDF ran on the CPU. Both forms are within 4.2e-7 of erf in
+    float64 (3.5e-7 of the output's scale measured on the CPU EP over [-10, 10]), far below float16's resolution; on
+    the simulator the rewrite is within 1.4e-3 of the output's scale on [-10, 10], [-1, 1], [-1e-2, 1e-2] and
+    [-1e-4, 1e-4] (each branch keeps its relative precision: neither subtracts nearly equal numbers). Infinite
+    inputs give +-1 as erf does; a NaN input gives 1 on HTP (the clip reads it as a number) where PyTorch gives
+    NaN. Shape classes: ranks 0-5 (a rank-5 input is computed on its flat view: QNN fails to finalize the ops at
+    rank 5 with QNN_COMMON_ERROR_MEM_ALLOC).
+    """
+
+    name = "erf_as_polynomial"
+    defect = "the QNN EP declines a standalone Erf (torch.erf, erfc, a normal CDF ran on the CPU)"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The float input of an Erf node, or None."""
+        x = _graph.op_input(node, "Erf")
+        return x if x is not None and x.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def written_out(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            dtype = cast(ir.DataType, x.dtype)
+            shape = _graph.static_shape(x)
+            nodes: list[ir.Node] = []
+            original = shape
+            flat = shape is not None and len(shape) == 5  # QNN fails to finalize these ops at rank 5 (MEM_ALLOC)
+            if flat:
+                shape = (math.prod(cast(tuple[int, ...], shape)),)
+                target = _graph.add_initializer(graph, names("flat"), np.array(shape, dtype=np.int64))
+                x = _graph.new_value(names("flat_x"), dtype, shape)
+                nodes.append(ir.Node("", "Reshape", [node.inputs[0], target], outputs=[x]))
+
+            def const(value: float) -> ir.Value:
+                return _graph.add_initializer(graph, names("c"), np.array(value, dtype=dtype.numpy()))
+
+            def op(op_type: str, *inputs: ir.Value, out_dtype: ir.DataType = dtype) -> ir.Value:
+                out = _graph.new_value(names(op_type.lower()), out_dtype, shape)
+                nodes.append(ir.Node("", op_type, list(inputs), outputs=[out]))
+                return out
+
+            def horner(z: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
+                """c0 + z * (c1 + z * (... + z * cn))"""
+                acc = op("Mul", z, const(coeffs[-1]))
+                for c in reversed(coeffs[1:-1]):
+                    acc = op("Mul", z, op("Add", acc, const(c)))
+                return op("Add", acc, const(coeffs[0]))
+
+            clipped = op("Clip", x, const(-_ERF_CLIP), const(_ERF_CLIP))
+            square = op("Mul", clipped, clipped)
+            series = op("Mul", clipped, horner(square, _ERF_SERIES))
+            magnitude = op("Abs", clipped)
+            t = op("Reciprocal", op("Add", op("Mul", magnitude, const(_ERF_AS_P)), const(1.0)))
+            tail = op(
+                "Mul", op("Mul", t, horner(t, _ERF_AS_COEFFS)), op("Exp", op("Mul", square, const(-1.0)))
+            )  # not Neg: the EP declines it at rank 5
+            far = op("Mul", op("Sign", clipped), op("Sub", const(1.0), tail))
+            near = op("Less", magnitude, const(_ERF_SERIES_BELOW), out_dtype=ir.DataType.BOOL)
+            if not flat:
+                where, out = _graph.one_node_like(names, "out", node, "Where", [near, series, far])
+                return [*nodes, *where], out
+            erf = op("Where", near, series, far)
+            back = _graph.add_initializer(graph, names("shape"), np.array(original, dtype=np.int64))
+            reshaped, out = _graph.one_node_like(names, "out", node, "Reshape", [erf, back])
+            return [*nodes, *reshaped], out
+
+        return self.replace_matched(graph, "qnnx_erf", written_out)
