@@ -637,6 +637,35 @@ def test_erf_as_polynomial_over_the_whole_line(lo: float) -> None:
     _check(model, {"x": x}, ("erf_as_polynomial",), must_build=True)
 
 
+@_examples
+@given(
+    shape=_shapes,
+    op=st.sampled_from(["Sinh", "Cosh"]),
+    scale=st.sampled_from([1e-3, 0.3, 1.0, 4.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_sinh_cosh_from_exp_shape_classes(shape: tuple[int, ...], op: str, scale: float, seed: int) -> None:
+    """Sinh and Cosh, which the QNN EP declines, run wholly on QNN once written with Exp, within fp16 tolerance at
+    ranks 1-5 with unit dims, for inputs of a thousandth (sinh's series alone) to about ten."""
+    model = make_model(
+        [h.make_node(op, ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    _check(model, {"x": _x(shape, scale, seed)}, ("sinh_cosh_from_exp",), must_build=True)
+
+
+@pytest.mark.parametrize(
+    ("op", "lo"), [("Sinh", -11.5), ("Sinh", -0.6), ("Sinh", -1e-3), ("Cosh", -11.5), ("Cosh", -1.0)]
+)
+def test_sinh_cosh_from_exp_up_to_the_float16_range(op: str, lo: float) -> None:
+    """Over [lo, -lo] densely, up to |x| = 11.5 where cosh is 49402 (e^x alone would saturate float16), the
+    rewritten Sinh and Cosh are within fp16 tolerance on QNN relative to the output's largest value."""
+    x = np.linspace(lo, -lo, 2001, dtype=np.float32)
+    model = make_model(
+        [h.make_node(op, ["x"], ["y"])], [("x", TensorProto.FLOAT, [2001])], [("y", TensorProto.FLOAT, [2001])], {}
+    )
+    _check(model, {"x": x}, ("sinh_cosh_from_exp",), must_build=True)
+
+
 # ------------------------------------------------------------------------------------------ int -> bool
 
 
@@ -690,6 +719,7 @@ COVERED_HERE = frozenset(
         "fold_high_rank_transpose",
         "int_cast_to_bool",
         "erf_as_polynomial",
+        "sinh_cosh_from_exp",
         *_ELEMENTWISE,
     }
 )
