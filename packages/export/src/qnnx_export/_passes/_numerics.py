@@ -812,6 +812,13 @@ class ErfAsPolynomial(QnnPass):
         return self.replace_matched(graph, "qnnx_erf", written_out)
 
 
+# Not written out: Asin and Acos (declined by the QNN EP). Through HTP's Atan and Sqrt (asin(x) = 2 atan(x / (1 +
+# sqrt((1 - x)(1 + x)))), acos as 2 atan(sqrt(..) / (1 +- x))) they are within 2.4e-3 of the output's scale on
+# [-1, 1], but an input outside [-1, 1] gives a number where PyTorch gives NaN (HTP's Sqrt of a negative number
+# returned -2e-4 or 131008), asin of [-1e-3, 1e-3] is 0.20 of its scale off (HTP's Atan is about 1e-4 off near 0)
+# and acos of [0.99, 1] 0.16 off (onnxruntime-qnn 2.7.0, soc 60). Atanh, Asinh and Acosh lose small values to
+# log(1 + ..) in float16 the same way.
+
 # ------------------------------------------------------------------------------------ Sinh and Cosh from Exp
 
 # sinh's Maclaurin series to x^9 is within 1.2e-11 of it below |x| = 0.5; from there up, e^|x|/2 - e^-|x|/2 loses
