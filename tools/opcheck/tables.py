@@ -367,7 +367,10 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "and were off by 1.0 (0.11 of the output's max) where fp16 rounding crossed an integer; sort/argsort of "
         "8000 values returned other indices for values equal in fp16; TopK of fp16-exact inputs and of Softmax/Mul "
         "outputs computed on QNN (26 cases, [32, 8] to [128, 64] and [8, 1000], k 2-5, largest 0/1, axis 1 and -1): "
-        "the CPU EP's values, indices different only between equal values",
+        "the CPU EP's values, indices different only between equal values; probe htp 2.7.0 soc60 2026-12-03: Cast float32 "
+        "-> bool of 70000, inf, -inf, NaN, 1e-8 and 1e-10 gave False (CPU EP: True), -> uint8 of -1 gave 0 and of "
+        "70000 255 (CPU EP 255, 112); Cast float32 -> int32 of a graph input truncated exactly (2.9999 -> 2, "
+        "100000.7 -> 100000) alone, but rounded (2.9999 -> 3, -3.7 -> -4) when a Cast to int64 followed it",
     }
     p["fp16_imprecise"] = {
         "status": "unsupported",
