@@ -319,3 +319,30 @@ def test_moe_decoder_runs_on_qnn_with_eagers_logits(family: str) -> None:
     reports = list(qnnx_backend.compile_reports())
     assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
     assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
+
+
+def test_integer_bools_and_remainders_give_eagers_values() -> None:
+    """(ids - 3).bool() of negative integers (HTP's Cast gives False) and ids % 7 of dividends past 2048 (HTP
+    computes an integer Mod in fp16) give eager's values: the bool as a comparison on QNN, the remainder on the
+    CPU EP."""
+    fn = lambda ids: ((ids - 3).bool(), ids % 7)  # noqa: E731
+    ids = torch.tensor([[0, 1, 2, 3, 4, -5, 70000, -70000, 4097, -2047]])
+    out, reports = _run(fn, ids)
+    ref = fn(ids)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]), (out, ref)
+    assert all(r.on_qnn for r in reports) and "int_cast_to_bool" in reports[0].passes_applied, [
+        r.summary() for r in reports
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fn", "bound"), [(torch.erf, 10.0), (torch.special.erfc, 4.0), (torch.sinh, 11.0), (torch.cosh, 11.0)]
+)
+def test_functions_the_ep_declines_run_on_qnn_written_out(fn: object, bound: float) -> None:
+    """erf, erfc, sinh and cosh (the QNN EP declines Erf, Sinh and Cosh) run wholly on QNN with eager's values over
+    [-bound, bound], and near 0."""
+    for x in (torch.linspace(-bound, bound, 401), torch.linspace(-1e-2, 1e-2, 401)):
+        out, reports = _run(fn, x)
+        assert all(r.on_qnn and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
+        ref = fn(x)  # type: ignore[operator]
+        assert float((out - ref).abs().max() / ref.abs().max()) < 1e-2

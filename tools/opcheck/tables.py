@@ -367,7 +367,10 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "and were off by 1.0 (0.11 of the output's max) where fp16 rounding crossed an integer; sort/argsort of "
         "8000 values returned other indices for values equal in fp16; TopK of fp16-exact inputs and of Softmax/Mul "
         "outputs computed on QNN (26 cases, [32, 8] to [128, 64] and [8, 1000], k 2-5, largest 0/1, axis 1 and -1): "
-        "the CPU EP's values, indices different only between equal values",
+        "the CPU EP's values, indices different only between equal values; probe htp 2.7.0 soc60 2026-12-03: Cast float32 "
+        "-> bool of 70000, inf, -inf, NaN, 1e-8 and 1e-10 gave False (CPU EP: True), -> uint8 of -1 gave 0 and of "
+        "70000 255 (CPU EP 255, 112); Cast float32 -> int32 of a graph input truncated exactly (2.9999 -> 2, "
+        "100000.7 -> 100000) alone, but rounded (2.9999 -> 3, -3.7 -> -4) when a Cast to int64 followed it",
     }
     p["fp16_imprecise"] = {
         "status": "unsupported",
@@ -638,7 +641,8 @@ _ZERO = [None, [0], [0, 0], [0, 0, 0]]
 # Conditions under which the QNN EP declines a node (its REASON line), computes it wrongly or stops the process,
 # measured on ONNX's node tests (tools/opcheck/node_tests.py, whose record names the cases). A rule holds when all
 # its conditions hold; the keys are read by qnnx_opcheck._patterns (runtime_inputs, given_inputs, attr_in,
-# attr_not_in, min_outputs, max_inputs, input_dtype, unbounded_input, uneven_attr, input_rank, axis_before_last).
+# attr_not_in, min_outputs, max_inputs, input_dtype, unbounded_input, uneven_attr, input_rank, axis_before_last,
+# unless_index_wrap).
 NODE_CONDITIONS: list[dict[str, Any]] = [
     {"ops": _REDUCE_WITH_AXES_INPUT, "runtime_inputs": [1], "kind": "rejected",
      "reason": "the QNN EP takes the axes input only as a constant", "cases": "test_reduce_*_random"},
@@ -721,6 +725,23 @@ NODE_CONDITIONS: list[dict[str, Any]] = [
      "reason": "HTP computes float32 in fp16 and reads an infinite input as NaN, also a value that overflowed fp16 "
      "inside the graph (Exp or Mul of large values), which comes out of QNN clamped to a finite number; the "
      "softmax, sigmoid or tanh of a QNN node is read right", "cases": "test_isnan"},
+    {"ops": ["Cast"], "attr_in": {"to": [9, 2]}, "input_dtype": [0, ["int8", "int16", "int32", "int64"]],
+     "kind": "wrong_result", "reason": "QNN HTP casts a negative integer to bool as False and to uint8 as 0, and an "
+     "integer above 255 to uint8 as 255 (ONNX and PyTorch: any nonzero value is True, uint8 wraps modulo 256); a comparison with zero, "
+     "Not(Equal(x, 0)), gives the bool right (qnnx-export's int_cast_to_bool pass writes it)",
+     "evidence": "probe htp 2.7.0 soc60 2026-12-03: Cast int32 and int64 -> bool of [0, 1, -1, 2, -2, 255, 256, -256, "
+     "70000, -70000, 2^31-1, -2^31]: False for every negative value (CPU EP: True), alone and feeding Not or a Cast "
+     "to float; -> uint8: -1, -2, 70000 gave 0, 0, 255 (CPU EP 255, 254, 112); Not(Equal(x, 0)) right on every "
+     "value, int32 and int64"},
+    {"ops": ["Mod"], "input_dtype": [0, ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"]],
+     "unless_index_wrap": 1024, "kind": "wrong_result", "reason": "QNN HTP computes an integer Mod in fp16: a "
+     "dividend beyond 2048 in magnitude comes back wrong (int32 70000 mod 256 = 128, 1000003 mod 3 = 64), some below "
+     "it too (-2047 mod 7 = 5), and int8 for small values. Vouched for: the wrap of gather indices by the gathered "
+     "axis's size d <= 1024 (torch.onnx's take_along_dim), exact for every index in [-d, d)",
+     "evidence": "probe htp 2.7.0 soc60 2026-12-03: Mod (fmod=0) of int32 and int64 dividends [0, +-5, +-100, 1000, "
+     "2047, 2049, 4097, +-10001, 40000, 70000, +-1000003] by constant 3, 7, -7 and 256: wrong from 2049 on, and "
+     "-2047 mod 7 = 5 (4097 mod 3 = 0, 70000 mod 7 = 0); int16 and uint16 wrong from 2049 on; int8: -5 mod 7 = 127, "
+     "100 mod 7 = 100; every i in [-d, d) mod d right for d 3, 7, 100, 1000 (int32 and int64); 2046 mod 2047 wrong"},
     {"ops": ["SpaceToDepth"], "attr_in": {"mode": ["CRD"]}, "kind": "wrong_result",
      "reason": "QNN HTP ignores mode=CRD (it computes DCR)", "cases": "test_spacetodepth_crd_mode_example"},
     {"ops": ["RMSNormalization"], "axis_before_last": True, "kind": "rejected",

@@ -612,6 +612,95 @@ def test_fold_high_rank_transpose_window_as_wide_as_channels(window: int, heads:
     assert error < _TOL, error
 
 
+# ------------------------------------------------------------------------------------------------------- Erf
+
+
+@_examples
+@given(shape=_shapes, scale=st.sampled_from([1e-3, 0.3, 1.0, 3.0, 100.0]), seed=st.integers(0, 2**16))
+def test_erf_as_polynomial_shape_classes(shape: tuple[int, ...], scale: float, seed: int) -> None:
+    """A standalone Erf, which the QNN EP declines, runs wholly on QNN once written out, within fp16 tolerance of
+    erf at ranks 1-5 with unit dims, for inputs of a thousandth (the series branch alone) to a hundred (saturated)."""
+    model = make_model(
+        [h.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    _check(model, {"x": _x(shape, scale, seed)}, ("erf_as_polynomial",), must_build=True)
+
+
+@pytest.mark.parametrize("lo", [-10.0, -1.0, -1e-2, -1e-4])
+def test_erf_as_polynomial_over_the_whole_line(lo: float) -> None:
+    """Over [lo, -lo] densely (both branches and their border at 0.5), the rewritten Erf is within fp16 tolerance
+    of erf on QNN, relative to the output's largest value: tiny inputs keep their relative precision."""
+    x = np.linspace(lo, -lo, 2001, dtype=np.float32)
+    model = make_model(
+        [h.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, [2001])], [("y", TensorProto.FLOAT, [2001])], {}
+    )
+    _check(model, {"x": x}, ("erf_as_polynomial",), must_build=True)
+
+
+@_examples
+@given(
+    shape=_shapes,
+    op=st.sampled_from(["Sinh", "Cosh"]),
+    scale=st.sampled_from([1e-3, 0.3, 1.0, 4.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_sinh_cosh_from_exp_shape_classes(shape: tuple[int, ...], op: str, scale: float, seed: int) -> None:
+    """Sinh and Cosh, which the QNN EP declines, run wholly on QNN once written with Exp, within fp16 tolerance at
+    ranks 1-5 with unit dims, for inputs of a thousandth (sinh's series alone) to about ten."""
+    model = make_model(
+        [h.make_node(op, ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    _check(model, {"x": _x(shape, scale, seed)}, ("sinh_cosh_from_exp",), must_build=True)
+
+
+@pytest.mark.parametrize(
+    ("op", "lo"), [("Sinh", -11.5), ("Sinh", -0.6), ("Sinh", -1e-3), ("Cosh", -11.5), ("Cosh", -1.0)]
+)
+def test_sinh_cosh_from_exp_up_to_the_float16_range(op: str, lo: float) -> None:
+    """Over [lo, -lo] densely, up to |x| = 11.5 where cosh is 49402 (e^x alone would saturate float16), the
+    rewritten Sinh and Cosh are within fp16 tolerance on QNN relative to the output's largest value."""
+    x = np.linspace(lo, -lo, 2001, dtype=np.float32)
+    model = make_model(
+        [h.make_node(op, ["x"], ["y"])], [("x", TensorProto.FLOAT, [2001])], [("y", TensorProto.FLOAT, [2001])], {}
+    )
+    _check(model, {"x": x}, ("sinh_cosh_from_exp",), must_build=True)
+
+
+# ------------------------------------------------------------------------------------------ int -> bool
+
+
+@_examples
+@given(
+    shape=_shapes,
+    dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
+    then=st.sampled_from([None, "Not", "float"]),
+    seed=st.integers(0, 2**16),
+)
+def test_int_cast_to_bool_shape_classes(shape: tuple[int, ...], dtype: int, then: str | None, seed: int) -> None:
+    """A Cast of int32/int64 to bool, rewritten as Not(Equal(x, 0)), runs on QNN with exactly the CPU EP's values
+    (negative values, zero and the extremes among them) at ranks 1-5, returned as is or through Not or a Cast to
+    float; HTP's own Cast gives False for the negative values."""
+    nodes = [h.make_node("Cast", ["x"], ["b" if then else "y"], to=TensorProto.BOOL)]
+    out_type = TensorProto.FLOAT if then == "float" else TensorProto.BOOL
+    if then == "Not":
+        nodes.append(h.make_node("Not", ["b"], ["y"]))
+    elif then == "float":
+        nodes.append(h.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT))
+    model = make_model(nodes, [("x", dtype, shape)], [("y", out_type, shape)], {})
+    np_dtype = np.int32 if dtype == TensorProto.INT32 else np.int64
+    values = np.array([0, 1, -1, 2, -2, 256, -256, 70000, -70000, 2**31 - 1, -(2**31)], np_dtype)
+    x = np.random.default_rng(seed).choice(values, size=shape)
+    want = _cpu_reference(model, {"x": x})[0]
+    m = to_ir(model)
+    run_passes(m, ("int_cast_to_bool",))
+    (got,) = qnn_session(to_bytes(m)).run(None, {"x": x})
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if then == "float":  # HTP's bool -> float gives 1.0000001 for True
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -628,6 +717,9 @@ COVERED_HERE = frozenset(
         "stable_log_sum_exp",
         "mish_as_softplus",
         "fold_high_rank_transpose",
+        "int_cast_to_bool",
+        "erf_as_polynomial",
+        "sinh_cosh_from_exp",
         *_ELEMENTWISE,
     }
 )

@@ -1051,3 +1051,104 @@ def test_flatten_merged_heads_matmul_leaves_other_merges(source: tuple[int, ...]
     model, _ = merged_heads_matmul(source, merged)
     _, changed, _ = _apply(model, "flatten_merged_heads_matmul")
     assert not changed
+
+
+def _int_to_bool(shape: list[int], dtype: int, then: str | None) -> onnx.ModelProto:
+    """x (int32/int64) cast to bool, returned as is or through Not / a Cast to float."""
+    from onnx import helper as h
+
+    nodes = [h.make_node("Cast", ["x"], ["b" if then else "y"], to=TensorProto.BOOL)]
+    out_type = TensorProto.BOOL
+    if then == "Not":
+        nodes.append(h.make_node("Not", ["b"], ["y"]))
+    elif then == "float":
+        nodes.append(h.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT))
+        out_type = TensorProto.FLOAT
+    return make_model(nodes, [("x", dtype, shape)], [("y", out_type, shape)], {})
+
+
+@given(
+    shape=shapes(max_rank=4),
+    dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
+    then=st.sampled_from([None, "Not", "float"]),
+    seed=seeds(),
+)
+def test_int_cast_to_bool_keeps_results(shape: list[int], dtype: int, then: str | None, seed: int) -> None:
+    """A Cast of int32/int64 to bool becomes Not(Equal(x, 0)), with the same values (negative, zero, positive and the
+    extremes) and the same output dtype, whatever consumes it."""
+    model = _int_to_bool(shape, dtype, then)
+    after, changed, _ = _apply(model, "int_cast_to_bool")
+    assert changed and "Equal" in _ops(after) and _ops(after).count("Cast") == (1 if then == "float" else 0)
+    np_dtype = np.int32 if dtype == TensorProto.INT32 else np.int64
+    info = np.iinfo(np_dtype)
+    rng = np.random.default_rng(seed)
+    x = rng.choice(np.array([0, 1, -1, 255, -256, info.min, info.max], np_dtype), size=shape)
+    _assert_same(model.SerializeToString(), after, {"x": x})
+
+
+@pytest.mark.parametrize(
+    ("dtype", "to"),
+    [
+        (TensorProto.UINT8, TensorProto.BOOL),
+        (TensorProto.FLOAT, TensorProto.BOOL),
+        (TensorProto.INT32, TensorProto.FLOAT),
+    ],
+)
+def test_int_cast_to_bool_leaves_other_casts_alone(dtype: int, to: int) -> None:
+    """uint8 -> bool (right on HTP), float -> bool and int -> float are not rewritten."""
+    from onnx import helper as h
+
+    model = make_model([h.make_node("Cast", ["x"], ["y"], to=to)], [("x", dtype, [3])], [("y", to, [3])], {})
+    _, changed, _ = _apply(model, "int_cast_to_bool")
+    assert not changed
+
+
+@given(shape=shapes(max_rank=5), scale=st.sampled_from([1e-4, 0.5, 2.0, 50.0]), seed=seeds())
+def test_erf_as_polynomial_keeps_results(shape: list[int], scale: float, seed: int) -> None:
+    """A standalone Erf is written out in ops QNN has, within 1e-6 of erf on the CPU EP (the series and the
+    Abramowitz & Stegun form are within 4.2e-7 of it), infinities included; an Erf inside GELU is left to
+    fuse_erf_gelu."""
+    from onnx import helper as h
+
+    model = make_model(
+        [h.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    after, changed, _ = _apply(model, "erf_as_polynomial")
+    assert changed and "Erf" not in _ops(after)
+    x = np.asarray(scale * np.random.default_rng(seed).standard_normal(shape), np.float32)
+    x.reshape(-1)[0] = np.inf
+    (want,) = _run(model.SerializeToString(), {"x": x})
+    (got,) = _run(after, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_erf_as_polynomial_leaves_gelu_to_its_fusion() -> None:
+    """In the default pipeline an Erf inside GELU's pattern becomes one Gelu (fuse_erf_gelu runs first), not the
+    written-out Erf."""
+    model, _ = erf_gelu([2, 8], "half_x_first")
+    m = to_ir(model)
+    run_passes(m, DEFAULT_PASSES)
+    ops = [n.op_type for n in m.graph]
+    assert "Gelu" in ops and "Erf" not in ops and "Sign" not in ops
+
+
+@given(
+    shape=shapes(max_rank=5),
+    op=st.sampled_from(["Sinh", "Cosh"]),
+    scale=st.sampled_from([1e-4, 0.4, 2.0, 10.0]),
+    seed=seeds(),
+)
+def test_sinh_cosh_from_exp_keeps_results(shape: list[int], op: str, scale: float, seed: int) -> None:
+    """Sinh and Cosh are written with Exp (and sinh's series near 0), within 1e-6 of the op's value relative to it
+    on the CPU EP at every rank 0-5, tiny inputs included."""
+    from onnx import helper as h
+
+    model = make_model(
+        [h.make_node(op, ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    after, changed, _ = _apply(model, "sinh_cosh_from_exp")
+    assert changed and op not in _ops(after)
+    x = np.asarray(scale * np.random.default_rng(seed).standard_normal(shape), np.float32)
+    (want,) = _run(model.SerializeToString(), {"x": x})
+    (got,) = _run(after, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)

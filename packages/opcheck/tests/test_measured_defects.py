@@ -203,7 +203,8 @@ def test_unpadded_convs_with_small_strides_and_several_outputs_stay_vouched(
     assert _verdict(_conv((1, 3, size, size), cout, kernel, stride, (0, 0)), "conv").status == "supported"
 
 
-def _qnn_error(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
+def _qnn_and_cpu(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The model's first output on the HTP simulator (CPU fallback disabled) and on the CPU EP."""
     import onnxruntime as ort
     import onnxruntime_qnn as oq
 
@@ -216,6 +217,11 @@ def _qnn_error(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
     so.add_provider_for_devices([device], {"backend_path": oq.get_qnn_htp_path(), "soc_model": "60"})
     got = ort.InferenceSession(m.SerializeToString(), sess_options=so).run(None, feeds)[0]
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return got, want
+
+
+def _qnn_error(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
+    got, want = _qnn_and_cpu(m, feeds)
     if got.shape != want.shape:  # another shape is wrong, whatever the values (and broadcasting would hide it)
         return float("inf")
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-6))
@@ -553,3 +559,150 @@ def test_the_live_simulator_agrees_on_regrouped_projections(
         assert report.crashed is not None and "SIGSEGV" in report.crashed, report.summary()
     else:
         assert report.crashed is None and all(o["match"] for o in report.outputs.values()), report.summary()
+
+
+_INTS = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32, "int64": TensorProto.INT64}
+
+
+def _int_model(
+    nodes: list[onnx.NodeProto], dtype: int, out_type: int, inits: dict | None = None, size: int = 12
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", dtype, [size])],
+        [helper.make_tensor_value_info("y", out_type, None)],
+        [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+def _cast(dtype: int, to: int) -> onnx.ModelProto:
+    return _int_model([helper.make_node("Cast", ["x"], ["y"], to=to, name="cast")], dtype, to)
+
+
+@given(src=st.sampled_from(sorted(_INTS)), to=st.sampled_from([TensorProto.BOOL, TensorProto.UINT8]))
+def test_an_integer_cast_to_bool_or_uint8_is_refused(src: str, to: int) -> None:
+    """HTP casts a negative integer to bool as False (and to uint8 as 0, saturating above 255): opcheck refuses a
+    Cast of int32 or int64 to bool or uint8 as a wrong result and names the comparison that is right (int8 and
+    int16 inputs are refused already: the probe's Cast took neither)."""
+    v = _verdict(_cast(_INTS[src], to), "cast")
+    assert v.status == "unsupported", v
+    if src in ("int32", "int64"):
+        assert v.kind == "wrong_result" and "Not(Equal(x, 0))" in (v.reason or ""), v
+
+
+@given(
+    case=st.sampled_from(
+        [
+            (TensorProto.INT32, TensorProto.FLOAT),
+            (TensorProto.INT64, TensorProto.INT32),
+            (TensorProto.INT32, TensorProto.INT64),
+            (TensorProto.UINT8, TensorProto.BOOL),
+            (TensorProto.BOOL, TensorProto.INT32),
+        ]
+    )
+)
+def test_the_integer_casts_measured_right_stay_vouched(case: tuple[int, int]) -> None:
+    """Casts of integers to float and between int32 and int64, uint8 to bool and bool to int32 gave the CPU EP's
+    values on the simulator: still vouched for (int64 with the int32-range caveat)."""
+    assert _verdict(_cast(*case), "cast").status in ("supported", "hazard")
+
+
+def _mod(dtype: int, divisor: int) -> onnx.ModelProto:
+    div = np.array(divisor, helper.tensor_dtype_to_np_dtype(dtype))
+    return _int_model([helper.make_node("Mod", ["x", "d"], ["y"], name="mod")], dtype, dtype, {"d": div})
+
+
+@given(src=st.sampled_from(sorted(_INTS)), divisor=st.sampled_from([3, 7, -7, 256]))
+def test_an_integer_mod_is_refused(src: str, divisor: int) -> None:
+    """HTP computes an integer Mod in fp16 (wrong beyond 2048, and for int8 below it): refused as a wrong result."""
+    if src == "int8" and divisor == 256:
+        divisor = 100
+    v = _verdict(_mod(_INTS[src], divisor), "mod")
+    assert (v.status, v.kind) == ("unsupported", "wrong_result"), v
+
+
+_SIGNED = np.array([0, 1, -1, 2, -2, 255, 256, -256, 70000, -70000, 2**31 - 1, -(2**31)])
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT32, TensorProto.INT64])
+def test_the_live_simulator_agrees_on_integer_casts_to_bool(dtype: int) -> None:
+    """On the simulator a Cast of negative integers to bool gives False (the CPU EP: True), and Not(Equal(x, 0)),
+    which opcheck vouches for, gives every value right."""
+    x = _SIGNED.astype(helper.tensor_dtype_to_np_dtype(dtype))
+    got, want = _qnn_and_cpu(_cast(dtype, TensorProto.BOOL), {"x": x})
+    assert not np.array_equal(got, want) and not got[x < 0].any() and want.all() == bool((x != 0).all())
+    zero = {"z": np.array(0, x.dtype)}
+    nodes = [helper.make_node("Equal", ["x", "z"], ["e"], name="eq"), helper.make_node("Not", ["e"], ["y"], name="n")]
+    compare = _int_model(nodes, dtype, TensorProto.BOOL, zero)
+    assert all(_verdict(compare, n).status in ("supported", "hazard") for n in ("eq", "n"))
+    got, want = _qnn_and_cpu(compare, {"x": x})
+    assert np.array_equal(got, want) and np.array_equal(got, x != 0)
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        [2049, 4097, 10001, -10001, 40000, 70000, 1000003, -1000003, 5000, 3001, 2500, 9999],
+        [0, 5, -5, 100, -100, 1000, 2047, -2047, 7, -7, 3, 13],
+    ],
+)
+def test_the_live_simulator_agrees_on_integer_mod(x: list[int]) -> None:
+    """On the simulator an int32 Mod by 7 is wrong for dividends beyond 2048, and already for -2047."""
+    got, want = _qnn_and_cpu(_mod(TensorProto.INT32, 7), {"x": np.array(x, np.int32)})
+    assert not np.array_equal(got, want) and np.array_equal(want, np.mod(x, 7))
+
+
+def _wrapped_gather(d: int, gather_axis_size: int, op: str, dtype: int, extra_use: bool) -> onnx.ModelProto:
+    """torch.onnx's take_along_dim: ``Gather[Elements](x, Mod(i, d))`` along axis 1 of x[3, gather_axis_size]."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    nodes = [
+        helper.make_node("Mod", ["i", "d"], ["w"], name="mod"),
+        helper.make_node(op, ["x", "w"], ["y"], axis=1, name="gather"),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if extra_use:
+        nodes.append(helper.make_node("Add", ["w", "w"], ["w2"], name="add"))
+        outputs.append(helper.make_tensor_value_info("w2", dtype, None))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, gather_axis_size]),
+            helper.make_tensor_value_info("i", dtype, [3, 2]),
+        ],
+        outputs,
+        [numpy_helper.from_array(np.array(d, np_dtype), "d")],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+@given(
+    d=st.sampled_from([1, 5, 1000, 1024, 1025, 4096]),
+    same_size=st.booleans(),
+    op=st.sampled_from(["Gather", "GatherElements"]),
+    dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
+    extra_use=st.booleans(),
+)
+def test_an_integer_mod_wrapping_gather_indices_is_vouched_for(
+    d: int, same_size: bool, op: str, dtype: int, extra_use: bool
+) -> None:
+    """The Mod torch.onnx writes to wrap take_along_dim's indices (by the gathered axis's size d <= 1024, used only
+    as the indices) is vouched for; by another divisor, a larger d or with another use it is refused."""
+    v = _verdict(_wrapped_gather(d, d if same_size else d + 1, op, dtype, extra_use), "mod")
+    vouched = d <= 1024 and same_size and not extra_use
+    assert (v.status != "unsupported") == vouched, v
+
+
+@pytest.mark.parametrize("d", [7, 1000, 1024])
+def test_the_live_simulator_wraps_every_valid_index_right(d: int) -> None:
+    """On the simulator Mod(i, d) is right for every index i in [-d, d) up to d = 1024, the range the vouched wrap
+    of gather indices takes."""
+    x = np.arange(-d, d, dtype=np.int32)
+    mod = helper.make_node("Mod", ["x", "d"], ["y"])
+    m = _int_model([mod], TensorProto.INT32, TensorProto.INT32, {"d": np.array(d, np.int32)}, size=2 * d)
+    got, want = _qnn_and_cpu(m, {"x": x})
+    assert np.array_equal(got, want)

@@ -213,17 +213,15 @@ def test_probed_rotary_embedding_swiglu_and_roialign() -> None:
         assert _verdict(roi, "roi").status == status, mode
 
 
-@pytest.mark.parametrize(
-    ("elem", "status"),
-    [(TensorProto.INT8, "supported"), (TensorProto.INT16, "supported"), (TensorProto.UINT16, "supported")],
-)
-def test_mod_on_narrow_integers_is_vouched_for(elem: int, status: str) -> None:
-    """Mod on int8, int16 and uint16 ran right (uint8 stays wrong)."""
+@pytest.mark.parametrize("elem", [TensorProto.INT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.UINT8])
+def test_mod_on_narrow_integers_is_refused(elem: int) -> None:
+    """Mod on int8, int16, uint16 and uint8 is refused as a wrong result: the node tests' small values ran right,
+    but HTP computes it in fp16 (int16 and uint16 wrong from 2049 on, int8 -5 mod 7 = 127; see
+    test_measured_defects.py)."""
     mod = helper.make_node("Mod", ["a", "b"], ["y"], name="mod")
     m = _model([mod], {"a": (elem, (2, 3)), "b": (elem, (2, 3))}, out_type=elem)
-    assert _verdict(m, "mod").status == status
-    u8 = _model([mod], {"a": (TensorProto.UINT8, (2, 3)), "b": (TensorProto.UINT8, (2, 3))}, out_type=TensorProto.UINT8)
-    assert _verdict(u8, "mod").kind == "wrong_result"
+    v = _verdict(m, "mod")
+    assert (v.status, v.kind) == ("unsupported", "wrong_result"), v
 
 
 @pytest.mark.parametrize(("exponent", "status"), [(3.0, "supported"), (0.5, "unsupported")])

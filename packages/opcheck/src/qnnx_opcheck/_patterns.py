@@ -242,6 +242,8 @@ class Patterns:
             producer = self.view.producer(name) if name else None
             bounded = producer is not None and producer.op_type in _BOUNDED_OPS and self.values.computed_on_qnn(name)
             checks.append(not bounded)
+        if "unless_index_wrap" in rule:  # not a wrap of gather indices by the gathered axis's size (at most the limit)
+            checks.append(not self._wraps_indices(node, rule["unless_index_wrap"]))
         if "input_rank" in rule:
             shape = self.view.shape(node.input[0]) if node.input else None
             checks.append(shape is None or len(shape) in rule["input_rank"])
@@ -251,6 +253,30 @@ class Patterns:
             axis = -1 if axis is None else int(axis)
             checks.append(shape is None or (axis + len(shape) if axis < 0 else axis) != len(shape) - 1)
         return bool(checks) and all(checks)
+
+    def _wraps_indices(self, node: NodeView, limit: int) -> bool:
+        """``Mod(i, d)`` by a constant ``1 <= d <= limit`` whose every use is the indices of a Gather or GatherElements
+        along an axis of static size ``d`` (torch.onnx's ``take_along_dim`` and ``gather`` wrap negative indices so).
+        PyTorch raises for an index outside [-d, d), so the dividends that reach QNN lie there, where HTP's fp16
+        quotient i / d stays on the right side of every integer for d <= 1024 (measured exact for every i in
+        [-d, d), d 3-1000)."""
+        d = self.view.scalar(node.input[1]) if len(node.input) > 1 else None
+        out = node.output[0] if node.output else ""
+        if d is None or not 1 <= d <= limit or d != int(d) or not out or out in self.view.f.graph_outputs:
+            return False
+        users = self.view.consumer_nodes(out)
+        for user in users:
+            if (
+                user.op_type not in ("Gather", "GatherElements")
+                or list(user.input[1:2]) != [out]
+                or out == user.input[0]
+            ):
+                return False
+            shape = self.view.shape(user.input[0])
+            axis = self.view.attr(user, "axis") or 0
+            if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] != int(d):
+                return False
+        return bool(users)
 
     @rule("add_const_broadcast_layernorm")
     def _is_add_const_ln(self, index: int, node: NodeView) -> bool:

@@ -1,4 +1,5 @@
-"""Dtype legalization: int64 graph inputs fed as int32 with a range check instead of QNN's silent saturation."""
+"""Dtype legalization: int64 graph inputs fed as int32 with a range check instead of QNN's silent saturation, and
+integer-to-bool casts written as comparisons with zero."""
 
 from __future__ import annotations
 
@@ -8,14 +9,54 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
+from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["Int64InputsToInt32"]
+__all__ = ["Int64InputsToInt32", "IntCastToBool"]
 
 log = logging.getLogger(__name__)
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+# ------------------------------------------------------------------------ integer -> bool as x != 0
+
+# The integer dtypes a Cast to bool is rewritten from: the ones QNN HTP computes Equal and Not on (int8 and int16
+# inputs are not taken by the QNN EP's Cast at all, uint8 -> bool is right there).
+_SIGNED_INTS = (ir.DataType.INT32, ir.DataType.INT64)
+
+
+@register(order=165)
+class IntCastToBool(QnnPass):
+    """Write a ``Cast`` of an int32 or int64 tensor to bool as ``Not(Equal(x, 0))``.
+
+    QNN HTP casts a negative integer to bool as False (ONNX and PyTorch: every nonzero value is True): ``x.bool()``
+    of [-1, -2, -256, -70000, -2^31] came back all False, alone and feeding Not or a Cast to float, silently
+    (onnxruntime-qnn 2.7.0, soc 60). The comparison with zero is the Cast's definition and is right on HTP for every
+    int32 and int64 value measured, so masks built as ``ids.bool()`` or ``(ids - k).bool()`` stay on the NPU with
+    the right values. Exact (integers, no rounding). Shape classes: any (elementwise).
+    """
+
+    name = "int_cast_to_bool"
+    defect = "QNN HTP casts negative integers to bool as False (silent wrong output)"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The int32/int64 input of a Cast to bool, or None."""
+        x = _graph.op_input(node, "Cast")
+        if x is None or x.dtype not in _SIGNED_INTS:
+            return None
+        return x if node.attributes.get_int("to", 0) == ir.DataType.BOOL else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def compared(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            dtype = cast(ir.DataType, x.dtype)
+            zero = _graph.add_initializer(graph, names("zero"), np.array(0, dtype=dtype.numpy()))
+            equal = _graph.new_value(names("is_zero"), ir.DataType.BOOL, _graph.static_shape(x))
+            not_nodes, out = _graph.one_node_like(names, "out", node, "Not", [equal])
+            return [ir.Node("", "Equal", [x, zero], outputs=[equal]), *not_nodes], out
+
+        return self.replace_matched(graph, "qnnx_bool", compared)
 
 
 # ---------------------------------------------------------------------------- int64 inputs -> int32
