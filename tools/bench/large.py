@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -213,7 +214,7 @@ def _teacher_forcing(got: Any, eager: Any) -> dict[str, Any]:
     return {"min_cosine": min(cosines), "argmax_agree": matches, "steps": len(cosines)}
 
 
-def _table(r: dict[str, Any], started: str, minutes: float, cut: bool) -> str:
+def _table(r: dict[str, Any], started: str, minutes: float, cut: bool, load: float) -> str:
     gib = 2**30
     budget = "default" if r["max_graph_bytes"] is None else f"{r['max_graph_bytes'] / 2**20:.0f} MiB"
     above = r["peak_rss"] - r["loaded_rss"]
@@ -222,7 +223,9 @@ def _table(r: dict[str, Any], started: str, minutes: float, cut: bool) -> str:
     lines = [
         f"## A 0.5B-class decoder (Qwen2.5-0.5B configuration, {r['layers']} of 24 layers, random init)",
         "",
-        f"One run, {started}, {platform.machine()} (HTP simulator, soc 60), {minutes:.1f} min; one fresh process. "
+        f"One run, {started}, {platform.machine()} (HTP simulator, soc 60), {minutes:.1f} min, 15-minute load "
+        f"average {load:.1f} at the end (other processes on the machine stretch the times, not the memory); one "
+        "fresh process. "
         f"{r['params'] / 1e6:.0f}M parameters, `max_graph_bytes` {budget}, context cache on. Simulator times show "
         "that the compile and the parts work at this size, not a device's speed."
         + (" Layers were cut to fit the machine." if cut else ""),
@@ -282,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = json.loads(out.stdout.strip().splitlines()[-1])
     (args.out / "benchmarks-large.json").write_text(json.dumps(result, indent=1) + "\n")
-    section = _table(result, started, (time.perf_counter() - t0) / 60, cut=args.layers < 24)
+    minutes = (time.perf_counter() - t0) / 60
+    section = _table(result, started, minutes, cut=args.layers < 24, load=os.getloadavg()[2])
     print(write_section(args.out / "benchmarks.md", "large", section))
     return 0
 

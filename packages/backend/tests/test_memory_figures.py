@@ -12,9 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
+from qnnx_backend import _session
 from qnnx_backend._parts import held_weight_bytes
 from qnnx_backend._report import CompileReport, collecting, record
-from qnnx_backend._session import context_bytes
+from qnnx_backend._session import context_bytes, release_memory
 
 _DTYPES = (np.float32, np.float16, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64, np.bool_)
 
@@ -167,3 +168,42 @@ def test_generation_memory_sums_the_graphs_that_hold_weights(graphs: list[Compil
     assert f"{memory.weight_copies} weight cop" in memory.summary() and memory.to_dict()["graphs"] == [
         g.to_dict() for g in graphs
     ]
+
+
+def _anon_bytes() -> int:
+    """The process's anonymous resident memory (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssAnon in /proc/self/status on this system")
+
+
+_needs_trim = pytest.mark.skipif(_session._malloc_trim() is None, reason="the C library has no malloc_trim")
+
+
+@_needs_trim
+def test_release_memory_hands_freed_heap_pages_back() -> None:
+    """Memory a dropped compiling session freed into the C heap, under a block still alive above it, is resident
+    until ``release_memory`` hands its pages back (200 MiB of freed 64 KiB blocks: 0 MiB without it, 117 MiB with it,
+    measured)."""
+    blocks = [np.ones(64 * 1024, np.uint8) for _ in range(3200)]
+    top = blocks.pop()  # alive above the freed blocks: free() alone cannot shrink the heap under it
+    del blocks
+    before = _anon_bytes()
+    release_memory()
+    freed = before - _anon_bytes()
+    assert freed > 50 * 2**20, f"release_memory freed {freed / 2**20:.0f} MiB of 200 MiB freed blocks"
+    assert int(top.sum()) == top.size
+
+
+@_needs_trim
+@given(st.lists(st.tuples(st.integers(1, 256 * 1024), st.booleans()), min_size=1, max_size=40), st.integers(0, 255))
+def test_release_memory_leaves_live_memory_as_it_was(blocks: list[tuple[int, bool]], fill: int) -> None:
+    """Whatever was allocated and freed around them, the blocks still alive keep every byte after
+    ``release_memory`` (it hands back free pages only)."""
+    made = [(np.full(size, fill, np.uint8), kept) for size, kept in blocks]
+    alive = [a for a, kept in made if kept]
+    del made
+    release_memory()
+    for a in alive:
+        assert np.all(a == fill)

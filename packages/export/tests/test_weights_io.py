@@ -100,12 +100,64 @@ def test_saved_external_model_equals_model_bytes(
     x = torch.randn(1, width)
     cap = only(capture(model, x)[0])
     exported = qe.export(cap.gm, cap.example_inputs)
-    folder = tmp_path_factory.mktemp("save")
+    _assert_written_forms_agree(exported, tmp_path_factory.mktemp("save"))
+
+
+def _assert_written_forms_agree(exported: qe.ExportedGraph, folder: Path) -> Path:
+    """Both written forms (external data, one buffer) hold the same initializer values; the external one's path."""
     path = exported.save(folder / "m.onnx", external_data=True)
-    loaded = onnx.load(str(path))
+    got = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
     inline = onnx.load_from_string(exported.model_bytes())
-    got = {t.name: onnx.numpy_helper.to_array(t) for t in loaded.graph.initializer}
     want = {t.name: onnx.numpy_helper.to_array(t) for t in inline.graph.initializer}
     assert got.keys() == want.keys()
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value)
+    return path
+
+
+def _anon_bytes() -> int:
+    """The process's anonymous resident memory (Linux), which a copy of the weights would grow."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssAnon in /proc/self/status on this system")
+
+
+def test_bias_free_linear_export_holds_no_transposed_copy(tmp_path: Path) -> None:
+    """A bias-free Linear on a 3-D input reaches the translator as ``mm(x, t(weight))``: exporting it holds no
+    contiguous copy of the transposed weight (a decoder's MLP would otherwise be a second copy of its weights for as
+    long as the export lives), and the written model still carries the transposed values and matches eager."""
+    torch.manual_seed(0)
+    model = nn.Linear(4096, 4096, bias=False).eval()  # 64 MiB of float32 weights
+    x = torch.randn(1, 3, 4096)
+    cap = only(capture(model, x)[0])
+    before = _anon_bytes()
+    exported = qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(exporter="fast"))
+    grown = _anon_bytes() - before
+    assert exported.exporter == "fast"
+    assert grown < 24 * 2**20, f"the export grew anonymous memory by {grown / 2**20:.0f} MiB (the weight is 64 MiB)"
+    path = exported.save(tmp_path / "m.onnx", external_data=True)
+    out = run_exported(cpu_session(str(path)), exported, cap.example_inputs)
+    assert rel_err(out[0], model(x)) < 1e-5
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    width=st.sampled_from([4, 16, 64, 200]),
+    out=st.sampled_from([3, 32, 300]),
+    rank=st.sampled_from([2, 3, 4]),
+    seed=seeds(),
+)
+def test_transposed_weights_are_written_as_exported(
+    tmp_path_factory: pytest.TempPathFactory, width: int, out: int, rank: int, seed: int
+) -> None:
+    """Weights the translator reads through a transposing view (bias-free Linears on inputs of any rank) are written
+    with the same values in both forms (external data, one buffer) and the model matches eager on the CPU EP."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(width, width, bias=False), nn.Tanh(), nn.Linear(width, out, bias=False)).eval()
+    x = torch.randn(*([2] * (rank - 1)), width)
+    cap = only(capture(model, x)[0])
+    exported = qe.export(cap.gm, cap.example_inputs, options=qe.ExportOptions(exporter="fast"))
+    path = _assert_written_forms_agree(exported, tmp_path_factory.mktemp("save"))
+    result = run_exported(cpu_session(str(path)), exported, cap.example_inputs)
+    assert rel_err(result[0], model(x)) < 1e-5

@@ -251,6 +251,7 @@ def _from_contexts(
     else:
         check_share(_timed_session(source, device, writing, ctx), plan, ctx.options)  # the session goes here
         compiled = str(folder / _session.CTX_FILE)
+        _session.release_memory()  # what it compiled from, before its context is loaded
     load_kwargs = {**setup.session_kwargs, "allow_cpu_fallback": True} if plan.nodes else setup.session_kwargs
     t = time.perf_counter()
     try:
@@ -389,6 +390,8 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
             str(entry.model_path) if parts is None else PartedModel.from_metadata(entry.model_path.parent, parts)
         )
         if session is None:
+            if not entry.hit:  # the compiling session was dropped: its memory goes before the context is loaded
+                _session.release_memory()
             started = time.perf_counter()
             session = _session.create_for_device(model, device, kwargs)
             # a fresh build's compile time stays the session time; loading its contexts is timed apart

@@ -10,6 +10,7 @@ import functools
 import gc
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -176,11 +177,37 @@ def compile_parts(
         for ep, names in (qnnx_detection.node_placement(session) or {}).items():
             placement.setdefault(ep, []).extend(names)
         del session
-        gc.collect()  # the compiled graph's host memory goes before the next part is built
+        release_memory()  # the compiled graph's host memory goes before the next part is built
 
     for k, path in enumerate(model.paths):
         create(k, path)
     return RecordedPlacement(placement)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+def release_memory() -> None:
+    """Collect Python's garbage, then hand the C heap's free pages back to the system (glibc's ``malloc_trim``).
+
+    A compiling session that is dropped frees its memory into the heap, and glibc keeps most of it resident: measured
+    on the simulator, about 170 MiB after each part of a 0.5B-width decoder, which the next part's compile (and the
+    loaded contexts) then stacked on. Called after a compiling session goes, before the next build or load."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _part_session(

@@ -13,6 +13,7 @@ The handlers (``_ops_*.py``) write only through the public methods of :class:`Tr
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
@@ -70,6 +71,13 @@ def ir_dtype(dtype: torch.dtype) -> ir.DataType:
         raise Declined(f"dtype {dtype} has no ONNX translation here") from exc
 
 
+def _contiguous(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:
+    """The contiguous bytes of a view, made when an initializer's value is read (see ``Translator.initializer``)."""
+    from onnx_ir.tensor_adapters import TorchTensor
+
+    return TorchTensor(tensor.contiguous(), name=name)
+
+
 def _static_int(v: Any) -> int:
     try:
         return int(v)
@@ -123,7 +131,11 @@ class Translator:
         """An initializer holding ``tensor`` (the same one again for the same tensor memory and layout).
 
         Args:
-            tensor: A real tensor; kept without a copy when it is contiguous.
+            tensor: A real tensor, kept without a copy. A view that is not contiguous (a Linear's ``t(weight)``
+                under ``mm``, an expanded constant) becomes its contiguous bytes only when they are read (the model
+                written to disk, a pass reading the value), one tensor at a time and not kept: a decoder's
+                transposed weights would otherwise be a second copy of its weights in memory for as long as the
+                export lives.
             hint: The base of the initializer's name.
         """
         import onnx_ir as ir
@@ -133,19 +145,17 @@ class Translator:
         key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
         if tensor.numel() > 0 and key in self._init_by_tensor:
             return self._init_by_tensor[key][1]
-        source = tensor
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
         name = self._name(hint)
-        value = ir.Value(
-            name=name,
-            type=ir.TensorType(ir_dtype(tensor.dtype)),
-            shape=ir.Shape(tuple(tensor.shape)),
-            const_value=TorchTensor(tensor, name=name),
+        dtype, shape = ir_dtype(tensor.dtype), ir.Shape(tuple(tensor.shape))
+        const: ir.TensorProtocol = (
+            TorchTensor(tensor, name=name)
+            if tensor.is_contiguous()
+            else ir.LazyTensor(functools.partial(_contiguous, tensor, name), dtype=dtype, shape=shape, name=name)
         )
+        value = ir.Value(name=name, type=ir.TensorType(dtype), shape=shape, const_value=const)
         self.initializers[name] = value
         if tensor.numel() > 0:
-            self._init_by_tensor[key] = (source, value)
+            self._init_by_tensor[key] = (tensor, value)
         return value
 
     def scalar(self, value: float | int | bool, dtype: torch.dtype) -> ir.Value:
