@@ -192,6 +192,7 @@ def _table(q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: f
         ctx, fctx = g["context_bytes"], (fl or {}).get("context_bytes")
         ratio = f"{ctx / fctx:.2f}" if ctx and fctx else "–"
         where = "wholly" if set(g["placement"]) == {"QNNExecutionProvider"} else json.dumps(g["placement"])
+        where += f", {len(g['parts'])} parts" if g["parts"] else ""
         sqnr = "–" if g["sqnr_db"] is None else f"{g['sqnr_db']:.1f}"
         cos = "–" if g["cosine"] is None else f"{g['cosine']:.5f}"
         qdq = "yes" if g["quantized"] else f"no ({g['quant_reason']})"
@@ -209,6 +210,16 @@ def _table(q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: f
         + ".",
     ]
     if f is not None:
+        table = CONFIG["vocab_size"] * CONFIG["hidden_size"]
+        blocks = q["graphs"][-1]["weight_bytes"] - 2 * table - table - 4 * CONFIG["vocab_size"]
+        blocks_float = f["graphs"][-1]["weight_bytes"] - 2 * table
+        lines.append(
+            f"- The decoder blocks' weights as held (the graph's, less the vocabulary's {table / 1e6:.0f}M-entry table "
+            "as uint16 and the head as int8 with a float32 scale per row; in float, less the one fp16 table that "
+            f"the tied head shares): {blocks / mib:.1f} MiB against {blocks_float / mib:.1f} MiB in fp16, "
+            f"{blocks / blocks_float:.2f}. The vocabulary's table and head hold the rest: at this width they are "
+            "most of a graph's bytes."
+        )
         lines.append(
             f"- Contexts on disk, both graphs: {q['context_bytes'] / gib:.2f} GiB quantized against "
             f"{f['context_bytes'] / gib:.2f} GiB float (fp16 weights): {q['context_bytes'] / f['context_bytes']:.2f}."
@@ -217,9 +228,13 @@ def _table(q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: f
         f"- Memory: {q['loaded_rss'] / gib:.2f} GiB after building the model, peak {q['peak_rss'] / gib:.2f} GiB "
         f"({above / gib:.2f} GiB above it; {above / (q['params'] * 4):.2f} bytes per float32 weight byte)"
         + (f"; the float run peaked at {f['peak_rss'] / gib:.2f} GiB." if f is not None else ".")
-        + f" The process's own (anonymous) memory peaked at {q['calibrate_peak_anon'] / gib:.2f} GiB inside the "
-        f"calibration block (quantization, compile and check of both graphs) and held "
-        f"{q['after_calibrate_anon'] / gib:.2f} GiB after it (the model, both quantized sessions).",
+        + (
+            f" The process's own (anonymous) memory peaked at {q['calibrate_peak_anon'] / gib:.2f} GiB inside the "
+            "calibration block (quantization, compile and check of both graphs) and held "
+            f"{q['after_calibrate_anon'] / gib:.2f} GiB after it (the model, both quantized sessions)."
+            if "calibrate_peak_anon" in q
+            else ""
+        ),
         f"- Calibration block (eager generation, then each graph quantized, compiled and checked): "
         f"{q['calibrate_s']:.0f} s; first quantized `generate()` ({q['steps']} tokens): {q['first_generate_s']:.0f} s; "
         f"warm: {q['warm_generate_s']:.1f} s (same tokens: {'yes' if q['warm_same'] else 'no'}).",
@@ -251,12 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4, help="calibration samples kept per graph")
     parser.add_argument("--no-float", action="store_true", help="skip the float run (no context ratio)")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the section from <out>'s JSON")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--float", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     budget = args.max_graph_mib * 2**20 if args.max_graph_mib else None
     if args.child:
         print(json.dumps(child(args.layers, not args.float, budget, args.new_tokens, args.samples)))
+        return 0
+    if args.report_only:
+        run = json.loads((args.out / "benchmarks-large-quant.json").read_text())
+        section = _table(run["quantized"], run["float"], run["started"], run["minutes"])
+        print(write_section(args.out / "benchmarks.md", "large-quant", section))
         return 0
     started, t0 = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), time.perf_counter()
     quant = _run_child(args, quantize=True)
@@ -265,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     flt = None if args.no_float else _run_child(args, quantize=False)
     if flt is None and not args.no_float:
         return 1
-    (args.out / "benchmarks-large-quant.json").write_text(json.dumps({"quantized": quant, "float": flt}, indent=1))
-    section = _table(quant, flt, started, (time.perf_counter() - t0) / 60)
+    minutes = (time.perf_counter() - t0) / 60
+    run = {"started": started, "minutes": minutes, "quantized": quant, "float": flt}
+    (args.out / "benchmarks-large-quant.json").write_text(json.dumps(run, indent=1) + "\n")
+    section = _table(quant, flt, started, minutes)
     print(write_section(args.out / "benchmarks.md", "large-quant", section))
     return 0
 
