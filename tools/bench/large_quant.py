@@ -24,6 +24,7 @@ import json
 import platform
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,8 @@ def child(layers: int, quantize: bool, max_graph_bytes: int | None, new_tokens: 
             "schemes": _schemes(() if q is None else q.weights, layers),
             "timings": t,
         })  # fmt: skip
+    context_bytes = sum(p.stat().st_size for p in cache_dir.rglob("*") if p.is_file())
+    shutil.rmtree(cache_dir, ignore_errors=True)  # about 1 GB per run at 2 layers
     return {
         "scheme": SCHEME if quantize else "float",
         "layers": layers,
@@ -148,7 +151,7 @@ def child(layers: int, quantize: bool, max_graph_bytes: int | None, new_tokens: 
         "calibrate_peak_anon": calibrate_peak_anon,
         "after_calibrate_anon": after_calibrate_anon,
         "graphs": graphs,
-        "context_bytes": sum(p.stat().st_size for p in cache_dir.rglob("*") if p.is_file()),
+        "context_bytes": context_bytes,
         "calibrate_s": calibrate_s,
         "first_generate_s": first_generate,
         "warm_generate_s": warm_generate,
