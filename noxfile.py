@@ -142,7 +142,7 @@ def slow(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Opt-in: the benchmark harness (qnnx vs raw ORT, eager, OpenVINO and Inductor, then generation with a KV cache,
     then float against quantized graphs, then compile time against a decoder's depth, then a 0.5B-class decoder run as
-    parts); writes docs/benchmarks.md."""
+    parts, then that decoder with the int4 recipe); writes docs/benchmarks.md."""
     _install(session)
     session.install("openvino", "matplotlib")
     _versions(session)
@@ -151,6 +151,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "tools/bench/quantization.py")
     session.run("python", "tools/bench/depth.py")
     session.run("python", "tools/bench/large.py")  # a 0.5B-class decoder: about 6 minutes and 11 GB here
+    session.run("python", "tools/bench/large_quant.py")  # its 2-layer cut, llm-a16w4 then float: ~20 min, 6 GB
 
 
 @nox.session(python=PYTHON, default=False)

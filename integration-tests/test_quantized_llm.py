@@ -19,6 +19,8 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB, OFFSET, MODULUS = 64, 3, 61
 CACHE = 48
+DECODER = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2}  # fmt: skip
 
 
 def progressions(n: int, length: int, seed: int) -> torch.Tensor:
@@ -38,12 +40,8 @@ def trained_llama() -> Any:
     try:
         torch.manual_seed(0)
         config = transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
+            **DECODER,
             num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             max_position_embeddings=64,
             pad_token_id=0,
             bos_token_id=1,
@@ -166,3 +164,26 @@ def test_llm_recipe_runs_int4_blocks_on_qnn_and_keeps_eagers_tokens(tmp_path: Pa
     assert run["agreement"] >= 0.99, run
     assert abs(run["loss"] - run["eager_loss"]) <= 0.05, run
     assert run["context_bytes"] < a16w8_run["context_bytes"], (run["context_bytes"], a16w8_run["context_bytes"])
+
+
+def test_llm_recipe_gives_a_tied_head_its_int8_weights(tmp_path: Path) -> None:
+    """A decoder with tied embeddings (Qwen2.5's and Llama-3.2's heads read the embedding table) under llm-a16w4:
+    the head is quantized as the recipe's int8 per-channel weight and both graphs run wholly on QNN; before, the
+    head read the table through a Transpose that the QDQ tooling held as a 16-bit activation (no weight line)."""
+    from qnnx_backend.hf import compile_for_generation
+
+    qnnx_backend.clear_compile_reports()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(**DECODER, num_hidden_layers=1, tie_word_embeddings=True)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    compile_for_generation(model, max_cache_len=CACHE, options={"soc_model": 60, "quantize": "llm-a16w4"})
+    with torch.no_grad():
+        with qnnx_backend.calibrate(model):
+            model.generate(progressions(1, 7, seed=0), max_new_tokens=3, do_sample=False)
+        model.generate(progressions(1, 5, seed=1), max_new_tokens=3, do_sample=False)
+    reports = qnnx_backend.compile_reports()
+    _assert_quantized_on_qnn(reports, min_sqnr=15)
+    for report in reports:
+        assert "int8 per-channel: 1 MatMul in lm_head" in report.quantization.weights, report.quantization.weights

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from qnnx_backend import BackendOptions
-from qnnx_backend._quantize import block_plan, block_weights, import_block_quantizer, weight_groups, weight_overrides
+from qnnx_backend._quantize import (
+    block_plan,
+    block_weights,
+    import_block_quantizer,
+    untie_transposed_weights,
+    weight_groups,
+    weight_overrides,
+)
 
 
 def _spec(value: object):
@@ -168,6 +175,86 @@ def test_weight_groups_name_the_block_size_and_why_a_weight_kept_its_form(tmp_pa
     assert weight_groups(onnx.load(str(tmp_path / "blocks.onnx")), origins, {"linear": "why"}) == (
         "int4 blocks of 16 (why): 1 MatMul in fc",
     )
+
+
+def _tied_model(vocab: int, hidden: int, op: str, also_read: bool, seed: int):
+    """A tied-embedding decoder's ends: ``Gather(table, ids)``, then the head ``MatMul(h, Transpose(table))`` (or a
+    Gemm), and when ``also_read`` an Add that reads the transposed table too."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["h"], name="gather"),
+        helper.make_node("Transpose", ["table"], ["t"], name="t", perm=[1, 0]),
+    ]
+    nodes.append(helper.make_node(op, ["h", "t"], ["logits"], name="head"))
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [3, vocab])]
+    if also_read:
+        nodes.append(helper.make_node("Add", ["t", "t"], ["twice"], name="other"))
+        outputs.append(helper.make_tensor_value_info("twice", TensorProto.FLOAT, [hidden, vocab]))
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+        outputs,
+        [numpy_helper.from_array(table, "table")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _run_cpu(model, ids):
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"ids": ids})
+
+
+def test_a_tied_head_gets_a_weight_of_its_own_and_the_recipes_int8():
+    """A head that reads the embedding table through a Transpose (tied embeddings) gets the transposed table as an
+    initializer of its own, the Transpose goes, the Gather keeps the table; the LLM recipe then gives the head int8
+    per output channel and the table uint16, where before the head had no weight override at all."""
+    model = _tied_model(vocab=32, hidden=8, op="MatMul", also_read=False, seed=0)
+    nodes, origins = model.graph.node, {"gather": "[0].model.embed_tokens (Embedding)", "head": "[0].lm_head (Linear)"}
+    inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    assert weight_overrides(nodes, inits, _spec("llm-a16w4"), origins) == {"table": {"quant_type": "uint16"}}
+    ids = np.array([0, 5, 31])
+    want = _run_cpu(model, ids)
+    assert untie_transposed_weights(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Gather", "MatMul"]
+    inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    assert inits == {"table": (32, 8), "t": (8, 32)}
+    assert weight_overrides(model.graph.node, inits, _spec("llm-a16w4"), origins) == {
+        "table": {"quant_type": "uint16"},
+        "t": {"quant_type": "int8", "symmetric": True, "axis": 1},
+    }
+    np.testing.assert_array_equal(_run_cpu(model, ids)[0], want[0])
+
+
+def test_untying_leaves_the_heads_that_are_not_wanted():
+    """A head the predicate declines (the compile's: a module without a weight type of its own) keeps reading the
+    table through its Transpose."""
+    model = _tied_model(vocab=32, hidden=8, op="MatMul", also_read=False, seed=0)
+    assert untie_transposed_weights(model, lambda node: False) == 0
+    assert [n.op_type for n in model.graph.node] == ["Gather", "Transpose", "MatMul"]
+
+
+@settings(deadline=None, max_examples=20)
+@given(
+    vocab=st.integers(1, 40),
+    hidden=st.integers(1, 16),
+    op=st.sampled_from(["MatMul", "Gemm"]),
+    also_read=st.booleans(),
+    seed=st.integers(0, 9),
+)
+def test_untying_keeps_every_output_and_leaves_no_transposed_weight(vocab, hidden, op, also_read, seed):
+    """Property: after untying, every MatMul/Gemm weight is an initializer, the model's outputs on the CPU EP are
+    exactly the same, and a Transpose that another op still reads stays for that op."""
+    model = _tied_model(vocab, hidden, op, also_read, seed)
+    ids = np.random.default_rng(seed).integers(0, vocab, 3)
+    want = _run_cpu(model, ids)
+    untie_transposed_weights(model)
+    inits = {i.name for i in model.graph.initializer}
+    assert all(n.input[1] in inits for n in model.graph.node if n.op_type in ("MatMul", "Gemm"))
+    assert any(n.name == "t" for n in model.graph.node) == also_read
+    for got, expected in zip(_run_cpu(model, ids), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_importing_onnxruntimes_block_quantizer_leaves_the_process_logging_alone():

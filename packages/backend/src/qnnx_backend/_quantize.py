@@ -171,6 +171,7 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         if opset < _QDQ_OPSET:
             model = version_converter.convert_version(model, _QDQ_OPSET)
         finite_masks(model)
+        untie_transposed_weights(model, lambda node: _module_type(node, spec, exported.node_origins) is not None)
         # onnxruntime's tools are given paths: from a ModelProto they write and re-read temporary copies whose
         # external data they then fail to find (onnxruntime 1.32).
         source = folder / "source.onnx"
@@ -262,6 +263,60 @@ def finite_masks(model: Any) -> int:
                 replace(node, 1, lambda v: v <= -32768, MASK_FILL / 2, "finite_mask_test")
         logger.info("qnn backend: %d mask fill(s) of -inf quantized as %g", replaced, MASK_FILL)
     return replaced
+
+
+def _module_type(node: Any, spec: QuantizeSpec, origins: Any) -> str | None:
+    """The weight type a ``module_weight_types`` entry (or the recipe's) gives ``node``'s module; None when the
+    scheme's own type applies."""
+    module = str(origins.get(node.name, "")).split(" ", 1)[0]
+    weight_type = spec.weight_type_of(module)
+    return None if weight_type == spec.weight_type else weight_type
+
+
+def untie_transposed_weights(model: Any, wanted: Callable[[Any], bool] = lambda node: True) -> int:
+    """Give each MatMul/Gemm whose weight is a ``Transpose`` of an initializer, and that ``wanted`` accepts, a
+    transposed initializer of its own (named as the Transpose's output), and drop the Transpose once nothing else
+    reads it. Returns how many weights were written.
+
+    A decoder with tied embeddings (Qwen2.5-0.5B, Llama-3.2-1B, Gemma) exports its head as ``MatMul(x,
+    Transpose(table))`` over the embedding's table: onnxruntime's QDQ tooling then sees no weight there and quantizes
+    the Transpose's output as an activation (16-bit under ``uint16`` activations), so the head took neither its
+    scheme's type nor a scale per output channel, and the table's bytes were held twice at 16 bits (a 2-layer
+    Qwen2.5-0.5B-width decoder under ``llm-a16w4``: a context of 538 MiB against 577 MiB in float). With a weight of
+    its own, the head is quantized as its module's weight (int8 per output channel in the LLM recipe). The compile
+    unties only the layers a module weight type names (the recipe's head): under a plain scheme the head keeps its
+    16-bit form, which would otherwise become the scheme's 8-bit weight."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, list[tuple[Any, int]]] = {}
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, k))
+    outputs = {o.name for o in graph.output}
+    untied, dropped = 0, []
+    for node in graph.node:
+        if node.op_type != "Transpose" or node.input[0] not in inits or node.output[0] in outputs:
+            continue
+        uses = readers.get(node.output[0], [])
+        weight_uses = [(n, k) for n, k in uses if n.op_type in ("MatMul", "Gemm") and k == 1 and wanted(n)]
+        if not weight_uses:
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        name = node.output[0] if len(weight_uses) == len(uses) else f"{node.output[0]}_weight"
+        value = numpy_helper.to_array(inits[node.input[0]]).transpose(perm).copy()
+        graph.initializer.append(numpy_helper.from_array(value, name))
+        for reader, k in weight_uses:
+            reader.input[k] = name
+        untied += len(weight_uses)
+        if len(weight_uses) == len(uses):
+            dropped.append(node)
+    for node in dropped:
+        graph.node.remove(node)
+    if untied:
+        logger.info("qnn backend: %d MatMul/Gemm weight(s) read through a Transpose given weights of their own", untied)
+    return untied
 
 
 _WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1, "Gather": 0}
