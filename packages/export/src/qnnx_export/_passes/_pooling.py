@@ -1,0 +1,198 @@
+"""Average pooling that HTP computes wrongly, rewritten into windows it averages right."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_clikit import htp_averages_wrongly
+from qnnx_export._naming import UniqueNames
+from qnnx_export._passes import _graph
+from qnnx_export._passes._base import QnnPass, register
+
+__all__ = ["AvgPoolDropUnusedCountIncludePad", "AvgPoolWholeWindows"]
+
+
+# ----------------------------------------------------------------- AveragePool count_include_pad without pads
+
+
+@register(order=80)
+class AvgPoolDropUnusedCountIncludePad(QnnPass):
+    """Clear ``count_include_pad`` on an AveragePool that has no padding and no ceil_mode (it changes nothing there).
+
+    PyTorch's ``avg_pool*d`` defaults to ``count_include_pad=True``, and both exporters write the flag even without
+    padding. QNN HTP then averages wrongly at rank 5 when a window is left over at the end of an axis
+    (``avg_pool3d(x[2, 3, 3, 4, 4], 2)``: 0.45 of the output's scale off; onnxruntime-qnn 2.7.0), while the same
+    pool without the flag is right. With zero pads no window ever holds a padded element, so the rewrite is exact.
+    """
+
+    name = "avgpool_count_include_pad"
+    defect = "AveragePool with count_include_pad=1 is wrong on QNN HTP at rank 5 even without padding"
+
+    @staticmethod
+    def _matches(graph: ir.Graph) -> list[ir.Node]:
+        found = []
+        for n in graph:
+            if not _graph.is_op(n, "AveragePool"):
+                continue
+            # mypy binds onnx_ir's TypeVar default from the `or`'s bool context; the int default is right.
+            if not n.attributes.get_int("count_include_pad", 0) or n.attributes.get_int("ceil_mode", 0):  # type: ignore[arg-type]
+                continue
+            if n.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+                continue
+            pads = n.attributes.get_ints("pads", None)
+            if pads is None or not any(pads):
+                found.append(n)
+        return found
+
+    def find_defects(self, graph: ir.Graph) -> list[str]:
+        return [n.name or "AveragePool" for n in self._matches(graph)]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        nodes = self._matches(graph)
+        for node in nodes:
+            node.attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 0)
+        return bool(nodes)
+
+
+# ----------------------------------------------------- AveragePool windows HTP averages wrongly, made whole
+
+
+@dataclass(frozen=True)
+class PoolWindows:
+    """How :class:`AvgPoolWholeWindows` writes one AveragePool: the zero padding before and after each spatial axis
+    (after: the node's end pad plus the ceil overhang), and ``scale``, kernel area / the node's divisor at each
+    output position (float64, the output's spatial shape)."""
+
+    begin: tuple[int, ...]
+    end: tuple[int, ...]
+    scale: np.ndarray
+
+
+def _pool_axis(size: int, k: int, s: int, before: int, after: int, ceil: bool, count_pad: bool) -> np.ndarray | None:
+    """kernel / divisor for each window along one axis, with ONNX Runtime's windows: under ceil_mode a last window
+    that would start in the end padding (or past it) is dropped, as PyTorch does; the divisor counts the window's
+    input elements, or with ``count_pad`` its elements inside the padded axis (not the ceil overhang past it).
+    None when the node is invalid there (a pad of the kernel or more, or a padded axis shorter than the kernel),
+    which ONNX Runtime refuses: left alone."""
+    span = size + before + after - k
+    if span < 0 or before >= k or after >= k:
+        return None
+    count = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (count - 1) * s >= size + before:
+        count -= 1
+    starts = np.arange(count) * s - before
+    ends = starts + k
+    # A window starts at or after -before and (dropped windows aside) before the end of the input.
+    high = np.minimum(ends, size + after if count_pad else size)
+    low = starts if count_pad else np.maximum(starts, 0)
+    return k / (high - low).astype(np.float64)
+
+
+@register(order=85)
+class AvgPoolWholeWindows(QnnPass):
+    """Write an AveragePool that QNN HTP averages wrongly (a ceil_mode window hanging over the end, count_include_pad
+    with padding or at rank 5, a pad of half the kernel or more) as zeros joined on with ``Concat``, an AveragePool
+    whose windows are all whole (no pads, no ceil_mode, count_include_pad=0) and a ``Mul`` by kernel area / the
+    node's divisor.
+
+    The zeros are the node's pads and, at the end, the ceil overhang, so every output window lies inside the padded
+    tensor and the pool divides by the kernel area; the constant factor (``[1, 1, *output spatial shape]``, in the
+    input's dtype) turns that into the node's own divisor: the input elements in the window, or with
+    count_include_pad those inside the padded input. Under ceil_mode a window that would start in the end padding
+    is dropped, as ONNX Runtime and PyTorch do. Not a ``Pad``: ONNX Runtime's optimizer folds a zero Pad into the
+    pool as pads with count_include_pad=1, a defect again (wrong on HTP in 39 of 220 measured shapes, up to 1.7e5
+    of the scale). EfficientNet-style ``AvgPool2d(3, 2, padding=1, ceil_mode=True)`` then runs wholly on HTP
+    (1.0 of the scale off before, 6.2e-4 after). Exact on the CPU EP up to the factor's rounding (float32: 1.1e-7
+    of the scale measured; fp16: one rounding). Static shapes only; dilations and auto_pad are left as they are.
+    """
+
+    name = "avgpool_whole_windows"
+    defect = (
+        "QNN HTP averages wrongly over a ceil_mode window hanging over the end, with count_include_pad and padding "
+        "(or at rank 5), and with a pad of half the kernel or more (0.21-1.1 of the output's scale off, or a wrong "
+        "shape)"
+    )
+
+    def match(self, node: ir.Node) -> PoolWindows | None:
+        """How to write an AveragePool HTP gets wrong (static shapes, no dilation, explicit pads), or None."""
+        x = _graph.op_input(node, "AveragePool")
+        shape = _graph.static_shape(x)
+        kernel = list(node.attributes.get_ints("kernel_shape", ()))
+        spatial = len(kernel)
+        if x is None or shape is None or spatial == 0 or len(shape) != spatial + 2:
+            return None
+        if node.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+            return None
+        if any(d != 1 for d in node.attributes.get_ints("dilations", ())):
+            return None
+        strides = list(node.attributes.get_ints("strides", ()) or [1] * spatial)
+        pads = list(node.attributes.get_ints("pads", ()) or [0] * (2 * spatial))
+        ceil = bool(node.attributes.get_int("ceil_mode", 0))
+        count_pad = bool(node.attributes.get_int("count_include_pad", 0))
+        if len(strides) != spatial or len(pads) != 2 * spatial or min(strides) < 1 or min(pads) < 0:
+            return None
+        if not htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=count_pad):
+            return None
+        axes = []
+        for a in range(spatial):
+            ratio = _pool_axis(shape[a + 2], kernel[a], strides[a], pads[a], pads[a + spatial], ceil, count_pad)
+            if ratio is None:
+                return None
+            axes.append(ratio)
+        out = tuple(len(r) for r in axes)
+        declared = _graph.static_shape(node.outputs[0])
+        if declared is not None and declared != shape[:2] + out:
+            return None  # a declared shape that is not ONNX Runtime's: leave the node to the checker
+        scale = functools.reduce(np.multiply.outer, axes)
+        # The last window ends where the padded axis ends (or before, when the stride skips elements at the end).
+        end = tuple(
+            max(pads[a + spatial], (out[a] - 1) * strides[a] + kernel[a] - shape[a + 2] - pads[a])
+            for a in range(spatial)
+        )
+        return PoolWindows(tuple(pads[:spatial]), end, scale)
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def whole(names: UniqueNames, node: ir.Node, plan: PoolWindows) -> tuple[list[ir.Node], ir.Value]:
+            x = cast(ir.Value, node.inputs[0])
+            shape = cast(tuple[int, ...], _graph.static_shape(x))
+            dtype = x.dtype
+            np_dtype = cast(ir.DataType, dtype).numpy()
+            nodes: list[ir.Node] = []
+            # Zeros joined on with Concat, axis by axis: ONNX Runtime's PadFusion would fold a Pad back into the
+            # pool as pads with count_include_pad=1 (a defect again), and HTP folds nothing into a Concat.
+            for axis, (before, after) in enumerate(zip(plan.begin, plan.end, strict=True), start=2):
+                if not before and not after:
+                    continue
+                head, tail = (
+                    _graph.add_initializer(
+                        graph,
+                        names("zeros"),
+                        np.zeros([size if d == axis else n for d, n in enumerate(shape)], np_dtype),
+                    )
+                    if size
+                    else None
+                    for size in (before, after)
+                )
+                inputs = [v for v in (head, x, tail) if v is not None]
+                shape = tuple(n + before + after if d == axis else n for d, n in enumerate(shape))
+                padded = _graph.new_value(names("padded"), dtype, shape)
+                nodes.append(ir.Node("", "Concat", inputs, attributes=[ir.AttrInt64("axis", axis)], outputs=[padded]))
+                x = padded
+            kernel = node.attributes.get_ints("kernel_shape", ())
+            strides = node.attributes.get_ints("strides", ()) or [1] * len(kernel)
+            pooled = _graph.new_value(names("pooled"), dtype, shape[:2] + plan.scale.shape)
+            attrs = [ir.AttrInt64s("kernel_shape", list(kernel)), ir.AttrInt64s("strides", list(strides))]
+            nodes.append(ir.Node("", "AveragePool", [x], attributes=attrs, outputs=[pooled]))
+            if np.all(plan.scale == 1.0):
+                return nodes, pooled
+            factor = _graph.add_initializer(graph, names("divisor"), plan.scale.astype(np_dtype)[None, None])
+            out = _graph.new_value(names("out"), dtype, shape[:2] + plan.scale.shape)
+            nodes.append(ir.Node("", "Mul", [pooled, factor], outputs=[out]))
+            return nodes, out
+
+        return self.replace_matched(graph, "qnnx_avgpool", whole)
