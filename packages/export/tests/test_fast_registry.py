@@ -198,6 +198,7 @@ EXAMPLES: dict[str, _Example] = {
         lambda x: aten.replication_pad3d.default(x, [1, 0, 2, 1, 0, 1]), (1, 2, 3, 4, 2)
     ),
     "aten.cumprod.default": _ex(lambda x: aten.cumprod.default(x, 1), (2, 5, 3)),
+    "aten.logcumsumexp.default": _ex(lambda x: aten.logcumsumexp.default(x, 1), (2, 5, 3)),
     "aten.aminmax.default": _ex(lambda x: (aten.aminmax.default(x)[0], aten.aminmax.default(x, dim=1)[1]), (2, 5, 3)),
     # indexing
     "aten.select.int": _ex(lambda x: aten.select.int(x, 1, -1), _X),
