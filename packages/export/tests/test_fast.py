@@ -1094,6 +1094,54 @@ def test_logcumsumexp_over_a_large_spread_runs_on_qnn_htp() -> None:
     assert "logcumsumexp" in (long.exported[0].fast_path_declined or "")
 
 
+def _with_nans(shape: list[int], seed: int, scale: float = 1.0) -> torch.Tensor:
+    """Gaussian values times ``scale`` with about a third of them NaN."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * scale
+    return x.masked_fill(torch.rand(shape, generator=g) < 0.3, float("nan"))
+
+
+@settings(max_examples=20, deadline=None)
+@given(a=st.lists(st.integers(1, 4), max_size=3), b=st.lists(st.integers(1, 4), max_size=3), seed=seeds())
+def test_fmax_fmin_ignore_nans_like_eager(a: list[int], b: list[int], seed: int) -> None:
+    """fmax and fmin of broadcast operands with NaNs give the other operand where one is NaN and NaN only where
+    both are, exactly as eager (on ONNX Runtime's CPU EP)."""
+    try:
+        torch.broadcast_shapes(a, b)
+    except RuntimeError:
+        return
+    x, y = _with_nans(a, seed), _with_nans(b, seed + 1)
+    for fn in (torch.fmax, torch.fmin):
+        ref = fn(x, y)
+        out = compile_and_run(fn, (x, y), Capture(cpu_session, FAST))
+        assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out[~ref.isnan()], ref[~ref.isnan()])
+
+
+@settings(max_examples=20, deadline=None)
+@given(a=st.lists(st.integers(1, 4), max_size=3), seed=seeds(), scale=st.sampled_from([1e-3, 1.0, 1e3, 3e4]))
+def test_hypot_matches_eager_at_any_scale(a: list[int], seed: int, scale: float) -> None:
+    """hypot (scaled by the larger magnitude, zeros included) equals eager from 1e-3 to 3e4, where the plain sum
+    of squares would overflow float16."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(a, generator=g) * scale, torch.randn(a, generator=g) * scale
+    if x.numel():
+        x.view(-1)[0], y.view(-1)[0] = 0.0, 0.0
+    _check_fast(torch.hypot, x, y, tol=1e-6)
+
+
+def test_fmax_and_hypot_run_on_qnn_htp() -> None:
+    """fmax with a NaN in one operand gives the other on the HTP simulator, and hypot of values up to 2000 stays
+    within fp16 error (a sum of squares would saturate at 65504)."""
+    nan = float("nan")
+    x, y = torch.tensor([1.0, nan, -2.0, 0.5]), torch.tensor([nan, 3.0, -1.0, -0.5])
+    backend = Capture(qnn_session)
+    out = compile_and_run(torch.fmax, (x, y), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, torch.tensor([1.0, 3.0, -1.0, 0.5])) <= 2e-3
+    a, b = torch.tensor([300.0, 1000.0, 0.0, -3.0]), torch.tensor([400.0, -2000.0, 0.0, 4.0])
+    assert rel_err(compile_and_run(torch.hypot, (a, b), Capture(qnn_session)), torch.hypot(a, b)) <= 2e-3
+
+
 @settings(max_examples=15, deadline=None)
 @given(dims=st.lists(st.integers(1, 5), max_size=4), data=st.data(), seed=seeds())
 def test_aminmax_over_any_axis_or_all_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:

@@ -90,6 +90,9 @@ EXAMPLES: dict[str, _Example] = {
     "aten.div.Tensor": _ex(lambda x, y: aten.div.Tensor(x, y), _X, _positive(3, 4)),
     "aten.div.Scalar": _ex(lambda x: aten.div.Scalar(x, 4.0), _X),
     "aten.div.Tensor_mode": _ex(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode=None), _X, _positive(4)),
+    "aten.fmax.default": _ex(lambda x, y: aten.fmax.default(x, y), _X, (1, 4)),
+    "aten.fmin.default": _ex(lambda x, y: aten.fmin.default(x, y), _X, _X),
+    "aten.hypot.default": _ex(lambda x, y: aten.hypot.default(x, y), _X, (1, 4)),
     "aten.maximum.default": _ex(lambda x, y: aten.maximum.default(x, y), _X, _X),
     "aten.minimum.default": _ex(lambda x, y: aten.minimum.default(x, y), _X, (1, 4)),
     "aten.pow.Tensor_Scalar": _ex(

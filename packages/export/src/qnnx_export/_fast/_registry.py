@@ -43,6 +43,7 @@ OP_MODULES = (
     "_ops_unary",
     "_ops_reduction",
     "_ops_scan",
+    "_ops_pairwise",
     "_ops_shape",
     "_ops_index",
     "_ops_linalg",
