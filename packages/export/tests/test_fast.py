@@ -1142,6 +1142,48 @@ def test_fmax_and_hypot_run_on_qnn_htp() -> None:
     assert rel_err(compile_and_run(torch.hypot, (a, b), Capture(qnn_session)), torch.hypot(a, b)) <= 2e-3
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 5), max_size=3),
+    data=st.data(),
+    seed=seeds(),
+    reduce=st.sampled_from(["mean", "amax", "amin"]),
+    include_self=st.booleans(),
+)
+def test_index_reduce_matches_eager(
+    dims: list[int], data: st.DataObject, seed: int, reduce: str, include_self: bool
+) -> None:
+    """index_reduce (mean, amax, amin; with or without the input's own values) along any axis of a rank 0-3
+    tensor, with repeated and missing indices, equals eager: matched rows reduce the source, the others keep their
+    values."""
+    g = torch.Generator().manual_seed(seed)
+    dim = data.draw(st.integers(-max(len(dims), 1), max(len(dims), 1) - 1))
+    x = torch.randn(dims, generator=g)
+    rows = dims[dim] if dims else 1
+    k = data.draw(st.integers(1, 6))
+    index = torch.randint(0, rows, (k,), generator=g)
+    source_shape = list(dims)
+    if dims:
+        source_shape[dim] = k
+    source = torch.randn(source_shape, generator=g) if dims else torch.randn((), generator=g)
+    if not dims and k != 1:
+        return  # a 0-d input takes one index
+    _check_fast(lambda a, i, s: a.index_reduce(dim, i, s, reduce, include_self=include_self), x, index, source)
+
+
+def test_index_reduce_runs_on_qnn_htp_and_declines_prod() -> None:
+    """index_reduce's amax with repeated indices runs wholly on the HTP simulator; prod is left to PyTorch's
+    exporters (the translator declines it, naming the reason)."""
+    x, index, source = torch.randn(6, 4), torch.tensor([0, 2, 2, 5, 0]), torch.randn(5, 4)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda a, i, s: a.index_reduce(0, i, s, "amax"), (x, index, source), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, x.index_reduce(0, index, source, "amax")) <= 2e-3
+    cap = only(capture(lambda a, i, s: a.index_reduce(0, i, s, "prod"), x, index, source)[0])
+    with pytest.raises(ExportError, match="prod"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+
+
 @settings(max_examples=15, deadline=None)
 @given(dims=st.lists(st.integers(1, 5), max_size=4), data=st.data(), seed=seeds())
 def test_aminmax_over_any_axis_or_all_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:

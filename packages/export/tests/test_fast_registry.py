@@ -210,6 +210,12 @@ EXAMPLES: dict[str, _Example] = {
     "aten.index_select.default": _ex(lambda x, i: aten.index_select.default(x, 1, i), (3, 6), _ints(4, high=6)),
     "aten.index.Tensor": _ex(lambda x, i: aten.index.Tensor(x, [None, i]), (3, 6), _ints(2, 2, high=6)),
     # KV-cache writes: distinct positions (duplicates are undefined in PyTorch too)
+    "aten.index_reduce.default": _ex(
+        lambda x, i, s: aten.index_reduce.default(x, 1, i, s, "amax", include_self=False),
+        (2, 6, 3),
+        _ints(4, high=6),
+        (2, 4, 3),
+    ),
     "aten.index_copy.default": _ex(
         lambda x, i, s: aten.index_copy.default(x, 1, i, s), (2, 6, 3), lambda: torch.randperm(6)[:2], (2, 2, 3)
     ),

@@ -44,6 +44,7 @@ OP_MODULES = (
     "_ops_reduction",
     "_ops_scan",
     "_ops_pairwise",
+    "_ops_reduce_into",
     "_ops_shape",
     "_ops_index",
     "_ops_linalg",
