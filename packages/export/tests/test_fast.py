@@ -1184,6 +1184,30 @@ def test_index_reduce_runs_on_qnn_htp_and_declines_prod() -> None:
         qe.export(cap.gm, cap.example_inputs, options=FAST)
 
 
+@settings(max_examples=20, deadline=None)
+@given(dims=st.lists(st.integers(1, 6), max_size=3), data=st.data(), seed=seeds())
+def test_median_values_match_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """median over every element, and its values along any axis (keepdim or not), of a rank 0-3 tensor with
+    repeated values equal eager exactly (the lower median of an even count)."""
+    x = torch.randint(-3, 4, dims, generator=torch.Generator().manual_seed(seed)).float()
+    dim = data.draw(st.integers(-max(len(dims), 1), max(len(dims), 1) - 1))
+    keepdim = data.draw(st.booleans())
+    _check_fast(lambda t: (torch.median(t), torch.median(t, dim, keepdim=keepdim).values * 1), x, tol=0.0)
+
+
+def test_median_indices_decline_unless_one_position() -> None:
+    """median(x, dim)'s indices are left to PyTorch's exporters (float16 can make distinct values equal on HTP),
+    except along an axis of one position, where they are 0; nanmedian of several values is declined too."""
+    cap = only(capture(lambda t: torch.median(t, 1), torch.randn(3, 4))[0])
+    with pytest.raises(ExportError, match="indices"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+    cap = only(capture(lambda t: torch.nanmedian(t), torch.randn(3, 4))[0])
+    with pytest.raises(ExportError, match="NaN"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+    _check_fast(lambda t: torch.median(t, 1), torch.randn(3, 1, 2), tol=0.0)
+    _check_fast(lambda t: torch.nanmedian(t, 0, keepdim=True), torch.tensor(2.5), tol=0.0)
+
+
 @settings(max_examples=15, deadline=None)
 @given(dims=st.lists(st.integers(1, 5), max_size=4), data=st.data(), seed=seeds())
 def test_aminmax_over_any_axis_or_all_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:

@@ -210,6 +210,10 @@ EXAMPLES: dict[str, _Example] = {
     "aten.index_select.default": _ex(lambda x, i: aten.index_select.default(x, 1, i), (3, 6), _ints(4, high=6)),
     "aten.index.Tensor": _ex(lambda x, i: aten.index.Tensor(x, [None, i]), (3, 6), _ints(2, 2, high=6)),
     # KV-cache writes: distinct positions (duplicates are undefined in PyTorch too)
+    "aten.median.default": _ex(lambda x: aten.median.default(x), (3, 5)),
+    "aten.median.dim": _ex(lambda x: (*_items(aten.median.dim(x, 1), 2), aten.median.dim(x, 0)[0]), (3, 1)),
+    "aten.nanmedian.default": _ex(lambda x: aten.nanmedian.default(x), (1, 1)),
+    "aten.nanmedian.dim": _ex(lambda x: _items(aten.nanmedian.dim(x, 0, True), 2), (1, 4)),
     "aten.index_reduce.default": _ex(
         lambda x, i, s: aten.index_reduce.default(x, 1, i, s, "amax", include_self=False),
         (2, 6, 3),

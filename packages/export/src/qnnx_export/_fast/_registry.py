@@ -45,6 +45,7 @@ OP_MODULES = (
     "_ops_scan",
     "_ops_pairwise",
     "_ops_reduce_into",
+    "_ops_median",
     "_ops_shape",
     "_ops_index",
     "_ops_linalg",
