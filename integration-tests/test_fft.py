@@ -76,3 +76,12 @@ def test_long_transform_keeps_fp16_accuracy() -> None:
     with torch.no_grad():
         ref = torch.fft.rfft(x)
     assert_close_fp16(_parts(_on_qnn(torch.fft.rfft, x)), _parts(ref), rel=1e-3, cos=0.99999)
+
+
+def test_complex_output_beyond_float16_is_refused() -> None:
+    """A spectrum whose real part eager computes beyond float16's range (the sum of 128 values of 1000) is refused
+    for the NPU by the output range check, which reads a complex output's parts, instead of coming back saturated."""
+    x = torch.full((2, 128), 1000.0)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.raises(Exception, match="65504"):
+        torch.compile(torch.fft.rfft, backend="qnn", options=NPU_STRICT)(x)
