@@ -1184,6 +1184,49 @@ def test_index_reduce_runs_on_qnn_htp_and_declines_prod() -> None:
         qe.export(cap.gm, cap.example_inputs, options=FAST)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    data=st.data(),
+    seed=seeds(),
+    reduce=st.sampled_from(["sum", "mean", "amax", "amin"]),
+    include_self=st.booleans(),
+)
+def test_scatter_reduce_matches_eager(
+    dims: list[int], data: st.DataObject, seed: int, reduce: str, include_self: bool
+) -> None:
+    """scatter_reduce (sum, mean, amax, amin; with or without the input's own values) along any axis of a rank 1-3
+    tensor, with an index smaller than the input and the source, repeated and missing positions, equals eager."""
+    g = torch.Generator().manual_seed(seed)
+    dim = data.draw(st.integers(-len(dims), len(dims) - 1))
+    index_shape = [
+        data.draw(st.integers(1, d + 1)) if i == dim % len(dims) else data.draw(st.integers(1, d))
+        for i, d in enumerate(dims)
+    ]
+    source_shape = [s + data.draw(st.integers(0, 1)) for s in index_shape]
+    x, source = torch.randn(dims, generator=g), torch.randn(source_shape, generator=g)
+    index = torch.randint(0, dims[dim], index_shape, generator=g)
+    _check_fast(lambda a, i, s: a.scatter_reduce(dim, i, s, reduce, include_self=include_self), x, index, source)
+
+
+def test_scatter_add_runs_on_qnn_htp_and_declines_products() -> None:
+    """scatter_add along the last axis with an index narrower than the input runs wholly on the HTP simulator;
+    scatter with reduce="multiply" is left to PyTorch's exporters (named)."""
+    g = torch.Generator().manual_seed(0)
+    x, source, index = (
+        torch.randn(10, 5, generator=g),
+        torch.randn(5, 5, generator=g),
+        torch.randint(0, 5, (3, 2), generator=g),
+    )
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda a, i, s: a.scatter_add(-1, i, s), (x, index, source), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, x.scatter_add(-1, index, source)) <= 2e-3
+    cap = only(capture(lambda a, i, s: a.scatter(0, i, s, reduce="multiply"), x, index, source)[0])
+    with pytest.raises(ExportError, match="multiply"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+
+
 @settings(max_examples=20, deadline=None)
 @given(dims=st.lists(st.integers(1, 6), max_size=3), data=st.data(), seed=seeds())
 def test_median_values_match_eager(dims: list[int], data: st.DataObject, seed: int) -> None:

@@ -214,6 +214,15 @@ EXAMPLES: dict[str, _Example] = {
     "aten.median.dim": _ex(lambda x: (*_items(aten.median.dim(x, 1), 2), aten.median.dim(x, 0)[0]), (3, 1)),
     "aten.nanmedian.default": _ex(lambda x: aten.nanmedian.default(x), (1, 1)),
     "aten.nanmedian.dim": _ex(lambda x: _items(aten.nanmedian.dim(x, 0, True), 2), (1, 4)),
+    "aten.scatter_add.default": _ex(
+        lambda x, i, s: aten.scatter_add.default(x, 1, i, s), (3, 6), _ints(2, 4, high=6), (3, 5)
+    ),
+    "aten.scatter_reduce.two": _ex(
+        lambda x, i, s: aten.scatter_reduce.two(x, 0, i, s, "mean", include_self=False), (4, 3), _ints(5, 3), (5, 3)
+    ),
+    "aten.scatter.reduce": _ex(
+        lambda x, i, s: aten.scatter.reduce(x, 0, i, s, reduce="add"), (4, 3), _ints(2, 3), (2, 3)
+    ),
     "aten.index_reduce.default": _ex(
         lambda x, i, s: aten.index_reduce.default(x, 1, i, s, "amax", include_self=False),
         (2, 6, 3),
