@@ -12,10 +12,14 @@ eager's values up to float rounding (``polar``'s cosine and sine are libm's; ATe
 product may fuse a multiply-add). A real operand takes part as ``x + 0i``, as PyTorch promotes it, so infinities
 and signed zeros come out as PyTorch's.
 
+Fourier transforms (``torch.fft.*``, ``torch.stft``) are MatMuls with constant matrices on the pairs (``_dft.py``).
+A complex64 element of the graph's output is returned as its real pair; the rewritten module's ``meta`` lists those
+positions (``COMPLEX_OUTPUTS``) and the export's signature rebuilds the complex tensor.
+
 An op on a complex value that is not in the table below (``_TABLE``) keeps the graph in PyTorch (:func:`refusal`
-names it): the rewrite never guesses. So do complex graph inputs and outputs; a complex parameter, buffer or
-constant, or a complex tensor the analysis classes as model state (an attribute or a global), is passed to the
-rewritten graph as its real pair.
+names it): the rewrite never guesses. So do complex graph inputs; a complex parameter, buffer or constant, or a
+complex tensor the analysis classes as model state (an attribute or a global), is passed to the rewritten graph as
+its real pair.
 """
 
 from __future__ import annotations

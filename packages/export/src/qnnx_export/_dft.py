@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 if TYPE_CHECKING:
     import torch
 
@@ -71,6 +73,7 @@ _REAL_OUT = ("irfft", "hfft")
 _REAL_IN = ("rfft", "ihfft")
 
 
+@attrs.frozen
 class DftStep:
     """One 1-D transform of a multi-axis one: ``torch.fft.<kind>(x, n=n, dim=dim, norm=norm)``.
 
@@ -82,13 +85,10 @@ class DftStep:
         norm: PyTorch's ``norm`` argument.
     """
 
-    __slots__ = ("dim", "kind", "n", "norm")
-
-    def __init__(self, kind: str, dim: int, n: int | None, norm: str | None) -> None:
-        self.kind, self.dim, self.n, self.norm = kind, dim, n, norm
-
-    def __repr__(self) -> str:
-        return f"DftStep({self.kind!r}, dim={self.dim}, n={self.n}, norm={self.norm!r})"
+    kind: str
+    dim: int
+    n: int | None
+    norm: str | None
 
     @property
     def complex_out(self) -> bool:
@@ -120,6 +120,7 @@ def _axis(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
+@attrs.frozen
 class DftCall:
     """A ``torch.fft`` call with its arguments made canonical.
 
@@ -130,10 +131,10 @@ class DftCall:
         norm: PyTorch's ``norm``.
     """
 
-    __slots__ = ("axes", "name", "norm", "sizes")
-
-    def __init__(self, name: str, axes: list[int], sizes: list[int | None], norm: str | None) -> None:
-        self.name, self.axes, self.sizes, self.norm = name, axes, sizes, norm
+    name: str
+    axes: tuple[int, ...]
+    sizes: tuple[int | None, ...]
+    norm: str | None
 
     @property
     def kind(self) -> str:
@@ -192,7 +193,7 @@ def parse_dft(name: str, rank: int, args: Sequence[Any], kwargs: dict[str, Any])
         n, dim = values["n"], values["dim"]
         if not (n is None or isinstance(n, int)) or not isinstance(dim, int):
             raise ValueError(f"{name} with n={n!r}, dim={dim!r} (constants are needed)")
-        return DftCall(name, [_axis(dim, rank)], [n], _norm(values["norm"]))
+        return DftCall(name, (_axis(dim, rank),), (n,), _norm(values["norm"]))
     two = name.endswith("2")
     keys = ("s", "dim", "norm")
     values = dict(zip(keys, (None, (-2, -1) if two else None, None), strict=True))
@@ -216,7 +217,7 @@ def parse_dft(name: str, rank: int, args: Sequence[Any], kwargs: dict[str, Any])
     if len(set(axes)) != len(axes) or not axes or (s is not None and len(s) != len(axes)):
         raise ValueError(f"{name} with s={s!r}, dim={dims!r}")
     sizes: list[int | None] = [None if s is None or s[i] == -1 else s[i] for i in range(len(axes))]
-    return DftCall(name, axes, sizes, norm)
+    return DftCall(name, tuple(axes), tuple(sizes), norm)
 
 
 def dft_matrix(step: DftStep, length: int, *, complex_in: bool) -> torch.Tensor:
