@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -22,3 +24,17 @@ def assert_close_fp16(got: torch.Tensor, ref: torch.Tensor, rel: float = 2e-2, c
     assert ref.abs().max() > 1e-2, "reference output is degenerate: the comparison would mean nothing"
     assert rel_error(got, ref) <= rel, f"max|err|/max|ref| = {rel_error(got, ref):.3g} > {rel}"
     assert cosine(got, ref) >= cos, f"cosine {cosine(got, ref):.6f} < {cos}"
+
+
+def on_qnn_strict(fn: object, *args: torch.Tensor, options: dict[str, object]) -> Any:
+    """``fn`` compiled with ``options`` (a strict NPU compile) and called once under no_grad; every graph must be
+    wholly on QNN (device npu, no CPU-EP node)."""
+    import qnnx_backend
+
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    with torch.no_grad():
+        out = torch.compile(fn, backend="qnn", options=options)(*args)
+    reports = list(qnnx_backend.compile_reports())
+    assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
+    return out

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from integration_helpers import assert_close_fp16
+from integration_helpers import assert_close_fp16, on_qnn_strict
 
 import qnnx_backend
 
@@ -41,13 +41,7 @@ class _ComplexRopeAttention(torch.nn.Module):
 
 def _on_qnn(fn: torch.nn.Module | object, *args: torch.Tensor) -> torch.Tensor:
     """``fn`` compiled for the NPU under strict=True and called once; every graph must be wholly on QNN."""
-    torch._dynamo.reset()
-    qnnx_backend.clear_compile_reports()
-    with torch.no_grad():
-        out = torch.compile(fn, backend="qnn", options=NPU_STRICT)(*args)
-    reports = list(qnnx_backend.compile_reports())
-    assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
-    return out
+    return on_qnn_strict(fn, *args, options=NPU_STRICT)
 
 
 def test_complex_rope_attention_runs_wholly_on_qnn() -> None:

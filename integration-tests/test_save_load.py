@@ -334,3 +334,29 @@ def test_strict_mismatch_in_the_torch_free_loader_names_the_fix(tmp_path: Path) 
     (tmp_path / "old.qnnx").write_bytes(_payload.pack_payload(stripped, [bytes(b) for b in blobs]))
     with pytest.raises(QnnDeviceError, match=r"onnxruntime-qnn '0.0.1'.*strict=False"):
         qnnx_backend.load_arrays(tmp_path / "old.qnnx")
+
+
+class _Spectrum(torch.nn.Module):
+    """Returns a complex tensor: the real pair comes back from QNN and is rebuilt as complex."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(x, norm="ortho")
+
+
+def test_a_saved_complex_output_comes_back_complex_with_and_without_torch(tmp_path: Path) -> None:
+    """A saved graph returning a complex64 spectrum gives the saved complex output from load() and, bit for bit,
+    from the torch-free load_arrays (numpy complex64)."""
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "spectrum.qnnx"
+    report = qnnx_backend.save(_Spectrum(), x, path, options=OPTIONS)
+    want = report.outputs
+    assert want.dtype == torch.complex64
+    torch.testing.assert_close(want, torch.fft.rfft(x, norm="ortho"), rtol=0, atol=5e-3)
+    _, outs = _load_in_child(path, (x,), {}, tmp_path)
+    assert outs[0].dtype == torch.complex64 and torch.equal(outs[0], want)
+    np.savez(tmp_path / "feed.npz", **{"args[0]": x.numpy()})
+    result = _run(_ARRAYS_CHILD, path, tmp_path / "feed.npz", tmp_path / "out.npz")
+    assert not result["torch_loaded"]
+    (name,) = result["outputs"]
+    got = np.load(tmp_path / "out.npz")[name]
+    assert got.dtype == np.complex64 and np.array_equal(got, want.numpy())

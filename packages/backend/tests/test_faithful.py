@@ -66,3 +66,22 @@ def test_the_export_check_leaves_values_beyond_float16_to_the_range_check(
     assert torch.equal(kept[beyond], ref[beyond]) and torch.equal(kept[~beyond], got[~beyond])
     if bool((~beyond).any()) and not torch.equal(got[~beyond], ref[~beyond]):
         assert compare_outputs([kept], [ref], RTOL_FP32) is not None
+
+
+@given(shapes(max_rank=3), seeds(), st.floats(1e-6, 1e-1))
+def test_complex_outputs_are_compared_part_by_part(shape: list[int], seed: int, rel: float) -> None:
+    """Complex outputs (a graph returning its real pair, rebuilt) are compared by their real and imaginary parts:
+    rounding noise agrees, an error in either part beyond the tolerance is reported (not an exact-equality
+    failure), and so is the fp16 accuracy guard's comparison."""
+    from qnnx_backend._compare import mismatch
+
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.complex(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) + 4.0
+    assert compare_outputs(ref * (1 + 1e-7), ref, RTOL_FP32) is None
+    assert mismatch(ref * (1 + 1e-7), ref, 2e-2, 0.999) is None
+    scale = float(torch.view_as_real(ref).abs().max())
+    bad = ref.clone()
+    bad.view(-1)[0] += 1j * (rel + 2 * RTOL_FP32) * scale
+    assert "off by" in compare_outputs(bad, ref, RTOL_FP32)
+    if rel > 3e-2:
+        assert "max|err|" in mismatch(bad, ref, 2e-2, 0.999)

@@ -326,14 +326,14 @@ def test_batchnorm_argument_computed_after_the_conv_is_not_folded() -> None:
 # --- declines ----------------------------------------------------------------------------------
 
 
-def _logcumsumexp(x: torch.Tensor) -> torch.Tensor:
-    return torch.logcumsumexp(x.relu(), dim=1) * 2
+def _roll(x: torch.Tensor) -> torch.Tensor:
+    return torch.roll(x.relu(), 2, dims=1) * 2
 
 
 @pytest.mark.parametrize(
     ("fn", "op"),
-    [(_logcumsumexp, "logcumsumexp"), (lambda x: torch.flip(x, [1]) + 1, "flip")],
-    ids=["logcumsumexp", "flip"],
+    [(_roll, "roll"), (lambda x: torch.flip(x, [1]) + 1, "flip")],
+    ids=["roll", "flip"],
 )
 def test_unsupported_op_falls_back_to_torch_onnx(fn: Callable[..., Any], op: str) -> None:
     """An op without a handler makes "auto" use torch.onnx, names the op, and still gives eager's result."""
@@ -348,11 +348,11 @@ def test_unsupported_op_falls_back_to_torch_onnx(fn: Callable[..., Any], op: str
 
 def test_unsupported_op_with_fast_exporter_raises() -> None:
     """exporter="fast" refuses a graph it cannot translate with an ExportError saying why and how to fix."""
-    cap = only(capture(_logcumsumexp, torch.randn(3, 5))[0])
+    cap = only(capture(_roll, torch.randn(3, 5))[0])
     with pytest.raises(ExportError) as info:
         qe.export(cap.gm, cap.example_inputs, options=FAST)
     message = str(info.value)
-    assert "logcumsumexp" in message and "exporter='auto'" in message and "torch.onnx" in message
+    assert "roll" in message and "exporter='auto'" in message and "torch.onnx" in message
 
 
 def test_maxpool_ceil_mode_declines() -> None:
@@ -1216,6 +1216,191 @@ def test_cumprod_runs_on_qnn_htp() -> None:
     out = compile_and_run(lambda t: torch.cumprod(t, 1), (x,), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3
+
+
+@settings(max_examples=15, deadline=None)
+@given(dims=st.lists(st.integers(1, 6), max_size=4), data=st.data(), seed=seeds())
+def test_logcumsumexp_along_any_axis_matches_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """logcumsumexp along any axis of a rank 0-4 tensor with values spread over [-50, 50] is the running maximum
+    plus the log of a masked sum of exponentials and equals eager within float32 rounding."""
+    dim = data.draw(st.integers(-1, len(dims) - 1)) if dims else 0
+    x = torch.rand(dims, generator=torch.Generator().manual_seed(seed)) * 100 - 50
+    _check_fast(lambda t: torch.logcumsumexp(t, dim), x, tol=1e-5)
+
+
+def test_logcumsumexp_over_a_large_spread_runs_on_qnn_htp() -> None:
+    """logcumsumexp of values uniform in [-50, 50] runs wholly on the HTP simulator within fp16 error at every
+    position (subtracting the axis' maximum, as torch.onnx does, left early positions 1.4-3.1% off); an axis longer
+    than the bound is declined."""
+    x = torch.rand(3, 40, 5, generator=torch.Generator().manual_seed(1)) * 100 - 50
+    ref = torch.logcumsumexp(x, 1)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda t: torch.logcumsumexp(t, 1), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert ((out - ref).abs() / ref.abs().max()).max() <= 2e-3
+    from qnnx_export._fast._ops_scan import MAX_SCAN_LENGTH
+
+    long = Capture(cpu_session)
+    compile_and_run(lambda t: torch.logcumsumexp(t, 0), (torch.randn(MAX_SCAN_LENGTH + 1),), long)
+    assert long.exported[0].exporter == "torch.onnx"
+    assert "logcumsumexp" in (long.exported[0].fast_path_declined or "")
+
+
+def _with_nans(shape: list[int], seed: int, scale: float = 1.0) -> torch.Tensor:
+    """Gaussian values times ``scale`` with about a third of them NaN."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * scale
+    return x.masked_fill(torch.rand(shape, generator=g) < 0.3, float("nan"))
+
+
+@settings(max_examples=20, deadline=None)
+@given(a=st.lists(st.integers(1, 4), max_size=3), b=st.lists(st.integers(1, 4), max_size=3), seed=seeds())
+def test_fmax_fmin_ignore_nans_like_eager(a: list[int], b: list[int], seed: int) -> None:
+    """fmax and fmin of broadcast operands with NaNs give the other operand where one is NaN and NaN only where
+    both are, exactly as eager (on ONNX Runtime's CPU EP)."""
+    try:
+        torch.broadcast_shapes(a, b)
+    except RuntimeError:
+        return
+    x, y = _with_nans(a, seed), _with_nans(b, seed + 1)
+    for fn in (torch.fmax, torch.fmin):
+        ref = fn(x, y)
+        out = compile_and_run(fn, (x, y), Capture(cpu_session, FAST))
+        assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out[~ref.isnan()], ref[~ref.isnan()])
+
+
+@settings(max_examples=20, deadline=None)
+@given(a=st.lists(st.integers(1, 4), max_size=3), seed=seeds(), scale=st.sampled_from([1e-3, 1.0, 1e3, 3e4]))
+def test_hypot_matches_eager_at_any_scale(a: list[int], seed: int, scale: float) -> None:
+    """hypot (scaled by the larger magnitude, zeros included) equals eager from 1e-3 to 3e4, where the plain sum
+    of squares would overflow float16."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(a, generator=g) * scale, torch.randn(a, generator=g) * scale
+    if x.numel():
+        x.view(-1)[0], y.view(-1)[0] = 0.0, 0.0
+    _check_fast(torch.hypot, x, y, tol=1e-6)
+
+
+def test_fmax_and_hypot_run_on_qnn_htp() -> None:
+    """fmax with a NaN in one operand gives the other on the HTP simulator, and hypot of values up to 2000 stays
+    within fp16 error (a sum of squares would saturate at 65504)."""
+    nan = float("nan")
+    x, y = torch.tensor([1.0, nan, -2.0, 0.5]), torch.tensor([nan, 3.0, -1.0, -0.5])
+    backend = Capture(qnn_session)
+    out = compile_and_run(torch.fmax, (x, y), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, torch.tensor([1.0, 3.0, -1.0, 0.5])) <= 2e-3
+    a, b = torch.tensor([300.0, 1000.0, 0.0, -3.0]), torch.tensor([400.0, -2000.0, 0.0, 4.0])
+    assert rel_err(compile_and_run(torch.hypot, (a, b), Capture(qnn_session)), torch.hypot(a, b)) <= 2e-3
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 5), max_size=3),
+    data=st.data(),
+    seed=seeds(),
+    reduce=st.sampled_from(["mean", "amax", "amin"]),
+    include_self=st.booleans(),
+)
+def test_index_reduce_matches_eager(
+    dims: list[int], data: st.DataObject, seed: int, reduce: str, include_self: bool
+) -> None:
+    """index_reduce (mean, amax, amin; with or without the input's own values) along any axis of a rank 0-3
+    tensor, with repeated and missing indices, equals eager: matched rows reduce the source, the others keep their
+    values."""
+    g = torch.Generator().manual_seed(seed)
+    dim = data.draw(st.integers(-max(len(dims), 1), max(len(dims), 1) - 1))
+    x = torch.randn(dims, generator=g)
+    rows = dims[dim] if dims else 1
+    k = data.draw(st.integers(1, 6))
+    index = torch.randint(0, rows, (k,), generator=g)
+    source_shape = list(dims)
+    if dims:
+        source_shape[dim] = k
+    source = torch.randn(source_shape, generator=g) if dims else torch.randn((), generator=g)
+    if not dims and k != 1:
+        return  # a 0-d input takes one index
+    _check_fast(lambda a, i, s: a.index_reduce(dim, i, s, reduce, include_self=include_self), x, index, source)
+
+
+def test_index_reduce_runs_on_qnn_htp_and_declines_prod() -> None:
+    """index_reduce's amax with repeated indices runs wholly on the HTP simulator; prod is left to PyTorch's
+    exporters (the translator declines it, naming the reason)."""
+    x, index, source = torch.randn(6, 4), torch.tensor([0, 2, 2, 5, 0]), torch.randn(5, 4)
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda a, i, s: a.index_reduce(0, i, s, "amax"), (x, index, source), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, x.index_reduce(0, index, source, "amax")) <= 2e-3
+    cap = only(capture(lambda a, i, s: a.index_reduce(0, i, s, "prod"), x, index, source)[0])
+    with pytest.raises(ExportError, match="prod"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    data=st.data(),
+    seed=seeds(),
+    reduce=st.sampled_from(["sum", "mean", "amax", "amin"]),
+    include_self=st.booleans(),
+)
+def test_scatter_reduce_matches_eager(
+    dims: list[int], data: st.DataObject, seed: int, reduce: str, include_self: bool
+) -> None:
+    """scatter_reduce (sum, mean, amax, amin; with or without the input's own values) along any axis of a rank 1-3
+    tensor, with an index smaller than the input and the source, repeated and missing positions, equals eager."""
+    g = torch.Generator().manual_seed(seed)
+    dim = data.draw(st.integers(-len(dims), len(dims) - 1))
+    index_shape = [
+        data.draw(st.integers(1, d + 1)) if i == dim % len(dims) else data.draw(st.integers(1, d))
+        for i, d in enumerate(dims)
+    ]
+    source_shape = [s + data.draw(st.integers(0, 1)) for s in index_shape]
+    x, source = torch.randn(dims, generator=g), torch.randn(source_shape, generator=g)
+    index = torch.randint(0, dims[dim], index_shape, generator=g)
+    _check_fast(lambda a, i, s: a.scatter_reduce(dim, i, s, reduce, include_self=include_self), x, index, source)
+
+
+def test_scatter_add_runs_on_qnn_htp_and_declines_products() -> None:
+    """scatter_add along the last axis with an index narrower than the input runs wholly on the HTP simulator;
+    scatter with reduce="multiply" is left to PyTorch's exporters (named)."""
+    g = torch.Generator().manual_seed(0)
+    x, source, index = (
+        torch.randn(10, 5, generator=g),
+        torch.randn(5, 5, generator=g),
+        torch.randint(0, 5, (3, 2), generator=g),
+    )
+    backend = Capture(qnn_session)
+    out = compile_and_run(lambda a, i, s: a.scatter_add(-1, i, s), (x, index, source), backend)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out, x.scatter_add(-1, index, source)) <= 2e-3
+    cap = only(capture(lambda a, i, s: a.scatter(0, i, s, reduce="multiply"), x, index, source)[0])
+    with pytest.raises(ExportError, match="multiply"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+
+
+@settings(max_examples=20, deadline=None)
+@given(dims=st.lists(st.integers(1, 6), max_size=3), data=st.data(), seed=seeds())
+def test_median_values_match_eager(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """median over every element, and its values along any axis (keepdim or not), of a rank 0-3 tensor with
+    repeated values equal eager exactly (the lower median of an even count)."""
+    x = torch.randint(-3, 4, dims, generator=torch.Generator().manual_seed(seed)).float()
+    dim = data.draw(st.integers(-max(len(dims), 1), max(len(dims), 1) - 1))
+    keepdim = data.draw(st.booleans())
+    _check_fast(lambda t: (torch.median(t), torch.median(t, dim, keepdim=keepdim).values * 1), x, tol=0.0)
+
+
+def test_median_indices_decline_unless_one_position() -> None:
+    """median(x, dim)'s indices are left to PyTorch's exporters (float16 can make distinct values equal on HTP),
+    except along an axis of one position, where they are 0; nanmedian of several values is declined too."""
+    cap = only(capture(lambda t: torch.median(t, 1), torch.randn(3, 4))[0])
+    with pytest.raises(ExportError, match="indices"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+    cap = only(capture(lambda t: torch.nanmedian(t), torch.randn(3, 4))[0])
+    with pytest.raises(ExportError, match="NaN"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+    _check_fast(lambda t: torch.median(t, 1), torch.randn(3, 1, 2), tol=0.0)
+    _check_fast(lambda t: torch.nanmedian(t, 0, keepdim=True), torch.tensor(2.5), tol=0.0)
 
 
 @settings(max_examples=15, deadline=None)

@@ -90,6 +90,9 @@ EXAMPLES: dict[str, _Example] = {
     "aten.div.Tensor": _ex(lambda x, y: aten.div.Tensor(x, y), _X, _positive(3, 4)),
     "aten.div.Scalar": _ex(lambda x: aten.div.Scalar(x, 4.0), _X),
     "aten.div.Tensor_mode": _ex(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode=None), _X, _positive(4)),
+    "aten.fmax.default": _ex(lambda x, y: aten.fmax.default(x, y), _X, (1, 4)),
+    "aten.fmin.default": _ex(lambda x, y: aten.fmin.default(x, y), _X, _X),
+    "aten.hypot.default": _ex(lambda x, y: aten.hypot.default(x, y), _X, (1, 4)),
     "aten.maximum.default": _ex(lambda x, y: aten.maximum.default(x, y), _X, _X),
     "aten.minimum.default": _ex(lambda x, y: aten.minimum.default(x, y), _X, (1, 4)),
     "aten.pow.Tensor_Scalar": _ex(
@@ -201,6 +204,7 @@ EXAMPLES: dict[str, _Example] = {
         lambda x: aten.replication_pad3d.default(x, [1, 0, 2, 1, 0, 1]), (1, 2, 3, 4, 2)
     ),
     "aten.cumprod.default": _ex(lambda x: aten.cumprod.default(x, 1), (2, 5, 3)),
+    "aten.logcumsumexp.default": _ex(lambda x: aten.logcumsumexp.default(x, 1), (2, 5, 3)),
     "aten.aminmax.default": _ex(lambda x: (aten.aminmax.default(x)[0], aten.aminmax.default(x, dim=1)[1]), (2, 5, 3)),
     # indexing
     "aten.select.int": _ex(lambda x: aten.select.int(x, 1, -1), _X),
@@ -209,6 +213,25 @@ EXAMPLES: dict[str, _Example] = {
     "aten.index_select.default": _ex(lambda x, i: aten.index_select.default(x, 1, i), (3, 6), _ints(4, high=6)),
     "aten.index.Tensor": _ex(lambda x, i: aten.index.Tensor(x, [None, i]), (3, 6), _ints(2, 2, high=6)),
     # KV-cache writes: distinct positions (duplicates are undefined in PyTorch too)
+    "aten.median.default": _ex(lambda x: aten.median.default(x), (3, 5)),
+    "aten.median.dim": _ex(lambda x: (*_items(aten.median.dim(x, 1), 2), aten.median.dim(x, 0)[0]), (3, 1)),
+    "aten.nanmedian.default": _ex(lambda x: aten.nanmedian.default(x), (1, 1)),
+    "aten.nanmedian.dim": _ex(lambda x: _items(aten.nanmedian.dim(x, 0, True), 2), (1, 4)),
+    "aten.scatter_add.default": _ex(
+        lambda x, i, s: aten.scatter_add.default(x, 1, i, s), (3, 6), _ints(2, 4, high=6), (3, 5)
+    ),
+    "aten.scatter_reduce.two": _ex(
+        lambda x, i, s: aten.scatter_reduce.two(x, 0, i, s, "mean", include_self=False), (4, 3), _ints(5, 3), (5, 3)
+    ),
+    "aten.scatter.reduce": _ex(
+        lambda x, i, s: aten.scatter.reduce(x, 0, i, s, reduce="add"), (4, 3), _ints(2, 3), (2, 3)
+    ),
+    "aten.index_reduce.default": _ex(
+        lambda x, i, s: aten.index_reduce.default(x, 1, i, s, "amax", include_self=False),
+        (2, 6, 3),
+        _ints(4, high=6),
+        (2, 4, 3),
+    ),
     "aten.index_copy.default": _ex(
         lambda x, i, s: aten.index_copy.default(x, 1, i, s), (2, 6, 3), lambda: torch.randperm(6)[:2], (2, 2, 3)
     ),

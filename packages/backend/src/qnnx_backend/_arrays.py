@@ -165,11 +165,15 @@ class ArrayModel:
                     )
             feed[spec["name"]] = array.astype(spec["onnx_dtype"], copy=False)
         outs = self._session.run(self._output_order, feed)
-        slots = []
+        slots: list[Any] = []
         for k, slot in enumerate(self._signature["outputs"]):
             if slot["kind"] == "onnx":
                 value = outs[slot["index"]]
                 want = self._out_dtypes[k] if k < len(self._out_dtypes) and self._out_dtypes[k] else slot["dtype"]
+                if slot["dtype"] == "complex64":  # a complex result comes back as its real pair [..., 2]
+                    pair = np.ascontiguousarray(value, dtype=np.float32)
+                    slots.append(pair.view(np.complex64).reshape(pair.shape[:-1]))
+                    continue
                 slots.append(value.astype(want, copy=False) if value.dtype != np.dtype(want) else value)
             elif slot["kind"] == "arg":
                 slots.append(graph_args[slot["index"]])

@@ -110,6 +110,8 @@ def fp16_range_refusal(ctx: CompileContext) -> str | None:
     memo.eager = EagerReference(ctx.args, outputs)
     leaves = torch.utils._pytree.tree_leaves(outputs)
     for k, value in enumerate(leaves):
+        if isinstance(value, torch.Tensor) and value.is_complex():  # returned as its real pair
+            value = torch.view_as_real(value.resolve_conj())
         if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
             continue
         beyond = value.detach().abs().nan_to_num(nan=0.0) > FP16_MAX

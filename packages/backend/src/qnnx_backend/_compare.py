@@ -31,6 +31,8 @@ def compare_outputs(got: Any, ref: Any, rtol: float) -> str | None:
             return f"output {k} has shape {shape} instead of {tuple(r.shape)}"
         if g.dtype != r.dtype:
             return f"output {k} has dtype {g.dtype} instead of {r.dtype}"
+        if r.is_complex():  # compared part by part
+            g, r = torch.view_as_real(g.resolve_conj()), torch.view_as_real(r.resolve_conj())
         if not r.is_floating_point():
             if not torch.equal(g, r):
                 return f"output {k} ({r.dtype}) differs in {int((g != r).sum())} of {r.numel()} elements"
@@ -58,6 +60,8 @@ def mismatch(got: torch.Tensor, ref: torch.Tensor, rtol: float, min_cosine: floa
     within ``rtol`` of the reference's largest magnitude and have a cosine of at least ``min_cosine``."""
     if got.shape != ref.shape:
         return f"shape {tuple(got.shape)} where eager gives {tuple(ref.shape)}"
+    if got.is_complex() and ref.is_complex():  # compared part by part
+        got, ref = torch.view_as_real(got.resolve_conj()), torch.view_as_real(ref.resolve_conj())
     if not (got.is_floating_point() and ref.is_floating_point()):
         return None if torch.equal(got, ref.to(got.dtype)) else "a non-float value differs"
     g64, r64 = got.detach().double().flatten(), ref.detach().double().flatten()

@@ -12,10 +12,14 @@ eager's values up to float rounding (``polar``'s cosine and sine are libm's; ATe
 product may fuse a multiply-add). A real operand takes part as ``x + 0i``, as PyTorch promotes it, so infinities
 and signed zeros come out as PyTorch's.
 
+Fourier transforms (``torch.fft.*``, ``torch.stft``) are MatMuls with constant matrices on the pairs (``_dft.py``).
+A complex64 element of the graph's output is returned as its real pair; the rewritten module's ``meta`` lists those
+positions (``COMPLEX_OUTPUTS``) and the export's signature rebuilds the complex tensor.
+
 An op on a complex value that is not in the table below (``_TABLE``) keeps the graph in PyTorch (:func:`refusal`
-names it): the rewrite never guesses. So do complex graph inputs and outputs; a complex parameter, buffer or
-constant, or a complex tensor the analysis classes as model state (an attribute or a global), is passed to the
-rewritten graph as its real pair.
+names it): the rewrite never guesses. So do complex graph inputs; a complex parameter, buffer or constant, or a
+complex tensor the analysis classes as model state (an attribute or a global), is passed to the rewritten graph as
+its real pair.
 """
 
 from __future__ import annotations
@@ -24,11 +28,25 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from qnnx_export._dft import (
+    DFT_OPS,
+    MAX_DFT_LENGTH,
+    DftStep,
+    dft_matrix,
+    frame_positions,
+    parse_dft,
+    parts_first,
+)
+
 if TYPE_CHECKING:
     import torch
     import torch.fx
 
-__all__ = ["as_real_pairs", "complex_values", "refusal"]
+__all__ = ["COMPLEX_OUTPUTS", "as_real_pairs", "complex_values", "refusal"]
+
+COMPLEX_OUTPUTS = "qnnx_complex_outputs"
+"""Key of the rewritten graph module's ``meta``: the positions of its output tuple that are complex values returned
+as their real pairs (``[..., 2]``), for the caller to rebuild with ``torch.view_as_complex``."""
 
 
 class _NoPairRewrite(Exception):
@@ -83,6 +101,7 @@ class _Rewriter:
             zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs, strict=False)
         )
         self.complex_positions: list[int] = []
+        self.complex_outputs: list[int] = []
         self._consts = 0
 
     # -- helpers --------------------------------------------------------------------------------------------
@@ -155,12 +174,7 @@ class _Rewriter:
                 position += 1
                 continue
             if node.op == "output":
-                leaves: list[Any] = []
-                torch.fx.node.map_arg(node.args, leaves.append)
-                bad = [n.name for n in leaves if n in self.pairs]
-                if bad:
-                    raise _NoPairRewrite(f"the graph returns the complex value {bad[0]}")
-                self.graph.output(self.new(node.args[0]))
+                self._output(node)
                 continue
             if node.op == "get_attr":
                 self.env[node] = self._attr(node)
@@ -182,7 +196,37 @@ class _Rewriter:
             self.env[node] = new
             if is_pair:
                 self.pairs.add(node)
-        return torch.fx.GraphModule(self.root, self.graph, class_name=type(self.gm).__name__)
+        rewritten = torch.fx.GraphModule(self.root, self.graph, class_name=type(self.gm).__name__)
+        rewritten.meta[COMPLEX_OUTPUTS] = tuple(self.complex_outputs)
+        return rewritten
+
+    def _output(self, node: Any) -> None:
+        """The output: a complex element of the returned tuple is returned as its real pair (complex64 only: the
+        caller rebuilds it from float32 parts); a complex value anywhere else in the output is refused."""
+        import torch
+        import torch.fx
+
+        elements = node.args[0]
+        flat = list(elements) if isinstance(elements, (tuple, list)) else [elements]
+        returned: dict[Any, Any] = {}
+        for position, element in enumerate(flat):
+            if isinstance(element, torch.fx.Node) and element in self.pairs:
+                dtype = getattr(self.value(element), "dtype", None)
+                if dtype != torch.complex64:
+                    raise _NoPairRewrite(f"the graph returns the {dtype} value {element.name} (complex64 only)")
+                self.complex_outputs.append(position)
+                pair = self.env[element]
+                if pair.op in ("placeholder", "get_attr"):
+                    # view_as_complex of an input: its pair is the input itself, which the caller would get back
+                    # as it is (real); a copy is an output of the model, rebuilt as complex like any other.
+                    returned[element] = self.graph.call_method("clone", (pair,))
+                continue
+            leaves: list[Any] = []
+            torch.fx.node.map_arg(element, leaves.append)
+            bad = [n.name for n in leaves if n in self.pairs]
+            if bad:
+                raise _NoPairRewrite(f"the graph returns the complex value {bad[0]} inside a container")
+        self.graph.output(torch.fx.node.map_arg(elements, lambda n: returned.get(n, self.env[n])))
 
     def _attr(self, node: Any) -> Any:
         import torch
@@ -496,7 +540,213 @@ def _cat(r: _Rewriter, node: Any, *, stack: bool) -> tuple[Any, bool]:
     return r.fn(torch.stack if stack else torch.cat, [r.new(t) for t in tensors], d), True
 
 
+def _constant(r: _Rewriter, tensor: torch.Tensor, hint: str) -> Any:
+    """A constant of the rewritten graph (a buffer of its root module, read by get_attr)."""
+    name = f"_qnnx_{hint}_{r._consts}"
+    r._consts += 1
+    r.root.register_buffer(name, tensor)
+    return r.graph.get_attr(name)
+
+
+def _dft_step(r: _Rewriter, node: Any, x: Any, is_pair: bool, step: DftStep, shape: list[int]) -> Any:
+    """One 1-D transform along ``step.dim`` of the new-graph value ``x`` (a real tensor of ``shape``, or the real
+    pair of a complex one) as one 2-D MatMul with a constant matrix. Updates ``shape`` to the output's.
+
+    Along the last axis, the rows of the product are every other position and its columns the axis with the
+    parts interleaved, as the pair lays them out. Along another axis the value is seen as ``[before, size, after]``
+    (the parts merged into ``after``) and transposed to put the axis last; its columns are then the parts, then the
+    positions, and the matrix is ordered the same way. Only rank-3 Transposes: with the pair's rank-4+ Transpose
+    before the MatMul and a Reshape to ``[..., m, 2]`` after it, QNN HTP failed to finalize the graph
+    (QNN_COMMON_ERROR_MEM_ALLOC, fft2 of a [5, 6, 7] tensor, whatever the matrix's values).
+    """
+    import math
+
+    import torch
+
+    size = shape[step.dim]
+    length = step.in_length(size)
+    out = step.out_length(size)
+    if max(length, out) > MAX_DFT_LENGTH:
+        raise _NoPairRewrite(
+            f"node {node.name} ({_name(node)}) transforms {length} positions into {out}; lengths up to "
+            f"{MAX_DFT_LENGTH} are written as a MatMul with a constant matrix"
+        )
+    if length < 1 or out < 1:
+        raise _NoPairRewrite(f"node {node.name} ({_name(node)}) transforms {length} positions into {out}")
+    try:
+        matrix = dft_matrix(step, length, complex_in=is_pair)
+    except (RuntimeError, ValueError) as exc:  # what PyTorch itself refuses (rfft of a complex value...)
+        raise _NoPairRewrite(f"node {node.name} ({_name(node)}): {exc}") from exc
+    parts_in, parts_out = (2 if is_pair else 1), (2 if step.complex_out else 1)
+    before = shape[: step.dim]
+    after = math.prod(shape[step.dim + 1 :])
+    shape[step.dim] = out
+    final = (*shape, *((2,) if step.complex_out else ()))
+    if after == 1 and not is_pair:
+        # A real value's last axis (or one followed by size-1 axes only): the output's parts interleaved.
+        if length != size:
+            x = r.graph.call_method("narrow", (x, step.dim, 0, length))
+        rows = r.graph.call_method("reshape", (x, -1, length * parts_in))
+        product = r.fn(torch.mm, rows, _constant(r, matrix, "dft"))
+        return r.graph.call_method("reshape", (product, *final))
+    matrix = parts_first(matrix, length, is_pair, step.complex_out)
+    lead = math.prod(before)
+    x = r.graph.call_method("reshape", (x, lead, size, after * parts_in))
+    if length != size:
+        x = r.graph.call_method("narrow", (x, 1, 0, length))
+    # [lead, length, after * parts] -> [lead * after, parts * length]: rows (before, after), columns (part, position)
+    rows = r.graph.call_method("reshape", (r.fn(torch.transpose, x, 1, 2), lead * after, parts_in * length))
+    product = r.fn(torch.mm, rows, _constant(r, matrix, "dft"))
+    # [lead * after, parts * out] -> [lead, after * parts, out] -> [lead, out, after * parts]
+    product = r.graph.call_method("reshape", (product, lead, after * parts_out, out))
+    return r.graph.call_method("reshape", (r.fn(torch.transpose, product, 1, 2), *final))
+
+
+def _dft(r: _Rewriter, node: Any) -> tuple[Any, bool]:
+    """A ``torch.fft`` transform as MatMuls with constant matrices (``_dft.py``): one for the whole call when it
+    transforms the trailing axes (up to ``MAX_DFT_LENGTH`` positions in and out), else one per axis."""
+    import math
+
+    import torch
+
+    source = _source(node)
+    value = r.value(source)
+    if value is None or not hasattr(value, "shape"):
+        raise _NoPairRewrite(f"node {node.name} ({_name(node)}) has no recorded input shape")
+    is_pair = r.is_pair(source)
+    if str(value.dtype) != ("torch.complex64" if is_pair else "torch.float32"):
+        raise _NoPairRewrite(f"node {node.name} ({_name(node)}) of a {value.dtype} tensor (float32, complex64 only)")
+    shape = [int(s) for s in value.shape]
+    try:
+        call = parse_dft(_name(node), len(shape), node.args[1:], dict(node.kwargs))
+    except ValueError as exc:
+        raise _NoPairRewrite(f"node {node.name} ({_name(node)}): {exc}") from exc
+    out_value = r.value(node)
+    out_shape = [int(s) for s in out_value.shape]
+    first = min(call.axes)
+    block_in, block_out = math.prod(shape[first:]), math.prod(out_shape[first:])
+    x = r.new(source)
+    if sorted(call.axes) == list(range(first, len(shape))) and max(block_in, block_out) <= MAX_DFT_LENGTH:
+        # The whole call is one product: no Transpose at all.
+        try:
+            matrix = call.block_matrix(shape[first:], complex_in=is_pair)
+        except (RuntimeError, ValueError) as exc:  # what PyTorch itself refuses (rfft of a complex value...)
+            raise _NoPairRewrite(f"node {node.name} ({_name(node)}): {exc}") from exc
+        rows = r.graph.call_method("reshape", (x, -1, matrix.shape[0]))
+        product = r.fn(torch.mm, rows, _constant(r, matrix, "dft"))
+        complex_out = out_value.is_complex()
+        return r.graph.call_method("reshape", (product, *out_shape, *((2,) if complex_out else ()))), complex_out
+    for step in call.steps():
+        x = _dft_step(r, node, x, is_pair, step, shape)
+        is_pair = step.complex_out
+    return x, is_pair
+
+
+_STFT_ARGS = (
+    "n_fft",
+    "hop_length",
+    "win_length",
+    "window",
+    "center",
+    "pad_mode",
+    "normalized",
+    "onesided",
+    "return_complex",
+)
+
+
+def _stft(r: _Rewriter, node: Any) -> tuple[Any, bool]:
+    """``torch.stft(..., return_complex=True)`` of a real float32 signal: its frames (centre padding folded into
+    one Gather of constant positions) times the window, then one MatMul with the (half) spectrum's matrix."""
+    import torch
+    import torch.fx
+
+    source = _source(node)
+    value = r.value(source)
+    got: dict[str, Any] = dict(zip(_STFT_ARGS, node.args[1:], strict=False))
+    got.update({k: v for k, v in node.kwargs.items() if k in _STFT_ARGS})
+    n_fft: Any = got.get("n_fft")
+    hop: Any = got.get("hop_length") or (n_fft // 4 if isinstance(n_fft, int) else None)
+    win_length: Any = got.get("win_length") or n_fft
+    window = got.get("window")
+    center, pad_mode = got.get("center", True), got.get("pad_mode", "reflect")
+    normalized, onesided = got.get("normalized", False), got.get("onesided")
+    if (
+        value is None
+        or r.is_pair(source)
+        or str(value.dtype) != "torch.float32"
+        or value.dim() not in (1, 2)
+        or not all(isinstance(v, int) and v > 0 for v in (n_fft, hop, win_length))
+        or not isinstance(center, bool)
+        or not isinstance(normalized, bool)
+        or (window is not None and not isinstance(window, torch.fx.Node))
+        or got.get("return_complex") is not True
+    ):
+        raise _NoPairRewrite(f"node {node.name} (stft) with arguments {got!r} of {getattr(value, 'dtype', '?')}")
+    window_value = r.value(window) if window is not None else None
+    if window_value is not None and (window_value.is_complex() or str(window_value.dtype) != "torch.float32"):
+        raise _NoPairRewrite(f"node {node.name} (stft) with a {window_value.dtype} window (float32 only)")
+    length = int(value.shape[-1])
+    pad = n_fft // 2 if center else 0
+    if win_length > n_fft or length + 2 * pad < n_fft:
+        raise _NoPairRewrite(f"node {node.name} (stft) with win_length {win_length}, n_fft {n_fft}, signal {length}")
+    spectrum = DftStep("rfft" if onesided in (None, True) else "fft", 0, None, "ortho" if normalized else "backward")
+    if spectrum.out_length(n_fft) > MAX_DFT_LENGTH or n_fft > MAX_DFT_LENGTH:
+        raise _NoPairRewrite(f"node {node.name} (stft) with n_fft {n_fft} (up to {MAX_DFT_LENGTH})")
+    try:
+        positions = frame_positions(length, n_fft, hop, pad, pad_mode if center else "constant")
+    except ValueError as exc:
+        raise _NoPairRewrite(f"node {node.name} (stft): {exc}") from exc
+    x = r.new(source)
+    if positions is None:  # zeros around the signal, then plain frames
+        if pad:
+            x = r.fn(torch.nn.functional.pad, x, (pad, pad))
+        positions = frame_positions(length + 2 * pad, n_fft, hop, 0, "replicate")
+    assert positions is not None
+    frames = len(positions)
+    index = _constant(r, torch.tensor([p for frame in positions for p in frame], dtype=torch.int64), "frames")
+    x = r.fn(torch.unflatten, r.fn(torch.index_select, x, -1, index), -1, (frames, n_fft))
+    left = (n_fft - win_length) // 2
+    if window is not None:
+        w = r.new(window)
+        if win_length != n_fft:
+            w = r.fn(torch.nn.functional.pad, w, (left, n_fft - win_length - left))
+        x = r.fn(torch.mul, x, w)
+    elif win_length != n_fft:
+        ones = torch.zeros(n_fft)
+        ones[left : left + win_length] = 1.0
+        x = r.fn(torch.mul, x, _constant(r, ones, "window"))
+    shape = [*value.shape[:-1], frames, n_fft]
+    step = DftStep(spectrum.kind, len(shape) - 1, None, spectrum.norm)
+    x = _dft_step(r, node, x, False, step, shape)
+    # [..., frames, freqs, 2] -> PyTorch's [..., freqs, frames, 2]
+    return r.fn(torch.transpose, x, -3, -2), True
+
+
+def _cfloat(r: _Rewriter, node: Any) -> tuple[Any, bool]:
+    """``x.cfloat()`` or ``x.to(torch.complex64)`` of a real tensor: the pair ``(x, 0)``."""
+    import torch
+
+    source = _source(node)
+    if r.is_pair(source):
+        return _to(r, node)
+    if str(r.value(node).dtype) != "torch.complex64":
+        raise _NoPairRewrite(f"node {node.name} ({_name(node)}) makes a {r.value(node).dtype} value")
+    real = r.graph.call_method("to", (r.new(source), torch.float32))
+    return _pair(r, node, real, r.fn(torch.zeros_like, real)), True
+
+
+def _to_any(r: _Rewriter, node: Any) -> tuple[Any, bool]:
+    """``.to``: a complex value kept as it is, or a real tensor made complex64."""
+    if r.is_pair(_source(node)):
+        return _to(r, node)
+    return _cfloat(r, node)
+
+
 _TABLE: dict[str, Callable[[_Rewriter, Any], tuple[Any, bool]]] = {
+    **dict.fromkeys(DFT_OPS, _dft),
+    "stft": _stft,
+    "cfloat": _cfloat,
     "view_as_complex": _view_as_complex,
     "view_as_real": _view_as_real,
     "real": _real_part(0),
@@ -519,7 +769,7 @@ _TABLE: dict[str, Callable[[_Rewriter, Any], tuple[Any, bool]]] = {
     "contiguous": _unary_view("contiguous"),
     "clone": _unary_view("clone"),
     "detach": _unary_view("detach"),
-    "to": _to,
+    "to": _to_any,
     "reshape": _reshape,
     "view": _reshape,
     "expand": _expand,

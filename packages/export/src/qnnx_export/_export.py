@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import attrs
 
 from qnnx_export._analysis import GraphAnalysis, analyze
-from qnnx_export._complex import as_real_pairs, complex_values
+from qnnx_export._complex import COMPLEX_OUTPUTS, as_real_pairs, complex_values
 from qnnx_export._fingerprint import weight_digest
 from qnnx_export._naming import UniqueNames, identifier, module_origin
 from qnnx_export._options import ExportOptions
-from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot, RowWriteback, dtype_name
+from qnnx_export._signature import COMPLEX_PARTS, GraphSignature, InputSpec, OutputSlot, RowWriteback, dtype_name
 from qnnx_export._torch_onnx import torch_onnx_model
 from qnnx_export.errors import ExportError
 
@@ -504,9 +504,12 @@ def export(
                 shape=tuple(t.shape),
             )
         )
+    complex_outputs = set(gm.meta.get(COMPLEX_OUTPUTS, ()))
     final_slots = [
-        OutputSlot(kind="onnx", index=s.index, dtype=torch_out_dtypes[s.index]) if s.kind == "onnx" else s
-        for s in slots
+        OutputSlot(kind="onnx", index=s.index, dtype=_slot_dtype(torch_out_dtypes[s.index], k in complex_outputs))
+        if s.kind == "onnx"
+        else s
+        for k, s in enumerate(slots)
     ]
     signature = GraphSignature(
         inputs=tuple(specs),
@@ -547,6 +550,19 @@ def export(
         _ir_model=model,
         _params=params,
     )
+
+
+def _slot_dtype(onnx_dtype: str, is_complex: bool) -> str:
+    """The dtype an ONNX output slot returns: the ONNX output's, or the complex dtype whose real pair it holds."""
+    if not is_complex:
+        return onnx_dtype
+    pair_of = {real: name for name, real in COMPLEX_PARTS.items()}
+    if onnx_dtype not in pair_of:
+        raise ExportError(
+            f"a complex output came out of the ONNX model as {onnx_dtype}, not as a real pair of "
+            f"{sorted(pair_of)}; this is a qnnx-export bug, please report it."
+        )
+    return pair_of[onnx_dtype]
 
 
 def _origin(namespace: str | None) -> str | None:

@@ -12,9 +12,13 @@ from qnnx_export.errors import SignatureError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GraphSignature", "InputSpec", "OutputSlot", "RowWriteback"]
+__all__ = ["COMPLEX_PARTS", "GraphSignature", "InputSpec", "OutputSlot", "RowWriteback"]
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+COMPLEX_PARTS = {"complex64": "float32"}
+"""Complex dtypes an ``onnx`` output slot may name, and the dtype of the real pair ``[..., 2]`` the ONNX output holds
+(the slot's value is ``torch.view_as_complex`` of it)."""
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -84,7 +88,8 @@ class OutputSlot:
         kind: ``onnx`` (ONNX output ``index``), ``arg`` (Dynamo argument ``index`` returned as is),
             ``none`` (Python None) or ``constant`` (``value``, a JSON scalar).
         index: ONNX output index or Dynamo argument index.
-        dtype: torch dtype name to return for ``onnx`` slots (a cast back when the ONNX output was legalized).
+        dtype: torch dtype name to return for ``onnx`` slots (a cast back when the ONNX output was legalized; a
+            complex dtype of ``COMPLEX_PARTS`` when the ONNX output is the real pair of a complex result).
         value: The constant for ``constant`` slots.
     """
 
@@ -267,7 +272,10 @@ class GraphSignature:
                 if t is None:
                     raw = onnx_outputs[slot.index]
                     t = torch.from_numpy(np.asarray(raw)) if not isinstance(raw, torch.Tensor) else raw
-                    if dtype_name(t.dtype) != slot.dtype:
+                    if slot.dtype in COMPLEX_PARTS:
+                        # A complex result comes back as its real pair [..., 2] (ONNX and QNN have no complex type).
+                        t = torch.view_as_complex(t.to(_dtype(COMPLEX_PARTS[slot.dtype])).contiguous())
+                    elif dtype_name(t.dtype) != slot.dtype:
                         t = t.to(_dtype(slot.dtype))
                     converted[slot.index] = t
                 result.append(t)

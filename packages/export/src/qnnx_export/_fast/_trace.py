@@ -72,7 +72,9 @@ def trace_aten(
     from torch._guards import tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False, static_shapes=True)
+    # Real tensors read by get_attr (the constants of the real-pair rewrite: DFT matrices, frame positions) are
+    # allowed: make_fx keeps them as constants of the traced graph, which the translator makes initializers.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True)
     with tracing(None), fake_mode, torch.no_grad(), fx_traceback.preserve_node_meta():
         fake_args = [fake_mode.from_tensor(a, static_shapes=True) for a in example_inputs]
         traced = make_fx(
