@@ -82,21 +82,21 @@ def test_gpu_without_strict_falls_back_to_eager_with_the_reason():
     assert "initiali" in report.attempts[0].reason.lower()
 
 
-class _Cosh(nn.Module):
+class _Asinh(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cosh(x) * 2.0
+        return torch.asinh(x) * 2.0
 
 
 def test_auto_walks_the_chain_npu_gpu_eager():
     """With device='auto', a graph HTP rejects goes to the GPU (unusable here) and then to eager PyTorch."""
     x = torch.randn(4, 8)
     with torch.no_grad():
-        got = torch.compile(_Cosh(), backend="qnn")(x)
-    torch.testing.assert_close(got, torch.cosh(x) * 2.0)
+        got = torch.compile(_Asinh(), backend="qnn")(x)
+    torch.testing.assert_close(got, torch.asinh(x) * 2.0)
     report = _only_report()
     assert report.device == "eager"
     assert [a.device for a in report.attempts] == ["npu", "gpu"]
-    assert "Cosh" in report.attempts[0].reason
+    assert "Asinh" in report.attempts[0].reason
     assert not report.attempts[1].ok  # the GPU cannot take it here (opcheck or a backend that cannot initialize)
 
 
@@ -115,11 +115,11 @@ def test_strict_npu_rejects_unsupported_ops_listing_all_of_them():
 
     class TwoBad(nn.Module):
         def forward(self, x):
-            return torch.cosh(x) + torch.asin(x.clamp(-0.5, 0.5))
+            return torch.asinh(x) + torch.atanh(x.clamp(-0.5, 0.5))
 
     with torch.no_grad(), pytest.raises(QnnDeviceError) as info:
         torch.compile(TwoBad(), backend="qnn", options=NPU_STRICT)(torch.randn(4, 8))
-    assert "Cosh" in str(info.value) and "Asin" in str(info.value)
+    assert "Asinh" in str(info.value) and "Atanh" in str(info.value)
 
 
 def test_device_cpu_runs_the_original_graph():

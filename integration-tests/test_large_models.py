@@ -260,9 +260,9 @@ def test_a_quantized_graph_split_in_parts_equals_the_unsplit_quantized_compile()
     assert all(torch.equal(a, b) for a, b in zip(split, whole))
 
 
-class _ErfBlocks(nn.Module):
-    """Four blocks of Linear -> erf (outside the GELU pattern: qnnx-opcheck refuses it, so it runs on the CPU EP)
-    -> Linear -> ReLU, with a residual."""
+class _AsinhBlocks(nn.Module):
+    """Four blocks of Linear -> asinh (the QNN EP declines it, so it runs on the CPU EP) -> Linear -> ReLU, with a
+    residual."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -271,7 +271,7 @@ class _ErfBlocks(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for a, b in self.blocks:
-            x = x + torch.relu(b(torch.erf(a(x))))
+            x = x + torch.relu(b(torch.asinh(a(x))))
         return x
 
 
@@ -280,7 +280,7 @@ def test_cpu_ep_nodes_in_several_parts_run_with_eagers_outputs() -> None:
     one, the rest on QNN, and the split graph gives eager's outputs within fp16 noise."""
     from integration_helpers import assert_close_fp16
 
-    model = _ErfBlocks().eval()
+    model = _AsinhBlocks().eval()
     x = torch.randn(4, 32, generator=torch.Generator().manual_seed(2))
     budget = 2 * (32 * 32 + 32) * 2 + 512  # one block's float16 weights
     options = {"soc_model": 60, "max_graph_bytes": budget}

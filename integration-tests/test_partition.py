@@ -21,15 +21,15 @@ from qnnx_testkit.strategies import seeds
 AUTO = {"soc_model": 60}  # the defaults: device='auto', strict=False, partition='auto'
 
 
-class _ErfInTheMiddle(nn.Module):
-    """Linear -> erf (outside the GELU pattern: the QNN EP declines it) -> Linear -> ReLU -> Linear."""
+class _AsinhInTheMiddle(nn.Module):
+    """Linear -> asinh (the QNN EP declines it) -> Linear -> ReLU -> Linear."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c(torch.relu(self.b(torch.erf(self.a(x)))))
+        return self.c(torch.relu(self.b(torch.asinh(self.a(x)))))
 
 
 class _TopKInTheMiddle(nn.Module):
@@ -91,11 +91,11 @@ def _split_on_the_npu(model: nn.Module, x: torch.Tensor) -> qnnx_backend.Compile
 
 
 def test_one_unsupported_op_in_the_middle_runs_the_other_nodes_on_qnn_by_default() -> None:
-    """Default options: the graph runs on the NPU with only the erf on the CPU EP, and matches eager."""
-    report = _split_on_the_npu(_ErfInTheMiddle().eval(), torch.randn(4, 16))
+    """Default options: the graph runs on the NPU with only the asinh on the CPU EP, and matches eager."""
+    report = _split_on_the_npu(_AsinhInTheMiddle().eval(), torch.randn(4, 16))
     assert report.placement == {"QNNExecutionProvider": 4, "CPUExecutionProvider": 1}
     ((name, reason),) = report.cpu_nodes.items()
-    assert "erf" in name and "Erf" in reason
+    assert "asinh" in name and "Asinh" in reason
     assert "pinned for qnnx-opcheck" in report.summary()
     placed = _placed_by_ort()
     assert name in placed["CPUExecutionProvider"] and name not in placed["QNNExecutionProvider"]
@@ -140,11 +140,11 @@ def test_a_split_that_leaves_half_or_less_on_qnn_runs_in_pytorch() -> None:
 def test_strict_keeps_whole_graph_placement() -> None:
     """strict=True means the whole graph on the chosen device or an error naming the refused node; so does
     partition='whole' without strict, which runs the graph in PyTorch."""
-    model = _ErfInTheMiddle().eval()
+    model = _AsinhInTheMiddle().eval()
     x = torch.randn(4, 16)
     for device in ("npu", "auto"):
         torch._dynamo.reset()
-        with pytest.raises(QnnDeviceError, match="Erf"):
+        with pytest.raises(QnnDeviceError, match="Asinh"):
             _compile_and_run(model, x, {**AUTO, "device": device, "strict": True})
     torch._dynamo.reset()
     got, ref = _compile_and_run(model, x, {**AUTO, "partition": "whole"})
@@ -155,21 +155,21 @@ def test_strict_keeps_whole_graph_placement() -> None:
 def test_explain_shows_the_split_with_opchecks_reasons() -> None:
     """explain() predicts the split (QNN?/CPU? per node), names the pinned op types and opcheck's reason, and with
     compile=True reads ONNX Runtime's real placement."""
-    model = _ErfInTheMiddle().eval()
+    model = _AsinhInTheMiddle().eval()
     x = torch.randn(4, 16)
     with torch.no_grad():
         predicted = qnnx_backend.explain(model, x, soc_model=60)
         compiled = qnnx_backend.explain(model, x, soc_model=60, compile=True)
     (graph,) = predicted.graphs
-    assert graph.final_device == "npu" and graph.cpu_op_types == ("Erf",)
-    erf = next(n for n in graph.nodes if n.op_type == "Erf")
-    assert erf.verdict == "unsupported" and erf.cpu_reason and "declines" in erf.cpu_reason
+    assert graph.final_device == "npu" and graph.cpu_op_types == ("Asinh",)
+    asinh = next(n for n in graph.nodes if n.op_type == "Asinh")
+    assert asinh.verdict == "unsupported" and asinh.cpu_reason and "declines" in asinh.cpu_reason
     text = str(predicted)
-    assert "split: 4 ONNX nodes on QNN, 1 on the ORT CPU EP (pinned op types: Erf)" in text
+    assert "split: 4 ONNX nodes on QNN, 1 on the ORT CPU EP (pinned op types: Asinh)" in text
     assert "CPU?" in text and "on the ORT CPU EP, because:" in text
     assert predicted.summary().startswith("1 graph, 4/5 ONNX nodes on QNN")
     placed = {n.op_type: n.placement for n in compiled.graphs[0].nodes}
-    assert placed == {"Gemm": "QNN", "Erf": "ORT CPU", "Relu": "QNN"}
+    assert placed == {"Gemm": "QNN", "Asinh": "ORT CPU", "Relu": "QNN"}
     assert compiled.summary().startswith("1 graph, 4/5 ONNX nodes on QNN")
 
 
@@ -200,8 +200,8 @@ _SUPPORTED = {
     "topk": lambda t: torch.topk(t, t.shape[-1], dim=-1).values,
 }
 _REFUSED = {
-    "erf": torch.erf,  # declined by the QNN EP
-    "cosh": lambda t: torch.cosh(t.clamp(-3, 3)),  # not in opcheck's table
+    "asinh": torch.asinh,  # declined by the QNN EP
+    "atanh": lambda t: torch.atanh(torch.tanh(t) * 0.9),  # declined by the QNN EP
 }
 _OPS = {**_SUPPORTED, **_REFUSED}
 
