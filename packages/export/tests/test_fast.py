@@ -970,13 +970,23 @@ def test_addmm_with_any_scales_matches_eager(alpha: float, beta: float, bias_sha
         assert "alpha" not in attrs and ("beta" not in attrs), gemm
 
 
-def test_addmm_with_scales_runs_on_qnn_htp() -> None:
-    """addmm with alpha and beta other than 1 runs wholly on the HTP simulator (CPU fallback off) within fp16
-    error."""
-    bias, a, b = torch.randn(3, 4), torch.randn(3, 5), torch.randn(5, 4)
-    ref = torch.addmm(bias, a, b, beta=0.5, alpha=-2.0)
+@pytest.mark.parametrize(
+    ("product", "shapes", "beta", "alpha"),
+    [
+        (torch.addmm, ((3, 4), (3, 5), (5, 4)), 0.5, -2.0),
+        (torch.baddbmm, ((4, 1, 6), (4, 3, 8), (4, 8, 6)), 0.5, 0.125),  # BLOOM's scores plus ALiBi
+    ],
+    ids=["addmm", "baddbmm"],
+)
+def test_scaled_matrix_products_run_on_qnn_htp(
+    product: Callable[..., torch.Tensor], shapes: tuple[tuple[int, ...], ...], beta: float, alpha: float
+) -> None:
+    """addmm and baddbmm with alpha and beta other than 1 run wholly on the HTP simulator (CPU fallback off) within
+    fp16 error."""
+    bias, a, b = (torch.randn(*s) for s in shapes)
+    ref = product(bias, a, b, beta=beta, alpha=alpha)
     backend = Capture(qnn_session)
-    out = compile_and_run(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=-2.0), (bias, a, b), backend)
+    out = compile_and_run(lambda c, x, y: product(c, x, y, beta=beta, alpha=alpha), (bias, a, b), backend)
     assert backend.exported[0].exporter == "fast"
     assert rel_err(out, ref) <= 5e-3
 
@@ -1125,17 +1135,6 @@ def test_baddbmm_with_any_scales_matches_eager(
         bias.view(-1)[0] = float("nan")
     exported = _check_fast(lambda c, x, y: torch.baddbmm(c, x, y, beta=beta, alpha=alpha), bias, a, b)
     assert "MatMul" in _op_types(exported)
-
-
-def test_baddbmm_runs_on_qnn_htp() -> None:
-    """baddbmm with alpha and beta other than 1 runs wholly on the HTP simulator (CPU fallback off) within fp16
-    error."""
-    bias, a, b = torch.randn(4, 1, 6), torch.randn(4, 3, 8), torch.randn(4, 8, 6)
-    ref = torch.baddbmm(bias, a, b, beta=0.5, alpha=0.125)
-    backend = Capture(qnn_session)
-    out = compile_and_run(lambda c, x, y: torch.baddbmm(c, x, y, beta=0.5, alpha=0.125), (bias, a, b), backend)
-    assert backend.exported[0].exporter == "fast"
-    assert rel_err(out, ref) <= 5e-3
 
 
 @settings(max_examples=10, deadline=None)

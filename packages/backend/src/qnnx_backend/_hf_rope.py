@@ -81,6 +81,7 @@ class RotaryTables:
 
     def __init__(self, model: Any) -> None:
         self._rotaries: list[_Rotary] = []
+        self._covered: Any = _UNKNOWN  # the cache whose positions the tables were last sized for
         config: Any = getattr(model, "config", None)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         self._layer_types = sorted(set(getattr(text, "layer_types", None) or []), key=str) or [None]
@@ -111,12 +112,16 @@ class RotaryTables:
         """
         if not self._rotaries:
             return
-        lengths = [getattr(layer, "max_cache_len", 0) for layer in getattr(cache, "layers", None) or ()]
-        positions = max([n for n in (*lengths, at_least or 0) if isinstance(n, int)], default=0)
+        last = 0
         if isinstance(cache_position, torch.Tensor) and cache_position.numel():
             last = int(cache_position.max()) + 1
-            have = min(r.positions for r in self._rotaries)
-            positions = max(positions, last if last <= have else max(last, 2 * have))
+        have = min(r.positions for r in self._rotaries)
+        if cache is self._covered and last <= have:
+            return  # a decode step of a cache already covered: the per-call cost is this check
+        lengths = [getattr(layer, "max_cache_len", 0) for layer in getattr(cache, "layers", None) or ()]
+        positions = max([n for n in (*lengths, at_least or 0) if isinstance(n, int)], default=0)
+        positions = max(positions, last if last <= have else max(last, 2 * have))
+        self._covered = cache
         if positions <= 0:
             return
         for rotary in self._rotaries:
