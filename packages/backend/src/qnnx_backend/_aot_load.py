@@ -30,6 +30,7 @@ from qnnx_backend._options import BackendOptions
 from qnnx_backend._parts import PartedModel
 from qnnx_backend._payload import FIX_SAVE, SAFE_NAME, fingerprint_differences, unpack_payload
 from qnnx_backend._program import (
+    BeyondHalfRange,
     CpuEpProgram,
     NoSessionProgram,
     Program,
@@ -83,6 +84,14 @@ class _LoadedVariant:
             args = [a for i, a in enumerate(args) if i not in self._sym_positions]
         try:
             return self._program.run(args)
+        except BeyondHalfRange as beyond:
+            raise QnnRuntimeError(
+                f"qnn backend: loaded graph {self.report.graph_id} on {self.report.device}: {beyond}; HTP holds no NaN "
+                "or infinity and returns such a number where the computation has NaN, an infinity or a value beyond "
+                "float16's range, so this call's results cannot be trusted. The arguments are unchanged. Fix: "
+                "compute this input with the compiled function (device='auto' computes such calls in PyTorch), or "
+                "keep the graph's values within +-65504."
+            ) from beyond
         except Exception as exc:  # a run-time failure of the EP (e.g. an NPU subsystem restart)
             try:
                 label = f"loaded graph {self.report.graph_id}"

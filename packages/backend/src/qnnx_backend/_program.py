@@ -39,6 +39,35 @@ _ORT_TO_NUMPY = {
 }
 
 
+# float16's largest finite value. HTP computes float graphs in float16 and has no NaN or infinity: where a result is
+# NaN or infinite (a 0/0, the variance of one element, an overflow) it returns a number beyond this (131008 was
+# measured on the simulator), which no float16 computation can give.
+HALF_MAX = 65504.0
+
+
+class BeyondHalfRange(Exception):
+    """A QNN run returned a float beyond float16's range: the call's results cannot be trusted. Raised before any
+    write into the caller's tensors, so the arguments are as the caller passed them."""
+
+    def __init__(self, output: str, value: float) -> None:
+        self.output = output
+        self.value = value
+        super().__init__(f"ONNX output {output!r} holds {value:g}, beyond float16's +-{HALF_MAX:g}")
+
+
+def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
+    """Raise :class:`BeyondHalfRange` for the first float output that holds NaN, an infinity or a value beyond
+    float16's range (two passes over each float output; no copy)."""
+    for name, out in zip(names, outs):
+        if not (isinstance(out, np.ndarray) and out.dtype.kind == "f" and out.size):
+            continue
+        low, high = out.min(), out.max()
+        if low >= -HALF_MAX and high <= HALF_MAX:  # False for NaN
+            continue
+        worst = float(high) if np.isnan(high) or high > HALF_MAX else float(low)
+        raise BeyondHalfRange(name, worst)
+
+
 @attrs.frozen
 class Target:
     """Where a program runs, and which of the compiled function's arguments are its frozen weights."""
@@ -190,7 +219,13 @@ def output_dtypes(gm: torch.fx.GraphModule) -> tuple[torch.dtype | None, ...]:
 
 
 class QnnProgram:
-    """An ORT session on a QNN device plus what is needed to call it with Dynamo's arguments."""
+    """An ORT session on a QNN device plus what is needed to call it with Dynamo's arguments.
+
+    :meth:`run` raises :class:`BeyondHalfRange` when the device returns a float no float16 computation can give
+    (HTP's stand-in for NaN and infinities), before writing into any argument.
+    """
+
+    checks_half_range = True
 
     def __init__(
         self,
@@ -251,6 +286,8 @@ class QnnProgram:
         if feed is None:
             return self._run_converting(args)
         outs = self.session.run(self._output_names, feed)
+        if self.checks_half_range:
+            check_half_range(self._output_names, outs)
         if self._direct_out is None:
             result = self.signature.assemble([torch.from_numpy(o) for o in outs], args)
             return self._restore_dtypes(result)
@@ -277,6 +314,8 @@ class QnnProgram:
                 array = array.astype(want)
             feed[name] = array
         outs = self.session.run(self._output_names, feed)
+        if self.checks_half_range:
+            check_half_range(self._output_names, outs)
         # The graph wrote inputs or buffers in place: the caller's tensors end as eager leaves them. Written before
         # the outputs are assembled, since an output may be that same argument; rows first, since their positions
         # may be an argument that a whole-tensor write then updates.
@@ -314,6 +353,8 @@ class QnnProgram:
 
 class CpuEpProgram(QnnProgram):
     """A saved graph run from its saved ONNX model on ONNX Runtime's CPU EP, where its QNN device is not usable."""
+
+    checks_half_range = False  # the CPU EP computes in float32, with NaN and infinities
 
     def recreate(self) -> CpuEpProgram:
         assert isinstance(self.source.model, str)

@@ -23,7 +23,7 @@ from qnnx_backend import _report
 from qnnx_backend._calibrate import Calibration
 from qnnx_backend._compare import EagerReference, mismatch
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._program import Program, recreate_and_run
+from qnnx_backend._program import BeyondHalfRange, Program, recreate_and_run
 from qnnx_backend._trace import compiling
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
@@ -143,6 +143,8 @@ class QnnVariant:
             # Checked against eager PyTorch at compile (SQNR, cosine); verify's fp16-level limits do not apply.
             self._verified = True
             self._reference = None
+        self.range_recomputed = 0
+        """Calls computed in PyTorch because the device returned HTP's stand-in for NaN or an infinity."""
         self._lock = threading.Lock()
         # Frozen weights are snapshots: remember which tensors and which versions were frozen, so that an in-place
         # update after compile (optimizer step, load_state_dict, no_grad fill_) triggers a recompile instead of a
@@ -198,6 +200,8 @@ class QnnVariant:
             before = {i: cast(torch.Tensor, args[i]).clone() for i in self._written()}
         try:
             out = self._program.run(args)
+        except BeyondHalfRange as beyond:
+            return self._beyond_half_range(args, beyond)
         except Exception as exc:  # a run-time failure of the EP (e.g. an NPU subsystem restart)
             out = self._recover(args, exc)
             if out is _FELL_BACK:
@@ -209,6 +213,31 @@ class QnnVariant:
                     cast(torch.Tensor, args[i]).copy_(value)
                 return self._reject(args, problem)
         return out
+
+    def _beyond_half_range(self, args: Sequence[object], beyond: BeyondHalfRange) -> Any:
+        """A call whose QNN result holds HTP's stand-in for NaN or an infinity: this call is computed in PyTorch (the
+        arguments are untouched, the run raised before any write), later calls run on the device again."""
+        self.range_recomputed += 1
+        cause = (
+            f"{beyond}; HTP holds no NaN or infinity and returns such a number where eager PyTorch has NaN, an "
+            "infinity or a value beyond float16's range"
+        )
+        if self._options.strict:
+            raise QnnRuntimeError(
+                f"qnn backend: graph {self.report.graph_id} on {self.report.device}: {cause}. The arguments are "
+                "unchanged. Fix: device='auto' (such calls are then computed in PyTorch), or keep the graph's "
+                "values within +-65504."
+            ) from beyond
+        if self.range_recomputed == 1:
+            warnings.warn(
+                f"qnn backend: graph {self.report.graph_id} on {self.report.device}: {cause}; this call, and any "
+                "later call where it happens again, is computed in PyTorch",
+                QnnFallbackWarning,
+                stacklevel=4,
+            )
+        logger.info("qnn backend: graph %d: call computed in PyTorch: %s", self.report.graph_id, beyond)
+        with torch.no_grad():
+            return self._gm(*args)
 
     def _written(self) -> list[int]:
         """The Dynamo arguments the graph writes into (a KV cache's tensors)."""

@@ -1,0 +1,113 @@
+"""HTP's stand-in for NaN and infinities (a float beyond float16's range) never reaches the caller: the call is
+computed in PyTorch, or raises in strict mode, with the caller's tensors untouched."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import qnnx_backend
+from qnnx_backend._program import HALF_MAX, BeyondHalfRange, check_half_range
+from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
+
+_floats = st.one_of(
+    st.floats(-HALF_MAX, HALF_MAX, width=32),
+    st.sampled_from([np.nan, np.inf, -np.inf, 131008.0, -131008.0, 65505.0, -70000.0, HALF_MAX, -HALF_MAX]),
+)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+@given(
+    arrays=st.lists(
+        hnp.arrays(
+            st.sampled_from([np.float32, np.float16]), hnp.array_shapes(min_dims=0, max_side=4), elements=_floats
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_raises_exactly_when_a_float_is_outside_half_range(arrays):
+    """Any NaN, infinity or magnitude beyond 65504 in any float output is reported with its output's name; values
+    within +-65504 (the limits included) are not."""
+    names = [f"out{k}" for k in range(len(arrays))]
+    bad = [n for n, a in zip(names, arrays) if not np.all(np.abs(a.astype(np.float64)) <= HALF_MAX)]
+    if bad:
+        with pytest.raises(BeyondHalfRange) as info:
+            check_half_range(names, arrays)
+        assert info.value.output == bad[0]
+        assert np.isnan(info.value.value) or abs(info.value.value) > HALF_MAX
+    else:
+        check_half_range(names, arrays)
+
+
+def test_integer_and_empty_outputs_are_not_checked():
+    """Integer outputs may hold any value, and an empty output holds none."""
+    check_half_range(["i", "e"], [np.array([10**9, -(10**9)], dtype=np.int64), np.zeros((0, 3), np.float32)])
+
+
+def _divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a / b) * 2.0 + 1.0
+
+
+def test_a_nan_call_is_computed_in_pytorch_and_later_calls_stay_on_the_npu():
+    """A division by zero on a later call (inf and NaN in eager) returns eager's values with one warning naming the
+    output, and the graph keeps running on the NPU for finite calls."""
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    fn = torch.compile(_divide, backend="qnn", options={"soc_model": 60, "device": "npu"})
+    ones = torch.ones(4, 8)
+    fn(ones, ones + 1)
+    zeros = torch.zeros(4, 8)
+    zeros[0, 0] = 1.0
+    a = torch.ones(4, 8)
+    a[1] = 0.0  # 0/0: NaN
+    with pytest.warns(QnnFallbackWarning, match="beyond float16's"):
+        got = fn(a, zeros)
+    torch.testing.assert_close(got, _divide(a, zeros), equal_nan=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(fn(ones, ones * 4), _divide(ones, ones * 4), atol=1e-3, rtol=1e-3)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "npu"
+
+
+class _Accumulate(torch.nn.Module):
+    """Writes a ratio into its buffer and returns it scaled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(4, 8))
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.state.copy_(a / b)
+        return self.state * 3.0
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_graph_that_writes_leaves_the_buffer_as_eager_does_or_untouched(strict):
+    """A writing graph's bad call: in auto mode the buffer and result are eager's; in strict mode the call raises
+    a QnnRuntimeError that names the fix, and the buffer keeps the value of the previous call."""
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    model = _Accumulate().eval()
+    fn = torch.compile(model, backend="qnn", options={"soc_model": 60, "device": "npu", "strict": strict})
+    ones = torch.ones(4, 8)
+    with torch.no_grad():
+        fn(ones, ones * 2)
+        assert [r.device for r in qnnx_backend.compile_reports()] == ["npu"]
+        kept = model.state.clone()
+        assert torch.allclose(kept, torch.full((4, 8), 0.5))
+        if strict:
+            with pytest.raises(QnnRuntimeError, match=r"arguments are unchanged.*device='auto'"):
+                fn(ones, torch.zeros(4, 8))
+            assert torch.equal(model.state, kept)
+        else:
+            with pytest.warns(QnnFallbackWarning, match="beyond float16's"):
+                got = fn(ones, torch.zeros(4, 8))
+            assert torch.isinf(model.state).all() and torch.isinf(got).all()
