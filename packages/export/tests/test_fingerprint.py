@@ -90,3 +90,22 @@ def test_graph_change_changes_it() -> None:
     a = only(capture(f_relu, x)[0])
     b = only(capture(f_tanh, x)[0])
     assert qe.fingerprint(a.gm, a.example_inputs) != qe.fingerprint(b.gm, b.example_inputs)
+
+
+def test_weight_digest_follows_the_tensors_it_is_given() -> None:
+    """One analysis, two sets of weights (float32, then the float16 copies an fp16 export reads, then an in-place
+    update): each gets the digest a fresh analysis gives it, not the first one's memoized digest."""
+    from qnnx_export._fingerprint import weight_digest
+
+    model, x = CONTRACT_MODELS["mlp"]()
+    cap = only(capture(model, x)[0])
+    args = list(cap.example_inputs)
+    half = [a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    first = weight_digest(args, cap.analysis)
+    second = weight_digest(half, cap.analysis)
+    assert first != second
+    assert second == weight_digest(half, only(capture(model, x)[0]).analysis)
+    weight = next(args[i] for i in cap.analysis.param_indices)
+    with torch.no_grad():
+        weight.add_(1.0)
+    assert weight_digest(args, cap.analysis) not in (first, second)

@@ -74,7 +74,7 @@ class GraphAnalysis:
     mutated_indices: tuple[int, ...] = ()
     """Positions of the placeholders the graph writes in place (inputs or buffers): see :func:`lift_mutations`."""
     # Memo for the weight digest so analyze -> fingerprint -> export hashes weights once.
-    _memo: dict[str, Any] = attrs.field(factory=dict, repr=False, alias="_memo")
+    _memo: dict[Any, Any] = attrs.field(factory=dict, repr=False, alias="_memo")
 
     @property
     def exportable(self) -> bool:

@@ -48,10 +48,19 @@ def tensor_digest(t: torch.Tensor) -> str:
 def weight_digest(example_inputs: Sequence[Any], analysis: GraphAnalysis) -> str:
     """Return the sha256 hex digest of the frozen parameter/buffer bytes, in argument order.
 
-    Memoized on ``analysis`` so fingerprint + export hash the weights once.
+    Memoized on ``analysis`` and on which tensors these are (storage, dtype, version), so fingerprint + export
+    hash the weights once, and an export from other tensors (the float16 copies of an fp16 export) gets their own
+    digest.
     """
+    import torch
+
     memo = analysis._memo
-    cached = memo.get("weight_digest")
+    which = tuple(
+        (t.data_ptr(), t.dtype, t._version) if isinstance(t, torch.Tensor) else (id(t),)
+        for t in (example_inputs[i] for i in analysis.param_indices)
+    )
+    key = ("weight_digest", which)
+    cached = memo.get(key)
     if cached is not None:
         return cached
     h = hashlib.sha256()
@@ -59,7 +68,7 @@ def weight_digest(example_inputs: Sequence[Any], analysis: GraphAnalysis) -> str
         h.update(f"#{i}|".encode())
         _update_tensor(h, example_inputs[i])
     digest = h.hexdigest()
-    memo["weight_digest"] = digest
+    memo[key] = digest
     return digest
 
 
