@@ -283,6 +283,21 @@ def _max_dense_experts(value: object) -> int:
     return value
 
 
+# The most bytes of expert weights one grouped expert product gathers for its rows (qnnx-export's own default, which
+# a test holds equal): a decode step of Qwen3-30B-A3B gathers 100 MB in float32, GPT-OSS-20B's 265 MB.
+DEFAULT_MAX_GATHERED_EXPERT_BYTES = 512 << 20
+
+
+def _max_gathered_expert_bytes(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidOptionsError(
+            f"max_gathered_expert_bytes={value!r} is not valid; accepted: an int >= 0 (the most bytes of expert "
+            "weights a mixture-of-experts layer gathers for its tokens, 0 for never; default "
+            f"{DEFAULT_MAX_GATHERED_EXPERT_BYTES}, 512 MiB)."
+        )
+    return value
+
+
 # The weights one QNN HTP context may hold before a graph is split into parts. HTP addresses about 2 GiB per context
 # (builds that need more fail with QNN_MEMORY_ALLOCATION_ERROR), and activations, the KV cache and spill-fill
 # buffers share it with the weights; published Snapdragon LLM deployments keep each part near 1 GiB of weights.
@@ -468,9 +483,20 @@ class BackendOptions:
         metadata=keyed(lambda o: {"max_dense_experts": str(o.max_dense_experts)}),
     )
     """A mixture-of-experts layer with transformers' default experts (``grouped_mm``: tokens sorted by expert,
-    groups of data-dependent sizes) runs on QNN with static shapes by multiplying every token by every expert and
-    keeping its own experts' products: up to this many experts (default 32); with more, the graph runs in PyTorch
-    (an error under ``strict``) and the reason names this option. See the README's *Mixture-of-experts models*."""
+    groups of data-dependent sizes) runs on QNN with static shapes, by gathering each token's experts' weights or by
+    multiplying every token by every expert and keeping its own experts' products. The dense form is allowed up to
+    this many experts (default 32). See the README's *Mixture-of-experts models*."""
+
+    max_gathered_expert_bytes: int = attrs.field(
+        default=DEFAULT_MAX_GATHERED_EXPERT_BYTES,
+        converter=_max_gathered_expert_bytes,
+        metadata=keyed(lambda o: {"max_gathered_expert_bytes": str(o.max_gathered_expert_bytes)}),
+    )
+    """The gathered form of a mixture-of-experts layer (one expert product per token and chosen expert) is allowed
+    while the expert weights it gathers take at most this many bytes (default 512 MiB; 0: never). It is chosen when
+    a call has fewer (token, expert) pairs than experts, as a decode step does, the dense form otherwise; a layer
+    over both limits runs in PyTorch (an error under ``strict``) with a reason naming both options. See the
+    README's *Mixture-of-experts models*."""
 
     quantize: QuantizeSpec | None = attrs.field(
         default=None,
