@@ -494,9 +494,9 @@ class BackendOptions:
     )
     """The gathered form of a mixture-of-experts layer (one expert product per token and chosen expert) is allowed
     while the expert weights it gathers take at most this many bytes (default 512 MiB; 0: never). It is chosen when
-    a call has fewer (token, expert) pairs than experts, as a decode step does, the dense form otherwise; a layer
-    over both limits runs in PyTorch (an error under ``strict``) with a reason naming both options. See the
-    README's *Mixture-of-experts models*."""
+    a call has fewer (token, expert) pairs than experts, as a decode step does, or the layer has more experts than
+    ``max_dense_experts``; the dense form otherwise. A layer over both limits runs in PyTorch (an error under
+    ``strict``) with a reason naming both options. See the README's *Mixture-of-experts models*."""
 
     quantize: QuantizeSpec | None = attrs.field(
         default=None,
