@@ -268,9 +268,9 @@ def _max_graphs(value: object) -> int:
 
 
 # The most experts whose grouped product is computed densely (qnnx-export's own default, which a test holds equal):
-# on the simulator the dense form took 0.8-3.1x the time of transformers' batched_mm up to 16 experts, 1.5-5.4x at 32,
-# 2.9-10.5x at 64 and 4.8-10x at 128 (a one-layer Mixtral at 1 and 16 tokens; docs/benchmarks.md, "Mixture of
-# experts").
+# on the simulator the dense form took 1.2-5.2x the time of the gathered form at 8 and 32 experts and 3.9-6.4x at 128
+# (a one-layer Mixtral at 1 and 16 tokens; docs/benchmarks.md, "Mixture of experts"). Past 32 experts a call with
+# more (token, expert) pairs than experts is gathered too, within max_gathered_expert_bytes.
 DEFAULT_MAX_DENSE_EXPERTS = 32
 
 
