@@ -76,13 +76,16 @@ def _compiled_logits(model: torch.nn.Module, ids: torch.Tensor, **options: objec
         return compiled(ids)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe", "gpt_oss"])
-def test_default_experts_decoder_runs_wholly_on_qnn_with_eagers_logits(family: str) -> None:
-    """With the default grouped_mm experts, the graph (router top-k, sort by expert, integer group ends, the dense
-    grouped product, the inverse permutation) runs wholly on QNN under strict device='npu' and gives eager's logits
-    (cosine 0.9999995-0.9999996 measured; it ran in PyTorch before); the first-call check is off so that nothing
-    hides a wrong result."""
-    model = _moe_decoder(family, use_cache=False)
+@pytest.mark.parametrize(
+    ("family", "experts"), [("mixtral", 4), ("qwen2_moe", 4), ("olmoe", 4), ("gpt_oss", 64)], ids=lambda v: str(v)
+)
+def test_default_experts_decoder_runs_wholly_on_qnn_with_eagers_logits(family: str, experts: int) -> None:
+    """With the default grouped_mm experts, the graph (router top-k, sort by expert, integer group ends, the grouped
+    product, the inverse permutation) runs wholly on QNN under strict device='npu' and gives eager's logits (cosine
+    0.9999995-0.9999996 measured; it ran in PyTorch before); the first-call check is off so that nothing hides a
+    wrong result. 32 rows over 4 experts are computed densely; GPT-OSS's 32 rows over 64 experts (biases, its own
+    clamped activation) gather their experts."""
+    model = _moe_decoder(family, experts=experts, use_cache=False)
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(input_ids=ids).logits
