@@ -4,6 +4,7 @@ sorted by expert, groups of data-dependent sizes) run wholly on QNN with eager's
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -75,13 +76,16 @@ def _compiled_logits(model: torch.nn.Module, ids: torch.Tensor, **options: objec
         return compiled(ids)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe", "gpt_oss"])
-def test_default_experts_decoder_runs_wholly_on_qnn_with_eagers_logits(family: str) -> None:
-    """With the default grouped_mm experts, the graph (router top-k, sort by expert, integer group ends, the dense
-    grouped product, the inverse permutation) runs wholly on QNN under strict device='npu' and gives eager's logits
-    (cosine 0.9999995-0.9999996 measured; it ran in PyTorch before); the first-call check is off so that nothing
-    hides a wrong result."""
-    model = _moe_decoder(family, use_cache=False)
+@pytest.mark.parametrize(
+    ("family", "experts"), [("mixtral", 4), ("qwen2_moe", 4), ("olmoe", 4), ("gpt_oss", 64)], ids=lambda v: str(v)
+)
+def test_default_experts_decoder_runs_wholly_on_qnn_with_eagers_logits(family: str, experts: int) -> None:
+    """With the default grouped_mm experts, the graph (router top-k, sort by expert, integer group ends, the grouped
+    product, the inverse permutation) runs wholly on QNN under strict device='npu' and gives eager's logits (cosine
+    0.9999995-0.9999996 measured; it ran in PyTorch before); the first-call check is off so that nothing hides a
+    wrong result. 32 rows over 4 experts are computed densely; GPT-OSS's 32 rows over 64 experts (biases, its own
+    clamped activation) gather their experts."""
+    model = _moe_decoder(family, experts=experts, use_cache=False)
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(input_ids=ids).logits
@@ -91,33 +95,36 @@ def test_default_experts_decoder_runs_wholly_on_qnn_with_eagers_logits(family: s
     assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
 
 
-def test_more_experts_than_max_dense_experts_run_in_pytorch_and_say_why() -> None:
-    """Above max_dense_experts the graph runs in PyTorch (eager's logits exactly) and the report names the option;
-    under strict device='npu' the same refusal is an error."""
+def test_a_layer_over_both_expert_limits_runs_in_pytorch_and_says_why() -> None:
+    """A layer over max_dense_experts whose gathered weights are over max_gathered_expert_bytes runs in PyTorch
+    (eager's logits exactly) and the report names both options; under strict device='npu' the same refusal is an
+    error."""
     model = _moe_decoder("mixtral", use_cache=False)
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(2))
+    limits = {"max_dense_experts": 3, "max_gathered_expert_bytes": 0}
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-    out = _compiled_logits(model, ids, soc_model=60, max_dense_experts=3)
+    out = _compiled_logits(model, ids, soc_model=60, **limits)
     (report,) = qnnx_backend.compile_reports()
-    assert report.device == "eager" and "max_dense_experts=3" in (report.reason or ""), report.summary()
+    reason = report.reason or ""
+    assert report.device == "eager" and "max_dense_experts=3" in reason, report.summary()
+    assert "max_gathered_expert_bytes=0" in reason, report.summary()
     torch.testing.assert_close(out, ref)
     with pytest.raises(QnnDeviceError, match="4 experts"):
-        _compiled_logits(model, ids, **NPU_STRICT, max_dense_experts=3)
+        _compiled_logits(model, ids, **NPU_STRICT, **limits)
 
 
-def test_compile_for_generation_of_a_default_experts_decoder_gives_eagers_tokens() -> None:
-    """compile_for_generation on a default-experts Mixtral: the prefill bucket and the decode step (static cache
-    writes lifted) both run wholly on QNN, and greedy generation gives eager's 12 tokens."""
+def _generate_wholly_on_qnn(
+    model: torch.nn.Module, prompt: torch.Tensor, max_cache_len: int, options: dict[str, object], **kwargs: object
+) -> tuple[Any, Any]:
+    """Greedy generation in eager PyTorch, then after compile_for_generation; asserts that the prefill bucket and
+    the decode step both ran wholly on QNN, and returns (compiled, eager) outputs."""
     from qnnx_backend.hf import compile_for_generation
 
-    model = _moe_decoder("mixtral")
-    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
-    kwargs = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
     with torch.no_grad():
         ref = model.generate(prompt, **kwargs)
     qnnx_backend.clear_compile_reports()
-    compile_for_generation(model, max_cache_len=48, options=NPU_STRICT)
+    compile_for_generation(model, max_cache_len=max_cache_len, options=options)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = model.generate(prompt, **kwargs)
@@ -125,4 +132,35 @@ def test_compile_for_generation_of_a_default_experts_decoder_gives_eagers_tokens
     assert len(reports) == 2 and all(r.device == "npu" and not r.cpu_nodes for r in reports), [
         r.summary() for r in reports
     ]
+    return out, ref
+
+
+def test_compile_for_generation_of_a_default_experts_decoder_gives_eagers_tokens() -> None:
+    """compile_for_generation on a default-experts Mixtral: the prefill bucket (dense experts) and the decode step
+    (gathered experts: 2 rows over 4 experts; static cache writes lifted) both run wholly on QNN, and greedy
+    generation gives eager's 12 tokens."""
+    model = _moe_decoder("mixtral")
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+    kwargs = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
+    out, ref = _generate_wholly_on_qnn(model, prompt, 48, NPU_STRICT, **kwargs)
     assert torch.equal(out, ref), (out.tolist(), ref.tolist())
+
+
+def test_generation_with_more_experts_than_max_dense_experts_runs_wholly_on_qnn() -> None:
+    """compile_for_generation on a default-experts OLMoE with 64 experts (over max_dense_experts=32, which ran in
+    PyTorch before the gathered form): the prefill bucket and the decode step gather their rows' experts, both run
+    wholly on QNN under strict device='npu', greedy generation gives eager's 8 tokens and every step's logits
+    keep a cosine >= 0.999 with eager's."""
+    model = _moe_decoder("olmoe", experts=64)
+    prompt = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(3))
+    kwargs = {
+        "max_new_tokens": 8,
+        "min_new_tokens": 8,
+        "do_sample": False,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    out, ref = _generate_wholly_on_qnn(model, prompt, 32, {**NPU_STRICT, "verify": False}, **kwargs)
+    assert torch.equal(out.sequences, ref.sequences), (out.sequences.tolist(), ref.sequences.tolist())
+    for got, want in zip(out.logits, ref.logits, strict=True):
+        assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) >= 0.999

@@ -1,13 +1,15 @@
-"""Mixture-of-experts layers on QNN: transformers' default grouped_mm experts (computed densely) against batched_mm.
+"""Mixture-of-experts layers on QNN: transformers' default grouped_mm experts in qnnx's dense and gathered forms,
+against transformers' batched_mm.
 
 A one-layer Mixtral decoder (hidden 32, expert width 64, 2 experts per token, random init) with 4 to 128 experts,
 at a prefill of 16 tokens and a decode-sized call of 1 token, compiled with ``torch.compile(backend="qnn")`` on the
-HTP simulator twice: with transformers' default experts implementation (``grouped_mm``, which qnnx computes densely:
-every token-expert pair by every expert) and with ``set_experts_implementation("batched_mm")`` (each pair gathers its
-expert's weights). Per case: the first call, the median of the steady calls, the ONNX nodes, whether the graph ran
+HTP simulator three times: transformers' default experts implementation (``grouped_mm``) in qnnx's dense form (every
+token-expert pair by every expert; forced with ``max_gathered_expert_bytes=0``), in its gathered form (each pair
+gathers its expert's weights; forced with ``max_dense_experts=1``), and ``set_experts_implementation("batched_mm")``.
+Per case: the first call, the fastest and the median of the steady calls, the ONNX nodes, whether the graph ran
 wholly on QNN and the cosine of the logits against eager. The section replaces the one between the moe markers of
-``<out>/benchmarks.md``. On x86_64 the simulator's latencies say nothing about a Snapdragon; the ratio between the two
-forms at the same size is what the default of ``max_dense_experts`` is read from.
+``<out>/benchmarks.md``. On x86_64 the simulator's latencies say nothing about a Snapdragon; the ratio between the
+forms at the same size is what the choice between them and the default of ``max_dense_experts`` are read from.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from _report import write_section
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# qnnx's form of the grouped product, forced by its options (the default chooses per graph).
+FORMS = {
+    "dense": {"max_dense_experts": 1024, "max_gathered_expert_bytes": 0},
+    "gathered": {"max_dense_experts": 1},
+    "batched_mm": {},
+}
+
+
 def _model(experts: int, implementation: str) -> Any:
     import torch
     import transformers
@@ -47,7 +57,7 @@ def _model(experts: int, implementation: str) -> Any:
         num_local_experts=experts,
     )
     model = transformers.MixtralForCausalLM(config).eval()
-    if implementation != "grouped_mm":
+    if implementation == "batched_mm":
         model.set_experts_implementation(implementation)
     return model
 
@@ -63,7 +73,7 @@ def measure(experts: int, tokens: int, implementation: str, runs: int) -> dict[s
         ref = model(input_ids=ids).logits
     torch._dynamo.reset()
     qnnx_backend.clear_compile_reports()
-    options = {"soc_model": 60, "verify": False, "max_dense_experts": 1024}
+    options = {"soc_model": 60, "verify": False, **FORMS[implementation]}
     compiled = torch.compile(lambda t: model(input_ids=t).logits, backend="qnn", options=options)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -94,30 +104,34 @@ def measure(experts: int, tokens: int, implementation: str, runs: int) -> dict[s
 def _table(results: list[dict[str, Any]], started: str, minutes: float, load: float) -> str:
     by = {(r["experts"], r["tokens"], r["implementation"]): r for r in results}
     lines = [
-        "## Mixture of experts: dense grouped_mm against batched_mm (HTP simulator)",
+        "## Mixture of experts: grouped_mm's dense and gathered forms against batched_mm (HTP simulator)",
         "",
         f"One run, {started}, {platform.machine()}, {minutes:.1f} min, load average {load:.1f} at the start (other "
         "processes on the machine make single timings noisy; the fastest of the steady calls is shown). A one-layer "
         "Mixtral (hidden 32, expert width 64, "
         '2 experts per token, random init) compiled with `torch.compile(backend="qnn")`: transformers\' default '
-        "experts (`grouped_mm`, which qnnx computes densely: every token-expert pair by every expert) against "
-        '`set_experts_implementation("batched_mm")` (each pair gathers its expert\'s weights). Steady state: the '
-        "fastest steady call, in ms on the simulator; *dense / batched*: the ratio of the two at the same size. Every case ran "
+        "experts (`grouped_mm`) in qnnx's dense form (every token-expert pair by every expert) and in its gathered "
+        "form (each pair gathers its expert's weights), each forced by the options, against "
+        '`set_experts_implementation("batched_mm")`. By default qnnx gathers when a call has fewer pairs than '
+        "experts (here: every 1-token call, and the 16-token calls from 64 experts on) and "
+        "computes densely otherwise. Steady state: the fastest steady call, in ms on the simulator. Every case ran "
         "wholly on QNN unless marked.",
         "",
-        "| experts | tokens | dense ms | batched ms | dense / batched | dense first call s | dense ONNX nodes "
-        "| dense cosine |",
-        "|---|---|---|---|---|---|---|---|",
+        "| experts | tokens | pairs | dense ms | gathered ms | batched_mm ms | dense / gathered | default form "
+        "| gathered cosine |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for experts, tokens in sorted({(r["experts"], r["tokens"]) for r in results}):
-        dense, batched = by.get((experts, tokens, "grouped_mm")), by.get((experts, tokens, "batched_mm"))
-        if dense is None or batched is None:
+        if any((experts, tokens, form) not in by for form in FORMS):
             continue
-        mark = "" if dense["wholly_on_qnn"] else " (not wholly on QNN)"
+        row = [by[(experts, tokens, form)] for form in FORMS]
+        dense, gathered = row[0], row[1]
+        cells = [f"{r['steady_ms']:.1f}" + ("" if r["wholly_on_qnn"] else " (not wholly on QNN)") for r in row]
+        pairs = 2 * tokens
+        default = "gathered" if pairs < experts or experts > 32 else "dense"
         lines.append(
-            f"| {experts} | {tokens} | {dense['steady_ms']:.1f}{mark} | {batched['steady_ms']:.1f} "
-            f"| {dense['steady_ms'] / batched['steady_ms']:.2f} | {dense['first_s']:.1f} | {dense['onnx_nodes']} "
-            f"| {dense['cosine']:.6f} |"
+            f"| {experts} | {tokens} | {pairs} | {' | '.join(cells)} "
+            f"| {dense['steady_ms'] / gathered['steady_ms']:.2f} | {default} | {gathered['cosine']:.6f} |"
         )
     return "\n".join(lines)
 
@@ -134,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for experts in (int(x) for x in args.experts.split(",")):
         for tokens in (int(x) for x in args.tokens.split(",")):
-            for implementation in ("grouped_mm", "batched_mm"):
+            for implementation in FORMS:
                 print(f"moe: {experts} experts, {tokens} tokens, {implementation} ...", file=sys.stderr, flush=True)
                 result = measure(experts, tokens, implementation, args.runs)
                 print(json.dumps(result), file=sys.stderr, flush=True)

@@ -148,6 +148,22 @@ def test_max_dense_experts_default_is_the_exports():
     assert BackendOptions().max_dense_experts == qnnx_export.ExportOptions().max_dense_experts == 32
 
 
+@pytest.mark.parametrize("value", [-1, True, 1.5, "64", None])
+def test_bad_max_gathered_expert_bytes_names_what_is_accepted(value):
+    """max_gathered_expert_bytes takes an int >= 0; anything else is refused with the accepted values and the
+    default."""
+    with pytest.raises(InvalidOptionsError, match=r"max_gathered_expert_bytes=.*accepted: an int >= 0.*512 MiB"):
+        BackendOptions.from_mapping({"max_gathered_expert_bytes": value})
+
+
+def test_max_gathered_expert_bytes_default_is_the_exports():
+    """The backend's bound on gathered expert weights is qnnx-export's, so a direct export and a compile agree."""
+    import qnnx_export
+
+    default = qnnx_export.ExportOptions().max_gathered_expert_bytes
+    assert BackendOptions().max_gathered_expert_bytes == default == 512 << 20
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -251,6 +267,7 @@ _KEYED_VALUES = {
     "max_graphs": st.integers(min_value=1, max_value=64),
     "max_graph_bytes": st.sampled_from([1 << 20, 1 << 30]),
     "max_dense_experts": st.sampled_from([8, 64]),
+    "max_gathered_expert_bytes": st.sampled_from([0, 1 << 20]),
     "buckets": st.sampled_from([None, "auto", (16, 64)]),
 }
 
@@ -273,6 +290,7 @@ def test_cache_material_follows_exactly_the_keyed_options(a, b):
         "exporter",
         "max_graph_bytes",
         "max_dense_experts",
+        "max_gathered_expert_bytes",
     }
     same = all(getattr(oa, n) == getattr(ob, n) for n in keyed if n != "partition")
     same = same and oa.resolved_partition == ob.resolved_partition

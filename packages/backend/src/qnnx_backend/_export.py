@@ -181,6 +181,7 @@ def _export(ctx: CompileContext) -> Any:
             exporter=opts.exporter,
             lift_mutations=bool(ctx.analysis.mutated_indices),
             max_dense_experts=opts.max_dense_experts,
+            max_gathered_expert_bytes=opts.max_gathered_expert_bytes,
         )
         exported = qnnx_export.export(ctx.gm, export_args, options=export_options, analysis=ctx.analysis)
     except Exception as exc:

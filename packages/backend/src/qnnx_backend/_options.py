@@ -268,9 +268,9 @@ def _max_graphs(value: object) -> int:
 
 
 # The most experts whose grouped product is computed densely (qnnx-export's own default, which a test holds equal):
-# on the simulator the dense form took 0.8-3.1x the time of transformers' batched_mm up to 16 experts, 1.5-5.4x at 32,
-# 2.9-10.5x at 64 and 4.8-10x at 128 (a one-layer Mixtral at 1 and 16 tokens; docs/benchmarks.md, "Mixture of
-# experts").
+# on the simulator the dense form took 1.2-5.2x the time of the gathered form at 8 and 32 experts and 3.9-6.4x at 128
+# (a one-layer Mixtral at 1 and 16 tokens; docs/benchmarks.md, "Mixture of experts"). Past 32 experts a call with
+# more (token, expert) pairs than experts is gathered too, within max_gathered_expert_bytes.
 DEFAULT_MAX_DENSE_EXPERTS = 32
 
 
@@ -279,6 +279,21 @@ def _max_dense_experts(value: object) -> int:
         raise InvalidOptionsError(
             f"max_dense_experts={value!r} is not valid; accepted: an int >= 1 (the most experts of a mixture-of-"
             f"experts layer computed densely, every token by every expert; default {DEFAULT_MAX_DENSE_EXPERTS})."
+        )
+    return value
+
+
+# The most bytes of expert weights one grouped expert product gathers for its rows (qnnx-export's own default, which
+# a test holds equal): a decode step of Qwen3-30B-A3B gathers 100 MB in float32, GPT-OSS-20B's 265 MB.
+DEFAULT_MAX_GATHERED_EXPERT_BYTES = 512 << 20
+
+
+def _max_gathered_expert_bytes(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidOptionsError(
+            f"max_gathered_expert_bytes={value!r} is not valid; accepted: an int >= 0 (the most bytes of expert "
+            "weights a mixture-of-experts layer gathers for its tokens, 0 for never; default "
+            f"{DEFAULT_MAX_GATHERED_EXPERT_BYTES}, 512 MiB)."
         )
     return value
 
@@ -468,9 +483,20 @@ class BackendOptions:
         metadata=keyed(lambda o: {"max_dense_experts": str(o.max_dense_experts)}),
     )
     """A mixture-of-experts layer with transformers' default experts (``grouped_mm``: tokens sorted by expert,
-    groups of data-dependent sizes) runs on QNN with static shapes by multiplying every token by every expert and
-    keeping its own experts' products: up to this many experts (default 32); with more, the graph runs in PyTorch
-    (an error under ``strict``) and the reason names this option. See the README's *Mixture-of-experts models*."""
+    groups of data-dependent sizes) runs on QNN with static shapes, by gathering each token's experts' weights or by
+    multiplying every token by every expert and keeping its own experts' products. The dense form is allowed up to
+    this many experts (default 32). See the README's *Mixture-of-experts models*."""
+
+    max_gathered_expert_bytes: int = attrs.field(
+        default=DEFAULT_MAX_GATHERED_EXPERT_BYTES,
+        converter=_max_gathered_expert_bytes,
+        metadata=keyed(lambda o: {"max_gathered_expert_bytes": str(o.max_gathered_expert_bytes)}),
+    )
+    """The gathered form of a mixture-of-experts layer (one expert product per token and chosen expert) is allowed
+    while the expert weights it gathers take at most this many bytes (default 512 MiB; 0: never). It is chosen when
+    a call has fewer (token, expert) pairs than experts, as a decode step does, or the layer has more experts than
+    ``max_dense_experts``; the dense form otherwise. A layer over both limits runs in PyTorch (an error under
+    ``strict``) with a reason naming both options. See the README's *Mixture-of-experts models*."""
 
     quantize: QuantizeSpec | None = attrs.field(
         default=None,

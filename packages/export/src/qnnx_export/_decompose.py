@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from qnnx_export._moe import rewrite_moe_node
-from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS
+from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS, DEFAULT_MAX_GATHERED_EXPERT_BYTES
 
 __all__ = ["FUSED_REPLACEMENTS", "unfuse"]
 
@@ -173,15 +173,20 @@ def _replacements() -> dict[Any, Any]:
 FUSED_REPLACEMENTS: dict[Any, Any] = _replacements()
 
 
-def unfuse(node: Any, *, max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS) -> None:
+def unfuse(
+    node: Any,
+    *,
+    max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS,
+    max_gathered_expert_bytes: int = DEFAULT_MAX_GATHERED_EXPERT_BYTES,
+) -> None:
     """Point a copied FX node that calls a fused fast path (an op no exporter takes) at its decomposition, and a node
     of a mixture-of-experts layer at its static-shape form (see :mod:`qnnx_export._moe`).
 
     Raises:
-        ExportError: A grouped expert product has more than ``max_dense_experts`` experts.
+        ExportError: A grouped expert product is over both ``max_dense_experts`` and ``max_gathered_expert_bytes``.
     """
     if node.op == "call_function" and node.target in FUSED_REPLACEMENTS:
         log.debug("decomposing fused fast path %s at node %s", node.target, node.name)
         node.target = FUSED_REPLACEMENTS[node.target]
         return
-    rewrite_moe_node(node, max_dense_experts)
+    rewrite_moe_node(node, max_dense_experts, max_gathered_expert_bytes)

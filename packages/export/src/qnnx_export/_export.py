@@ -193,7 +193,7 @@ def _attr_name(placeholder_name: str, names: UniqueNames) -> str:
 
 
 def _build_frozen_module(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis, max_dense_experts: int
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis, options: ExportOptions
 ) -> tuple[
     Callable[[], torch.fx.GraphModule],
     list[tuple[str, int]],
@@ -248,7 +248,11 @@ def _build_frozen_module(
             if not hasattr(root, top):
                 setattr(root, top, getattr(gm, top))
         new = graph.node_copy(node, lambda n: env[n])
-        unfuse(new, max_dense_experts=max_dense_experts)
+        unfuse(
+            new,
+            max_dense_experts=options.max_dense_experts,
+            max_gathered_expert_bytes=options.max_gathered_expert_bytes,
+        )
         env[node] = new
 
     if output_node is None:
@@ -307,9 +311,7 @@ def _export_lifted(
     (a written value that is also a result, or a graph input, declines as before). Its ONNX inputs are renamed to
     the names of Dynamo's graph, which the signature uses."""
     traced, writes = lifted
-    make_frozen, traced_inputs, _, onnx_nodes, _ = _build_frozen_module(
-        traced, example_inputs, analysis, options.max_dense_experts
-    )
+    make_frozen, traced_inputs, _, onnx_nodes, _ = _build_frozen_module(traced, example_inputs, analysis, options)
     (out_arg,) = next(n for n in traced.graph.nodes if n.op == "output").args
     if len(onnx_nodes) != len(out_arg):
         raise ExportError(
@@ -412,9 +414,7 @@ def export(
             gm, example_inputs = as_real_pairs(gm, example_inputs)
         except ValueError as exc:
             raise ExportError(f"{exc}; ONNX and QNN have no complex type, so run this graph in PyTorch.") from exc
-    make_frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(
-        gm, example_inputs, analysis, options.max_dense_experts
-    )
+    make_frozen, user_inputs, slots, onnx_nodes, container = _build_frozen_module(gm, example_inputs, analysis, options)
     user_args = tuple(example_inputs[i].detach() for _, i in user_inputs)
     digest = weight_digest(originals, analysis)
     t1 = time.perf_counter()
@@ -440,6 +440,7 @@ def export(
                 opset=options.opset,
                 written=written,
                 max_dense_experts=options.max_dense_experts,
+                max_gathered_expert_bytes=options.max_gathered_expert_bytes,
             )
             exporter = "fast"
         except _fast.Declined as exc:

@@ -7,10 +7,13 @@ weights with a grouped matrix product whose groups have data-dependent sizes
 torch.onnx writes the rest with ops QNN HTP computes in fp16 or declines.
 Three local rewrites of the Dynamo graph make the whole layer static-shape and exact on integers:
 
-- the grouped product is computed densely: every row by every expert's weights, and each row keeps its own
-  expert's product (the expert whose group holds the row, found from the group ends; a row past the last end is
-  zero, as the fallback leaves it). The cost is ``E`` expert products per row instead of one, so the rewrite
-  refuses more than ``max_dense_experts`` experts;
+- the grouped product gets one of two static-shape forms, chosen per product from its row count (tokens times
+  experts per token) and its experts' count. *Gathered* (fewer rows than experts, as in a decode step): each row's
+  expert weights are gathered by the row's expert and applied with one batched product, one expert product per row
+  and ``rows * K * N`` gathered weights, bounded by ``max_gathered_expert_bytes``. *Dense* (otherwise): every row by
+  every expert's weights, each row keeping its own expert's product, ``E`` expert products per row, bounded by
+  ``max_dense_experts``. Either way a row's expert is the group that holds it (found from the group ends), and a
+  row past the last end is zero, as the fallback leaves it;
 - ``cumsum(histc(ids.float(), bins, min, max), dtype=<int>)`` of integer ids is counted on the integers (each
   bin holds one integer, which is checked with ``torch.histc`` itself), so no float count is rounded;
 - ``x[i // k]`` becomes ``x.repeat_interleave(k, 0)[i]``, the same rows for every index PyTorch accepts, without
@@ -28,12 +31,14 @@ from typing import Any
 
 import torch
 
-from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS
+from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS, DEFAULT_MAX_GATHERED_EXPERT_BYTES
 from qnnx_export.errors import ExportError
 
 __all__ = [
+    "choose_expert_form",
     "counts_cumsum",
     "dense_grouped_mm",
+    "gathered_grouped_mm",
     "repeated_rows",
     "rewrite_moe_node",
 ]
@@ -46,22 +51,47 @@ _EXACT_FLOAT_INTS = 2**24
 _MAX_BINS = 4096
 
 
+def _row_experts(offs: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's expert in ``[0, E)`` (the group that holds it, ``offs[e-1] <= s < offs[e]``) and whether the row
+    is in a group at all (``s < offs[-1]``; a row past the last end takes expert ``E - 1`` and ``False``)."""
+    ends = offs.to(torch.int32)
+    positions = torch.arange(rows, dtype=torch.int32, device=offs.device)
+    inside = positions < ends[-1]
+    if ends.shape[0] == 1:  # no inner ends: comparing with none would be a zero-element tensor (QNN: SIGFPE)
+        return torch.zeros(rows, dtype=torch.int32, device=offs.device), inside
+    expert = (ends[:-1].unsqueeze(0) <= positions.unsqueeze(1)).to(torch.int32).sum(dim=1)
+    return expert, inside
+
+
 def dense_grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """``grouped_mm(input [S, K], weight [E, K, N], offs [E])`` with static shapes.
+    """``grouped_mm(input [S, K], weight [E, K, N], offs [E])`` with static shapes, every row by every expert.
 
     Row ``s`` belongs to group ``e`` when ``offs[e-1] <= s < offs[e]`` and takes ``input[s] @ weight[e]``; rows at or
     past ``offs[-1]`` are zero. Every expert's product is computed and the row's own is selected with ``where``
     (not a multiplication by a 0/1 mask, which would turn another expert's overflow into NaN).
     """
     rows, experts = input.shape[0], weight.shape[0]
-    ends = offs.to(torch.int32)
-    positions = torch.arange(rows, dtype=torch.int32, device=input.device)
-    group = (ends.unsqueeze(0) <= positions.unsqueeze(1)).to(torch.int32).sum(dim=1)  # [S], E past the last end
+    expert, inside = _row_experts(offs, rows)
     expert_ids = torch.arange(experts, dtype=torch.int32, device=input.device)
-    own = (group.unsqueeze(0) == expert_ids.unsqueeze(1)).unsqueeze(-1)  # [E, S, 1]
+    own = ((expert.unsqueeze(0) == expert_ids.unsqueeze(1)) & inside.unsqueeze(0)).unsqueeze(-1)  # [E, S, 1]
     products = torch.matmul(input.unsqueeze(0), weight.to(input.dtype))  # [E, S, N]
     zero = torch.zeros((), dtype=products.dtype, device=products.device)
     return torch.where(own, products, zero).sum(dim=0)
+
+
+def gathered_grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``grouped_mm(input [S, K], weight [E, K, N], offs [E])`` with static shapes, each row by its own expert.
+
+    Each row's expert weights are gathered along the experts' axis (``[E, K, N] -> [S, K, N]``) and applied with
+    one batched product (``[S, 1, K] @ [S, K, N]``): ``S`` expert products and ``S * K * N`` gathered weights,
+    against ``E * S`` products for :func:`dense_grouped_mm`. Rows at or past ``offs[-1]`` are zero (selected with
+    ``where``, so their product, whatever it is, cannot leak in).
+    """
+    expert, inside = _row_experts(offs, input.shape[0])
+    picked = weight.to(input.dtype).index_select(0, expert)  # [S, K, N]
+    products = torch.matmul(input.unsqueeze(1), picked).squeeze(1)  # [S, N]
+    zero = torch.zeros((), dtype=products.dtype, device=products.device)
+    return torch.where(inside.unsqueeze(1), products, zero)
 
 
 def counts_cumsum(ids: torch.Tensor, low: int, bins: int, dtype: torch.dtype) -> torch.Tensor:
@@ -110,30 +140,50 @@ def _grouped_mm_args(node: Any) -> tuple[Any, Any, Any] | None:
     return args[0], args[1], offs
 
 
-def _rewrite_grouped_mm(node: Any, max_dense_experts: int) -> bool:
+def choose_expert_form(rows: int, experts: int, gathered_bytes: int, limits: tuple[int, int]) -> str | None:
+    """``"gathered"`` or ``"dense"`` for a grouped product of ``rows`` rows over ``experts`` experts whose gathered
+    weights take ``gathered_bytes``, under ``limits = (max_dense_experts, max_gathered_expert_bytes)``; None when
+    neither is allowed.
+
+    Gathered when there are fewer rows than experts (it moves fewer weight bytes than the dense form reads, and
+    computes ``experts`` times fewer products), dense otherwise; the other form when the preferred one is over its
+    limit.
+    """
+    max_dense, max_gathered = limits
+    gathered_ok, dense_ok = gathered_bytes <= max_gathered, experts <= max_dense
+    if gathered_ok and (rows < experts or not dense_ok):
+        return "gathered"
+    return "dense" if dense_ok else None
+
+
+def _rewrite_grouped_mm(node: Any, limits: tuple[int, int]) -> bool:
     found = _grouped_mm_args(node)
     if found is None:
         return False
-    experts = int(_val(found[1]).shape[0])
-    if experts > max_dense_experts:
+    x, w = _val(found[0]), _val(found[1])
+    rows, experts, out = int(x.shape[0]), int(w.shape[0]), int(w.shape[2])
+    gathered_bytes = rows * int(w.shape[1]) * out * x.element_size()
+    form = choose_expert_form(rows, experts, gathered_bytes, limits)
+    if form is None:
         raise ExportError(
-            f"the grouped expert product (FX node {node.name!r}) has {experts} experts and is computed densely "
-            f"here (every row by every expert: {experts} expert products per row instead of 1), which "
-            f"max_dense_experts={max_dense_experts} refuses; raise max_dense_experts to accept the cost, or use "
-            "transformers' model.set_experts_implementation(\"batched_mm\") (the selected experts' weights are "
-            "gathered per row)."
+            f"the grouped expert product (FX node {node.name!r}) of {rows} rows over {experts} experts has no "
+            f"static-shape form within the limits: computed densely (every row by every expert: {experts} expert "
+            f"products per row instead of 1) it is refused by max_dense_experts={limits[0]}, and its rows' "
+            f"gathered expert weights ({gathered_bytes} bytes) by max_gathered_expert_bytes={limits[1]}; raise "
+            "either option to accept its cost, or run fewer tokens per call (the gathered weights grow with them)."
         )
-    rows, out = _val(found[0]).shape[0], _val(found[1]).shape[2]
     log.info(
-        "computing the grouped expert product at %s densely: %d rows x %d experts (%d expert products per row "
-        "instead of 1) -> %d outputs each",
+        "computing the grouped expert product at %s %s: %d rows x %d experts (%d expert products per row, %d "
+        "gathered weight bytes) -> %d outputs each",
         node.name,
+        "by gathered experts" if form == "gathered" else "densely",
         rows,
         experts,
-        experts,
+        1 if form == "gathered" else experts,
+        gathered_bytes if form == "gathered" else 0,
         out,
     )
-    node.target = dense_grouped_mm
+    node.target = gathered_grouped_mm if form == "gathered" else dense_grouped_mm
     node.args, node.kwargs = found, {}
     return True
 
@@ -224,14 +274,19 @@ def _rewrite_floor_index(node: Any) -> bool:
     return True
 
 
-def rewrite_moe_node(node: Any, max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS) -> bool:
+def rewrite_moe_node(
+    node: Any,
+    max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS,
+    max_gathered_expert_bytes: int = DEFAULT_MAX_GATHERED_EXPERT_BYTES,
+) -> bool:
     """Point a copied FX node of a mixture-of-experts layer at its static-shape form; True when it was rewritten.
 
     Raises:
-        ExportError: A grouped expert product has more than ``max_dense_experts`` experts.
+        ExportError: A grouped expert product is over both limits: more than ``max_dense_experts`` experts and
+            more than ``max_gathered_expert_bytes`` of gathered expert weights.
     """
     if node.op != "call_function":
         return False
     if _is_grouped_mm(node.target):
-        return _rewrite_grouped_mm(node, max_dense_experts)
+        return _rewrite_grouped_mm(node, (max_dense_experts, max_gathered_expert_bytes))
     return _rewrite_counts(node) or _rewrite_floor_index(node)

@@ -7,7 +7,15 @@ import attrs
 from qnnx_export import _pass_names
 from qnnx_export.errors import InvalidOptionsError
 
-__all__ = ["DEFAULT_MAX_DENSE_EXPERTS", "DEFAULT_OPSET", "EXPORTERS", "MAX_OPSET", "MIN_OPSET", "ExportOptions"]
+__all__ = [
+    "DEFAULT_MAX_DENSE_EXPERTS",
+    "DEFAULT_MAX_GATHERED_EXPERT_BYTES",
+    "DEFAULT_OPSET",
+    "EXPORTERS",
+    "MAX_OPSET",
+    "MIN_OPSET",
+    "ExportOptions",
+]
 
 # Opset 20 is the lowest that writes GELU as a single ``Gelu`` node (QNN rejects a bare Erf), and it
 # stays below opset 21, whose GroupNormalization form fails QNN session creation (onnxruntime-qnn 2.7.0).
@@ -17,6 +25,10 @@ MAX_OPSET = 23
 _TWO_GIB = 2 * 1024**3
 # Above this many experts a grouped expert product is not computed densely (docs/benchmarks.md, "Mixture of experts").
 DEFAULT_MAX_DENSE_EXPERTS = 32
+# The most bytes of expert weights one grouped product gathers for its rows (one copy of an expert's weights per
+# row): a decode step of Qwen3-30B-A3B (8 rows of 2048 x 1536) gathers 100 MB in float32, GPT-OSS-20B's (4 rows of
+# 2880 x 5760) 265 MB; a 128-token prefill of the former would gather 12.9 GB.
+DEFAULT_MAX_GATHERED_EXPERT_BYTES = 512 << 20
 
 
 def _check_opset(_inst: object, _attr: attrs.Attribute, value: int) -> None:
@@ -63,6 +75,15 @@ def _check_max_dense_experts(_inst: object, _attr: attrs.Attribute, value: int) 
         )
 
 
+def _check_max_gathered_expert_bytes(_inst: object, _attr: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidOptionsError(
+            f"ExportOptions.max_gathered_expert_bytes={value!r} is not accepted; use an int >= 0 (the most bytes of "
+            "expert weights one grouped product gathers for its rows, 0 for never; default "
+            f"{DEFAULT_MAX_GATHERED_EXPERT_BYTES})."
+        )
+
+
 def _check_exporter(_inst: object, _attr: attrs.Attribute, value: str) -> None:
     if value not in EXPORTERS:
         raise InvalidOptionsError(
@@ -106,8 +127,12 @@ class ExportOptions:
             (:attr:`GraphSignature.writebacks`). Only the direct translator captures writes, so such a graph is
             never handed to torch.onnx (it would drop them): the export fails instead.
         max_dense_experts: A mixture-of-experts layer's grouped expert product (transformers' default
-            ``grouped_mm`` experts) is computed densely, every row by every expert, when it has at most this many
-            experts; with more the export fails and names the option. Default 32.
+            ``grouped_mm`` experts) may be computed densely, every row by every expert, when it has at most this
+            many experts. Default 32.
+        max_gathered_expert_bytes: Such a product may instead be computed by gathering each row's expert weights (one expert product per row) when
+            those gathered weights take at most this many bytes. Gathered is chosen when the product has fewer rows
+            than experts (a decode step), dense otherwise; a product over both limits fails the export, naming
+            both. Default 512 MiB.
     """
 
     opset: int = attrs.field(default=DEFAULT_OPSET, validator=_check_opset)
@@ -116,6 +141,9 @@ class ExportOptions:
     exporter: str = attrs.field(default="auto", validator=_check_exporter)
     lift_mutations: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     max_dense_experts: int = attrs.field(default=DEFAULT_MAX_DENSE_EXPERTS, validator=_check_max_dense_experts)
+    max_gathered_expert_bytes: int = attrs.field(
+        default=DEFAULT_MAX_GATHERED_EXPERT_BYTES, validator=_check_max_gathered_expert_bytes
+    )
 
     def resolved_passes(self) -> tuple[str, ...]:
         """Return the pass names that will run (the default pipeline when ``passes`` is None)."""

@@ -30,7 +30,7 @@ import attrs
 from qnnx_export._fast._registry import REGISTRY, OpTable, import_op_modules
 from qnnx_export._fast._trace import trace_aten
 from qnnx_export._fast._translator import Declined, Translator, ir_dtype
-from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS
+from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS, DEFAULT_MAX_GATHERED_EXPERT_BYTES
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -66,6 +66,7 @@ def translate(
     opset: int,
     written: Sequence[int] = (),
     max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS,
+    max_gathered_expert_bytes: int = DEFAULT_MAX_GATHERED_EXPERT_BYTES,
 ) -> tuple[ir.Model, dict[str, str], tuple[Write, ...]]:
     """Translate a Dynamo graph to an ONNX model, or raise :class:`Declined`.
 
@@ -93,7 +94,13 @@ def translate(
         if x.dtype not in table.dtypes:
             raise Declined(f"argument {i} has dtype {x.dtype}")
     try:
-        traced = trace_aten(gm, example_inputs, outputs, max_dense_experts=max_dense_experts)
+        traced = trace_aten(
+            gm,
+            example_inputs,
+            outputs,
+            max_dense_experts=max_dense_experts,
+            max_gathered_expert_bytes=max_gathered_expert_bytes,
+        )
     except Declined:
         raise
     except Exception as exc:  # the graph does not trace to ATen with fake tensors: torch.onnx decides

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS
+from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS, DEFAULT_MAX_GATHERED_EXPERT_BYTES
 
 if TYPE_CHECKING:
     import torch.fx
@@ -19,6 +19,7 @@ def trace_aten(
     outputs: Sequence[torch.fx.Node],
     *,
     max_dense_experts: int = DEFAULT_MAX_DENSE_EXPERTS,
+    max_gathered_expert_bytes: int = DEFAULT_MAX_GATHERED_EXPERT_BYTES,
 ) -> torch.fx.GraphModule:
     """Trace ``gm`` to an ATen graph with fake tensors; its outputs are the nodes ``outputs`` of ``gm``.
 
@@ -48,7 +49,7 @@ def trace_aten(
         if node.op == "output":
             continue
         new = graph.node_copy(node, lambda n: env[n])
-        unfuse(new, max_dense_experts=max_dense_experts)
+        unfuse(new, max_dense_experts=max_dense_experts, max_gathered_expert_bytes=max_gathered_expert_bytes)
         env[node] = new
     graph.output(tuple(env[n] for n in outputs))
     lifted = torch.fx.GraphModule(gm, graph)
