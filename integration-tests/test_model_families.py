@@ -77,12 +77,38 @@ def _swin_window7() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.SwinModel(cfg), torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
 
 
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(3, 250, (1, n), generator=torch.Generator().manual_seed(1))
+
+
+def _xlnet() -> tuple[torch.nn.Module, torch.Tensor]:
+    """XLNet's two-stream relative attention is written with einsum, which lowers to rank-5 permutes of unit dims
+    around its batched products (a form QNN HTP fails to finalize unless the permutes become reshapes)."""
+    import transformers
+
+    cfg = transformers.XLNetConfig(vocab_size=256, d_model=64, n_layer=2, n_head=4, d_inner=128)
+    return transformers.XLNetModel(cfg), _ids(16)
+
+
+def _funnel() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Funnel Transformer pools its sequence between blocks and shifts its relative position scores with einsum
+    and slices (the same rank-5 permutes)."""
+    import transformers
+
+    cfg = transformers.FunnelConfig(
+        vocab_size=256, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1], num_decoder_layers=1
+    )
+    return transformers.FunnelModel(cfg), _ids(16)
+
+
 FAMILIES = {
+    "funnel": _funnel,
     "mobilevit_v2": _mobilevit_v2,
     "roberta": _roberta,
     "siglip_vision": _siglip_vision,
     "swin": _swin,
     "swin_window7": _swin_window7,
+    "xlnet": _xlnet,
 }
 # max |qnn - eager| / max |eager| allowed per family: fp16 error grows through depth, and MobileViT-v2's 30 convs
 # with random BatchNorm statistics reach 3.1e-2 (cosine 0.99936) on QNN with either exporter (eager PyTorch in

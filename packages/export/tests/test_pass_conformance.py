@@ -736,6 +736,7 @@ COVERED_ELSEWHERE = {
     "flatten_merged_heads_matmul": "test_qnn_defects.py",
     # New arithmetic, proven over shape classes and positions on QNN in its own file.
     "angles_from_tables": "test_pass_angles.py",
+    "transpose_of_unit_dims_as_reshape": "test_pass_unit_transpose.py",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -16,6 +16,7 @@ __all__ = [
     "DropEmptyConcatInputs",
     "FoldHighRankTranspose",
     "TileLayerNormBroadcast",
+    "TransposeOfUnitDimsAsReshape",
     "UnsqueezeInt64ToReshape",
 ]
 
@@ -214,6 +215,81 @@ class FoldHighRankTranspose(QnnPass):
                 use.node.replace_input_with(0, moved)
             changed = True
         return changed
+
+
+# ------------------------------------------------------------- transposes that only move unit dims
+
+
+def _moves_only_unit_dims(node: ir.Node) -> tuple[int, ...] | None:
+    """The output shape of a Transpose whose non-unit axes keep their order (it moves no element), else None."""
+    if not _graph.is_op(node, "Transpose") or not node.inputs or node.inputs[0] is None:
+        return None
+    shape, out = _graph.static_shape(node.inputs[0]), _graph.static_shape(node.outputs[0])
+    if shape is None or out is None:
+        return None
+    perm_attr = node.attributes.get("perm")
+    perm = list(perm_attr.as_ints()) if perm_attr is not None else list(reversed(range(len(shape))))
+    kept = [axis for axis in perm if shape[axis] != 1]
+    return out if kept == sorted(kept) else None
+
+
+def _reshape_to_constant(use: Any) -> bool:
+    """Whether ``use`` is the data input of a Reshape to a constant shape without 0s (a 0 copies the input's dim,
+    which a bypass would change)."""
+    if use.idx != 0 or not _graph.is_op(use.node, "Reshape") or len(use.node.inputs) < 2:
+        return False
+    target = _graph.const_array(use.node.inputs[1])
+    return target is not None and bool((target != 0).all())
+
+
+@register(order=37)
+class TransposeOfUnitDimsAsReshape(QnnPass):
+    """Drop a Transpose that only moves axes of size 1 (``[4, 16, 1, 1, 32]`` by ``(3, 0, 1, 4, 2)``): it moves no
+    element, so a Reshape that reads it reads its input instead, and otherwise (at rank <= 4) it becomes a Reshape.
+
+    PyTorch's ``einsum`` lowers to such permutes around its batched products at rank 5 (XLNet's and Funnel's
+    relative attention), and QNN HTP fails to finalize a rank-5 Transpose of unit dims followed by Reshapes
+    (``QNN_COMMON_ERROR_MEM_ALLOC``): the whole graph ran in PyTorch. A rank-5 result read by anything but a
+    Reshape is left as it is: HTP has failed on Reshapes to rank 5 after a MatMul. Shape classes: any static rank,
+    any unit dims.
+    """
+
+    name = "transpose_of_unit_dims_as_reshape"
+    defect = (
+        "a rank-5 Transpose of unit dims followed by Reshapes fails QNN graph finalize (QNN_COMMON_ERROR_MEM_ALLOC; "
+        "tiny XLNet and Funnel, whose graphs then ran in PyTorch)"
+    )
+
+    def match(self, node: ir.Node) -> tuple[int, ...] | None:
+        out = _moves_only_unit_dims(node)
+        if out is None:
+            return None
+        uses = list(node.outputs[0].uses())
+        bypass = bool(uses) and not node.outputs[0].is_graph_output() and all(map(_reshape_to_constant, uses))
+        return out if bypass or len(out) <= 4 else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_unit")
+        changed = False
+        # A rewrite can make another match (a Transpose read by the one just dropped): until none is left.
+        while matched := self.matched(graph):
+            self._drop(graph, names, matched)
+            changed = True
+        return changed
+
+    def _drop(self, graph: ir.Graph, names: Any, matched: list[tuple[ir.Node, Any]]) -> None:
+        for node, out in matched:
+            x = cast(ir.Value, node.inputs[0])
+            uses = list(node.outputs[0].uses())
+            if uses and not node.outputs[0].is_graph_output() and all(map(_reshape_to_constant, uses)):
+                for use in uses:
+                    use.node.replace_input_with(0, x)
+            else:
+                target = _graph.add_initializer(graph, names("shape"), np.array(out, dtype=np.int64))
+                nodes, new = _graph.one_node_like(names, "reshaped", node, "Reshape", [x, target])
+                graph.insert_after(node, nodes)
+                _graph.replace_value(graph, node.outputs[0], new)
+            graph.remove(node, safe=True)
 
 
 # ---------------------------------------------------------------------- zero-width Concat inputs dropped
