@@ -585,6 +585,28 @@ def test_infinity_mask_before_softmax_is_supported() -> None:
     assert _check(m).supported
 
 
+@pytest.mark.parametrize(
+    ("reader", "refused"),
+    [
+        ([node("ArgMax", ["w"], ["y"], axis=1, keepdims=0)], False),
+        ([node("TopK", ["w", "k"], ["v", "i"], axis=1), node("GatherElements", ["x", "i"], ["y"], axis=1)], False),
+        ([node("ReduceMax", ["w", "ax"], ["y"], keepdims=0)], True),
+    ],
+    ids=["argmax", "topk-indices", "reducemax"],
+)
+def test_an_infinity_mask_read_only_through_indices_is_supported(reader: list, refused: bool) -> None:
+    """A router's -inf mask (Where(c, -inf, x)) whose only path to the output is integer indices (ArgMax, TopK's
+    indices gathering unmasked values) is not refused: indices hold no infinity; its maximum, a float that can be
+    -inf, still is."""
+    m = model(
+        [node("Where", ["c", "ninf", "x"], ["w"], name="mask"), *reader],
+        [inp("x", [2, 4]), inp("c", [2, 4], BOOL)],
+        ["y"],
+        [const_init("ninf", -np.inf), const_init("k", [2], np.int64), const_init("ax", [1], np.int64)],
+    )
+    assert (_by_name(_check(m))["mask"].status == "unsupported") is refused
+
+
 @pytest.mark.parametrize(("dilations", "refused"), [([1, 1], False), ([2, 2], True)])
 def test_convtranspose_dilation(dilations: list[int], refused: bool) -> None:
     """ConvTranspose with a dilation above 1 is refused (QNN declines it); pads and strides are fine."""
