@@ -37,11 +37,33 @@ def _ministral3() -> torch.nn.Module:
     return transformers.Ministral3ForCausalLM(transformers.Ministral3Config(**_TINY, rope_parameters=rope))
 
 
-@pytest.mark.parametrize("build", [_hunyuan_moe, _ministral3], ids=["hunyuan_moe_v1", "ministral3"])
+def _deepseek_v3() -> torch.nn.Module:
+    """DeepSeek-V3 (latent attention; a dense first layer, then 4 routed experts): its router masks the groups it
+    keeps with ``zeros.scatter_(1, idx, 1)`` read as ``mask.bool()``, then fills the others with -inf before topk."""
+    config = transformers.DeepseekV3Config(
+        **{**TINY_DECODER, "num_key_value_heads": 4},  # latent attention has one key/value head per query head
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+    )
+    return transformers.DeepseekV3ForCausalLM(config)
+
+
+@pytest.mark.parametrize(
+    "build", [_hunyuan_moe, _ministral3, _deepseek_v3], ids=["hunyuan_moe_v1", "ministral3", "deepseek_v3"]
+)
 def test_family_generates_eagers_tokens_wholly_on_qnn(build: Callable[[], torch.nn.Module]) -> None:
     """compile_for_generation + generate(max_new_tokens=5, greedy): two graphs (prefill, decode), both wholly on
-    QNN under strict device='npu' (they ran in PyTorch: histc and a float floor of positions had no QNN form), and
-    the tokens equal eager's greedy static-cache tokens."""
+    QNN under strict device='npu' (they ran in PyTorch: histc, a float floor of positions and a scattered group mask
+    had no QNN form), and the tokens equal eager's greedy static-cache tokens."""
     from qnnx_backend.hf import compile_for_generation
 
     torch.manual_seed(0)
