@@ -165,3 +165,23 @@ def test_router_and_position_ops_run_wholly_on_the_htp_simulator() -> None:
     assert torch.equal(out[1], ref[1]) and torch.equal(out[2], ref[2]), (out[1:3], ref[1:3])
     for got, want in zip(out[3:], ref[3:], strict=True):
         assert torch.equal(got.round(), want) and rel_err(got, want) <= 1e-3, (got, want)
+
+
+def test_gathering_by_an_argmax_runs_on_htp_without_a_clamp() -> None:
+    """A router's ``scores.gather(-1, max(scores, -1, keepdim=True)[1])`` and a gather by ``argmax`` take the
+    positions as they are (no Max(i, 0) clamp: qnnx-opcheck knows ArgMax results non-negative) and run wholly on the HTP
+    simulator with eager's values; other runtime indices keep their clamp."""
+    scores = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+
+    def pick(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return s.gather(-1, torch.max(s, -1, keepdim=True)[1]), s.gather(0, s.argmin(0, keepdim=True))
+
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(pick, (scores,), backend)
+    (exported,) = backend.exported
+    assert "Max" not in {n.op_type for n in exported.model.graph.node}
+    for got, want in zip(out, pick(scores), strict=True):
+        assert rel_err(got, want) <= 2e-3
+    clamped = Capture(cpu_session, FAST)
+    compile_and_run(lambda s, i: s.gather(1, i), (scores, torch.tensor([[0], [5], [2]])), clamped)
+    assert "Max" in {n.op_type for n in clamped.exported[0].model.graph.node}

@@ -545,6 +545,18 @@ def test_gather_elements_by_position_ids_counted_from_a_mask(steps: list[str], r
     assert (verdicts["gatherelements"].status == "unsupported") is refused, verdicts["gatherelements"].reason
 
 
+@pytest.mark.parametrize(("op", "refused"), [("ArgMax", False), ("ArgMin", False), ("Neg", True)])
+def test_gather_elements_by_an_argmax_is_vouched_for(op: str, refused: bool) -> None:
+    """GatherElements by an ArgMax/ArgMin of the same scores (a router's ``scores.gather(-1, max_ind)``) is vouched
+    for: positions are never negative; indices negated on the way still are refused."""
+    pick = [node(op, ["x"], ["i"], axis=1, keepdims=1)]
+    if op == "Neg":
+        pick = [node("ArgMax", ["x"], ["p"], axis=1, keepdims=1), node("Neg", ["p"], ["i"])]
+    m = model([*pick, node("GatherElements", ["x", "i"], ["y"], axis=1)], [inp("x", [2, 5])], ["y"])
+    verdicts = _by_name(_check(m))
+    assert (verdicts["gatherelements"].status == "unsupported") is refused, verdicts["gatherelements"].reason
+
+
 @given(steps=st.lists(st.sampled_from(["CumSum", "Mul", "Where", "Sub", "Neg"]), max_size=5))
 def test_position_ids_are_vouched_for_exactly_when_no_step_can_go_negative(steps: list[str]) -> None:
     """Over random chains of steps from a mask to GatherElements' indices: vouched for exactly when no step can

@@ -52,6 +52,9 @@ _NON_NEGATIVE_OPS = frozenset(
         "HardSigmoid",
         "Shape",
         "Size",
+        # positions along an axis: a router's ``scores.gather(-1, scores.argmax(-1, keepdim=True))``
+        "ArgMax",
+        "ArgMin",
         # bool outputs (0 or 1 once cast): an attention mask's ``ids != pad``
         "Equal",
         "Greater",
