@@ -57,13 +57,22 @@ def _deepseek_v3() -> torch.nn.Module:
     return transformers.DeepseekV3ForCausalLM(config)
 
 
+def _phimoe() -> torch.nn.Module:
+    """Phi-MoE's sparsemixer router picks experts with ``max(scores, -1)`` (values and indices), scatters -inf over
+    the first pick and clamps by the maximum of what is left."""
+    config = transformers.PhimoeConfig(**TINY_DECODER, num_local_experts=4, num_experts_per_tok=2)
+    return transformers.PhimoeForCausalLM(config)
+
+
 @pytest.mark.parametrize(
-    "build", [_hunyuan_moe, _ministral3, _deepseek_v3], ids=["hunyuan_moe_v1", "ministral3", "deepseek_v3"]
+    "build",
+    [_hunyuan_moe, _ministral3, _deepseek_v3, _phimoe],
+    ids=["hunyuan_moe_v1", "ministral3", "deepseek_v3", "phimoe"],
 )
 def test_family_generates_eagers_tokens_wholly_on_qnn(build: Callable[[], torch.nn.Module]) -> None:
     """compile_for_generation + generate(max_new_tokens=5, greedy): two graphs (prefill, decode), both wholly on
-    QNN under strict device='npu' (they ran in PyTorch: histc, a float floor of positions and a scattered group mask
-    had no QNN form), and the tokens equal eager's greedy static-cache tokens."""
+    QNN under strict device='npu' (they ran in PyTorch: histc, a float floor of positions, a scattered group mask and
+    max with indices had no QNN form), and the tokens equal eager's greedy static-cache tokens."""
     from qnnx_backend.hf import compile_for_generation
 
     torch.manual_seed(0)

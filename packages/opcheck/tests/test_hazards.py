@@ -619,6 +619,30 @@ def test_an_infinity_mask_read_only_through_indices_is_supported(reader: list, r
     assert (_by_name(_check(m))["mask"].status == "unsupported") is refused
 
 
+@pytest.mark.parametrize(("then", "refused"), [("Greater", False), ("Identity", True)])
+def test_a_clamp_by_a_masked_maximum_is_refused_only_where_an_infinity_reaches_the_output(
+    then: str, refused: bool
+) -> None:
+    """Max(|x|, max(x masked with -inf)) (Phi-MoE's router) computes PyTorch's value saturated on HTP: vouched for
+    when the result feeds a comparison through a Div, refused when it can carry the -inf to a graph output."""
+    tail = [node("Div", ["x", "clamp"], ["d"]), node("Greater", ["d", "eps"], ["y"])]
+    if then == "Identity":
+        tail = [node("Identity", ["clamp"], ["y"])]
+    m = model(
+        [
+            node("Where", ["c", "ninf", "x"], ["w"]),
+            node("ReduceMax", ["w", "ax"], ["m"], keepdims=1),
+            node("Abs", ["x"], ["a"]),
+            node("Max", ["a", "m"], ["clamp"], name="clamp"),
+            *tail,
+        ],
+        [inp("x", [2, 4]), inp("c", [2, 4], BOOL)],
+        ["y"],
+        [const_init("ninf", -np.inf), const_init("ax", [1], np.int64), const_init("eps", 0.01)],
+    )
+    assert (_by_name(_check(m))["clamp"].status == "unsupported") is refused
+
+
 @pytest.mark.parametrize(("dilations", "refused"), [([1, 1], False), ([2, 2], True)])
 def test_convtranspose_dilation(dilations: list[int], refused: bool) -> None:
     """ConvTranspose with a dilation above 1 is refused (QNN declines it); pads and strides are fine."""
