@@ -177,3 +177,18 @@ def tiny_hf(kind: str) -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
         return torch.randn(shape, generator=generator)
 
     return _Field(model, key).eval(), make
+
+
+# The tiny decoder configuration the generation tests build (families add their own fields): hidden 32, 2 layers.
+TINY_DECODER: dict[str, int] = {
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}

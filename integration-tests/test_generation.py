@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from integration_models import TINY_DECODER as _TINY
 
 import qnnx_backend
 
@@ -19,19 +20,6 @@ pytest.importorskip("transformers")
 
 NEW_TOKENS = 32
 
-# The tiny decoder every generation test here builds (the families add their own fields).
-_TINY = {
-    "vocab_size": 128,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
 EOS = 2  # the models' eos_token_id
 
 

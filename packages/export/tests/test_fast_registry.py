@@ -216,6 +216,17 @@ EXAMPLES: dict[str, _Example] = {
     "aten.median.default": _ex(lambda x: aten.median.default(x), (3, 5)),
     "aten.median.dim": _ex(lambda x: (*_items(aten.median.dim(x, 1), 2), aten.median.dim(x, 0)[0]), (3, 1)),
     "aten.nanmedian.default": _ex(lambda x: aten.nanmedian.default(x), (1, 1)),
+    "aten.max.dim": _ex(lambda x: _items(aten.max.dim(x, 1), 2), _X),
+    "aten.min.dim": _ex(lambda x: _items(aten.min.dim(x, 0, True), 2), _X),
+    "aten.max.default": _ex(lambda x: aten.max.default(x), _X),
+    "aten.min.default": _ex(lambda x: aten.min.default(x), _X),
+    "aten.argmax.default": _ex(lambda x: (aten.argmax.default(x), aten.argmax.default(x, 1, True)), _X),
+    "aten.argmin.default": _ex(lambda x: (aten.argmin.default(x), aten.argmin.default(x, 0)), _X),
+    # expert counts: integer ids converted to float
+    "aten.histc.default": _ex(
+        lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
+    ),
+    "aten.scatter.value": _ex(lambda x, i: aten.scatter.value(x, 1, i, 1.5), (3, 6), _ints(3, 2, high=6)),
     "aten.nanmedian.dim": _ex(lambda x: _items(aten.nanmedian.dim(x, 0, True), 2), (1, 4)),
     "aten.scatter_add.default": _ex(
         lambda x, i, s: aten.scatter_add.default(x, 1, i, s), (3, 6), _ints(2, 4, high=6), (3, 5)

@@ -701,6 +701,29 @@ def test_int_cast_to_bool_shape_classes(shape: tuple[int, ...], dtype: int, then
         np.testing.assert_array_equal(got, want)
 
 
+@_examples
+@given(
+    shape=st.lists(_dim, min_size=1, max_size=4).map(tuple),
+    dtype=st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16]),
+    seed=st.integers(0, 2**16),
+)
+def test_float_cast_to_bool_shape_classes(shape: tuple[int, ...], dtype: int, seed: int) -> None:
+    """A Cast of float32/float16 to bool, rewritten as Not(Equal(x, 0)), runs on QNN with exactly the CPU EP's
+    values at ranks 1-4 (zero, -0, small, large and, in float32, beyond float16's range: HTP's own Cast gives False
+    for -70000). At rank 5 the QNN EP declines a bool Not (it runs on the CPU EP, with the same values)."""
+    nodes = [h.make_node("Cast", ["x"], ["y"], to=TensorProto.BOOL)]
+    model = make_model(nodes, [("x", dtype, shape)], [("y", TensorProto.BOOL, shape)], {})
+    np_dtype = np.float32 if dtype == TensorProto.FLOAT else np.float16
+    values = [0.0, -0.0, 1e-3, -1.5, 2.0, 60000.0, -60000.0] + ([70000.0, -70000.0] if np_dtype == np.float32 else [])
+    x = np.random.default_rng(seed).choice(np.array(values, np_dtype), size=shape)
+    want = _cpu_reference(model, {"x": x})[0]
+    m = to_ir(model)
+    run_passes(m, ("float_cast_to_bool",))
+    (got,) = qnn_session(to_bytes(m)).run(None, {"x": x})
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -718,6 +741,7 @@ COVERED_HERE = frozenset(
         "mish_as_softplus",
         "fold_high_rank_transpose",
         "int_cast_to_bool",
+        "float_cast_to_bool",
         "erf_as_polynomial",
         "sinh_cosh_from_exp",
         *_ELEMENTWISE,

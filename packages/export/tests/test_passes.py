@@ -1053,7 +1053,7 @@ def test_flatten_merged_heads_matmul_leaves_other_merges(source: tuple[int, ...]
     assert not changed
 
 
-def _int_to_bool(shape: list[int], dtype: int, then: str | None) -> onnx.ModelProto:
+def _cast_to_bool(shape: list[int], dtype: int, then: str | None) -> onnx.ModelProto:
     """x (int32/int64) cast to bool, returned as is or through Not / a Cast to float."""
     from onnx import helper as h
 
@@ -1076,7 +1076,7 @@ def _int_to_bool(shape: list[int], dtype: int, then: str | None) -> onnx.ModelPr
 def test_int_cast_to_bool_keeps_results(shape: list[int], dtype: int, then: str | None, seed: int) -> None:
     """A Cast of int32/int64 to bool becomes Not(Equal(x, 0)), with the same values (negative, zero, positive and the
     extremes) and the same output dtype, whatever consumes it."""
-    model = _int_to_bool(shape, dtype, then)
+    model = _cast_to_bool(shape, dtype, then)
     after, changed, _ = _apply(model, "int_cast_to_bool")
     assert changed and "Equal" in _ops(after) and _ops(after).count("Cast") == (1 if then == "float" else 0)
     np_dtype = np.int32 if dtype == TensorProto.INT32 else np.int64
@@ -1095,12 +1095,33 @@ def test_int_cast_to_bool_keeps_results(shape: list[int], dtype: int, then: str 
     ],
 )
 def test_int_cast_to_bool_leaves_other_casts_alone(dtype: int, to: int) -> None:
-    """uint8 -> bool (right on HTP), float -> bool and int -> float are not rewritten."""
+    """uint8 -> bool (right on HTP), float -> bool (float_cast_to_bool's) and int -> float are not rewritten."""
     from onnx import helper as h
 
     model = make_model([h.make_node("Cast", ["x"], ["y"], to=to)], [("x", dtype, [3])], [("y", to, [3])], {})
     _, changed, _ = _apply(model, "int_cast_to_bool")
     assert not changed
+
+
+@given(
+    shape=shapes(max_rank=4),
+    dtype=st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16]),
+    then=st.sampled_from([None, "Not", "float"]),
+    seed=seeds(),
+)
+def test_float_cast_to_bool_keeps_results(shape: list[int], dtype: int, then: str | None, seed: int) -> None:
+    """A Cast of float32/float16 to bool becomes Not(Equal(x, 0)), with the same values (zero, -0, tiny, large,
+    infinite and NaN elements) and the same output dtype, whatever consumes it; an integer Cast is left to
+    int_cast_to_bool."""
+    model = _cast_to_bool(shape, dtype, then)
+    after, changed, _ = _apply(model, "float_cast_to_bool")
+    assert changed and "Equal" in _ops(after) and _ops(after).count("Cast") == (1 if then == "float" else 0)
+    np_dtype = np.float32 if dtype == TensorProto.FLOAT else np.float16
+    values = np.array([0.0, -0.0, 1e-7, -2.5, 60000.0, np.inf, -np.inf, np.nan], np_dtype)
+    x = np.random.default_rng(seed).choice(values, size=shape)
+    _assert_same(model.SerializeToString(), after, {"x": x})
+    _, integer_changed, _ = _apply(_cast_to_bool(shape, TensorProto.INT32, then), "float_cast_to_bool")
+    assert not integer_changed
 
 
 @given(shape=shapes(max_rank=5), scale=st.sampled_from([1e-4, 0.5, 2.0, 50.0]), seed=seeds())

@@ -545,6 +545,18 @@ def test_gather_elements_by_position_ids_counted_from_a_mask(steps: list[str], r
     assert (verdicts["gatherelements"].status == "unsupported") is refused, verdicts["gatherelements"].reason
 
 
+@pytest.mark.parametrize(("op", "refused"), [("ArgMax", False), ("ArgMin", False), ("Neg", True)])
+def test_gather_elements_by_an_argmax_is_vouched_for(op: str, refused: bool) -> None:
+    """GatherElements by an ArgMax/ArgMin of the same scores (a router's ``scores.gather(-1, max_ind)``) is vouched
+    for: positions are never negative; indices negated on the way still are refused."""
+    pick = [node(op, ["x"], ["i"], axis=1, keepdims=1)]
+    if op == "Neg":
+        pick = [node("ArgMax", ["x"], ["p"], axis=1, keepdims=1), node("Neg", ["p"], ["i"])]
+    m = model([*pick, node("GatherElements", ["x", "i"], ["y"], axis=1)], [inp("x", [2, 5])], ["y"])
+    verdicts = _by_name(_check(m))
+    assert (verdicts["gatherelements"].status == "unsupported") is refused, verdicts["gatherelements"].reason
+
+
 @given(steps=st.lists(st.sampled_from(["CumSum", "Mul", "Where", "Sub", "Neg"]), max_size=5))
 def test_position_ids_are_vouched_for_exactly_when_no_step_can_go_negative(steps: list[str]) -> None:
     """Over random chains of steps from a mask to GatherElements' indices: vouched for exactly when no step can
@@ -583,6 +595,52 @@ def test_infinity_mask_before_softmax_is_supported() -> None:
         [const_init("ninf", -np.inf)],
     )
     assert _check(m).supported
+
+
+@pytest.mark.parametrize(
+    ("reader", "refused"),
+    [
+        ([node("ArgMax", ["w"], ["y"], axis=1, keepdims=0)], False),
+        ([node("TopK", ["w", "k"], ["v", "i"], axis=1), node("GatherElements", ["x", "i"], ["y"], axis=1)], False),
+        ([node("ReduceMax", ["w", "ax"], ["y"], keepdims=0)], True),
+    ],
+    ids=["argmax", "topk-indices", "reducemax"],
+)
+def test_an_infinity_mask_read_only_through_indices_is_supported(reader: list, refused: bool) -> None:
+    """A router's -inf mask (Where(c, -inf, x)) whose only path to the output is integer indices (ArgMax, TopK's
+    indices gathering unmasked values) is not refused: indices hold no infinity; its maximum, a float that can be
+    -inf, still is."""
+    m = model(
+        [node("Where", ["c", "ninf", "x"], ["w"], name="mask"), *reader],
+        [inp("x", [2, 4]), inp("c", [2, 4], BOOL)],
+        ["y"],
+        [const_init("ninf", -np.inf), const_init("k", [2], np.int64), const_init("ax", [1], np.int64)],
+    )
+    assert (_by_name(_check(m))["mask"].status == "unsupported") is refused
+
+
+@pytest.mark.parametrize(("then", "refused"), [("Greater", False), ("Identity", True)])
+def test_a_clamp_by_a_masked_maximum_is_refused_only_where_an_infinity_reaches_the_output(
+    then: str, refused: bool
+) -> None:
+    """Max(|x|, max(x masked with -inf)) (Phi-MoE's router) computes PyTorch's value saturated on HTP: vouched for
+    when the result feeds a comparison through a Div, refused when it can carry the -inf to a graph output."""
+    tail = [node("Div", ["x", "clamp"], ["d"]), node("Greater", ["d", "eps"], ["y"])]
+    if then == "Identity":
+        tail = [node("Identity", ["clamp"], ["y"])]
+    m = model(
+        [
+            node("Where", ["c", "ninf", "x"], ["w"]),
+            node("ReduceMax", ["w", "ax"], ["m"], keepdims=1),
+            node("Abs", ["x"], ["a"]),
+            node("Max", ["a", "m"], ["clamp"], name="clamp"),
+            *tail,
+        ],
+        [inp("x", [2, 4]), inp("c", [2, 4], BOOL)],
+        ["y"],
+        [const_init("ninf", -np.inf), const_init("ax", [1], np.int64), const_init("eps", 0.01)],
+    )
+    assert (_by_name(_check(m))["clamp"].status == "unsupported") is refused
 
 
 @pytest.mark.parametrize(("dilations", "refused"), [([1, 1], False), ([2, 2], True)])

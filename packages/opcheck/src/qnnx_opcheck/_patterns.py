@@ -22,6 +22,7 @@ __all__ = ["PATTERN_RULES", "Matcher", "PatternRule", "Patterns", "rule"]
 # onnx.TensorProto element types of floats (FLOAT, DOUBLE, FLOAT16, BFLOAT16): a Cast to another type truncates.
 _FLOAT_ELEM_TYPES = (1, 11, 10, 16)
 _COMPARISONS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Max", "Min", "Clip"})
+_SELECTIONS = frozenset({"Max", "Min", "Clip"})  # the comparisons that return one of their inputs
 
 
 # Optional inputs that exporters fill with an empty constant to mean "not given" (ONNX Resize opset 11-13 needs a roi
@@ -467,7 +468,14 @@ class Patterns:
             # value computed from another inf/NaN constant. A mask built from integers with finfo.min (Hugging
             # Face's) never holds one, and the comparison is then false in PyTorch too.
             others = [name for name in node.input if name and name not in nonfinite]
-            return any(self.values.may_hold_nonfinite(name) for name in others)
+            if not any(self.values.may_hold_nonfinite(name) for name in others):
+                return False
+            if node.op_type in _SELECTIONS:
+                # Max/Min/Clip return one of their inputs, and saturation keeps the order: HTP's result is PyTorch's
+                # saturated, which differs only where an infinity reaches an output (a comparison after it is
+                # checked at that comparison). Phi-MoE's clamp(|scores|, min=max(masked scores)) feeds a Div.
+                return any(self.values.reaches_output_unabsorbed(o) for o in node.output if o)
+            return True
         return any(self.values.reaches_output_unabsorbed(o) for o in node.output if o)
 
     @rule("partial_weight_block")

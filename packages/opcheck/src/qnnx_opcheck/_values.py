@@ -52,6 +52,9 @@ _NON_NEGATIVE_OPS = frozenset(
         "HardSigmoid",
         "Shape",
         "Size",
+        # positions along an axis: a router's ``scores.gather(-1, scores.argmax(-1, keepdim=True))``
+        "ArgMax",
+        "ArgMin",
         # bool outputs (0 or 1 once cast): an attention mask's ``ids != pad``
         "Equal",
         "Greater",
@@ -160,7 +163,8 @@ class ValueAnalysis:
 
     def reaches_output_unabsorbed(self, name: str) -> bool:
         """Whether an infinity in ``name`` can reach a graph output, i.e. a path to an output that does not pass
-        through an op turning -inf into a finite number (Softmax, Exp, Sigmoid, Relu...) or into a bool."""
+        through an op turning -inf into a finite number (Softmax, Exp, Sigmoid, Relu...) or into a bool, nor through
+        an integer or bool value (the indices of a TopK or ArgMax over a -inf mask hold none)."""
         seen: set[str] = set()
         stack = [name]
         while stack:
@@ -174,8 +178,13 @@ class ValueAnalysis:
                 consumer = self.f.nodes[idx]
                 if consumer.op_type in _ABSORB_INFINITY:
                     continue
-                stack.extend(o for o in consumer.output if o)
+                stack.extend(o for o in consumer.output if o and not self._not_float(o))
         return False
+
+    def _not_float(self, name: str) -> bool:
+        """Whether ``name`` is known to be an integer or bool tensor, which holds no infinity."""
+        dtype = self.view.dtype(name)
+        return dtype is not None and dtype not in FLOATS
 
     def _const_nonfinite(self, name: str) -> bool:
         import numpy as np
@@ -216,7 +225,7 @@ class ValueAnalysis:
         def leaf(cur: str, idx: int | None) -> bool | None:
             if self.view.is_const(cur) and (idx is None or self.view.const_value(cur) is not None):
                 return self._const_nonfinite(cur)
-            if idx is None or self.f.nodes[idx].op_type in _ABSORB_INFINITY:
+            if idx is None or self.f.nodes[idx].op_type in _ABSORB_INFINITY or self._not_float(cur):
                 return False
             return self._const_nonfinite(cur) if self.f.nodes[idx].op_type == "Constant" else None
 
@@ -229,6 +238,8 @@ class ValueAnalysis:
         def leaf(cur: str, idx: int | None) -> bool | None:
             if self.view.is_const(cur):
                 return self._const_nonfinite(cur)
+            if self._not_float(cur):
+                return False
             return self.view.dtype(cur) in FLOATS if idx is None else None  # a graph input: a float may hold inf
 
         return self._any_upstream(name, "_nonfinite_memo", leaf)

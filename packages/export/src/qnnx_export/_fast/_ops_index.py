@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,11 +50,29 @@ def _embedding(t: Translator, node: Node, weight: Node, indices: Node, *args: ob
     return t.out("Gather", [t.value(weight), t.value(indices)], {"axis": 0})
 
 
+# Ops whose int64 result is a position along an axis, >= 0 (an argmax, or the indices of max/min along a dim).
+_POSITIONS = frozenset({aten.argmax.default, aten.argmin.default})
+_POSITION_PAIRS = frozenset({aten.max.dim, aten.min.dim})
+
+
+def _is_position(index: Node) -> bool:
+    """Whether ``index`` is an ArgMax/ArgMin result (``argmax``, or ``max(x, dim)[1]``): non-negative by
+    construction, and qnnx-opcheck knows it."""
+    if index.target in _POSITIONS:
+        return True
+    source = index.args[0] if index.target is operator.getitem and len(index.args) == 2 else None
+    return getattr(source, "target", None) in _POSITION_PAIRS and bool(index.args[1] == 1)
+
+
 def _clamped_index(t: Translator, index: Node) -> ir.Value:
     """Runtime element indices as ``Max(i, 0)``: PyTorch's gather and scatter raise for an index outside
     ``[0, size)``, so this changes no valid call, and it lets qnnx-opcheck prove the indices non-negative (QNN HTP
-    reads a negative GatherElements/ScatterElements index wrongly)."""
+    reads a negative GatherElements/ScatterElements index wrongly). An argmax's positions are taken as they are
+    (a router's ``scores.gather(-1, max_ind)``): qnnx-opcheck knows them non-negative, and a Max there would be one
+    more node for a split that pins Max to the CPU EP to move."""
     raw = t.value(index)
+    if _is_position(index):
+        return raw
     dtype, shape = fake(index).dtype, tuple(fake(index).shape)
     return t.emit1("Max", [raw, t.scalar(0, dtype)], dtype=dtype, shape=shape)
 

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import onnx_ir as ir
     from torch.fx import Node
 
+__all__ = ["EXACT_ROWS", "MAX_REDUCE_INTO_ELEMENTS", "ScatterMatch"]
+
 aten = torch.ops.aten
 
 MAX_REDUCE_INTO_ELEMENTS = 1 << 22
@@ -101,9 +103,82 @@ def _index_reduce(
     return rows.back(result, tuple(int(s) for s in val.shape))
 
 
-_EXACT_ROWS = 2048
+EXACT_ROWS = 2048
+"""The most rows a scattered index is matched against: it is compared as a float16, exact up to 2048."""
 
 _SCATTER_REDUCE = {"sum": "sum", "add": "sum", "mean": "mean", "amax": "amax", "amin": "amin"}
+
+
+class ScatterMatch:
+    """Which elements of ``x`` an index names along ``dim`` (the dense form of a scatter), over ``[N, K, rest]``.
+
+    The axis moves first and the others are flattened (``rest``); the index, padded with -1 (no row) to the input's
+    other sizes, becomes ``match[n, k, r]``: position ``k`` of the index names row ``n``. It is compared as a float
+    (``compare``): HTP moves no int64 tensor (Pad, Transpose), and float16 holds every integer up to 2048 exactly.
+
+    Attributes:
+        axis, perm, n, k, rest: The scattered axis, the permutation that moves it first, the input's rows along
+            it, the index's, and the product of the other sizes.
+        target: The index's shape padded to the input's sizes off the axis.
+        match: The ``[N, K, rest]`` bool match.
+    """
+
+    def __init__(
+        self, t: Translator, node: Node, x: Node, dim: int, index: Node, compare: torch.dtype = torch.float32
+    ) -> None:
+        shape = tuple(int(s) for s in fake(x).shape)
+        index_shape = tuple(int(s) for s in fake(index).shape)
+        if not shape or len(index_shape) != len(shape):
+            raise Declined(f"{node.target} of a 0-d tensor or with an index of another rank")
+        self.t, self.shape, self.index_shape = t, shape, index_shape
+        self.axis = axis = onnx_axis(dim, len(shape))
+        self.n, self.k = shape[axis], index_shape[axis]
+        self.rest = math.prod(shape) // self.n
+        if self.n * self.k * self.rest > MAX_REDUCE_INTO_ELEMENTS or self.k == 0:
+            raise Declined(
+                f"{node.target} over {self.n} x {self.k} x {self.rest} elements (up to {MAX_REDUCE_INTO_ELEMENTS})"
+            )
+        if self.n > EXACT_ROWS:
+            raise Declined(f"{node.target} into {self.n} rows (up to {EXACT_ROWS}, exact as float16)")
+        self.target = tuple(self.k if i == axis else s for i, s in enumerate(shape))
+        self.perm = [axis, *(i for i in range(len(shape)) if i != axis)]
+        idx = t.emit1("Cast", [t.value(index)], {"to": int(ir_dtype(compare))}, dtype=compare, shape=index_shape)
+        idx = self.padded(idx, compare, -1.0)
+        positions = self.rows3(idx, self.target, compare)
+        numbers = t.initializer(torch.arange(self.n, dtype=compare).reshape(self.n, 1, 1), "rows")
+        self.match = t.emit1("Equal", [numbers, positions], dtype=torch.bool, shape=(self.n, self.k, self.rest))
+
+    def padded(self, v: ir.Value, dtype: torch.dtype, fill: float) -> ir.Value:
+        """``v`` (of the index's shape) padded with ``fill`` to ``target``."""
+        if self.index_shape == self.target:
+            return v
+        t = self.t
+        pads = t.ints([0] * len(self.shape) + [a - b for a, b in zip(self.target, self.index_shape, strict=True)])
+        return t.emit1("Pad", [v, pads, t.scalar(fill, dtype)], dtype=dtype, shape=self.target)
+
+    def rows(self, v: ir.Value, of: tuple[int, ...], dtype: torch.dtype) -> ir.Value:
+        """``v`` (of shape ``of``) as ``[of[axis], rest]``."""
+        t, perm = self.t, self.perm
+        moved = tuple(of[i] for i in perm)
+        if perm != sorted(perm):
+            v = t.emit1("Transpose", [v], {"perm": perm}, dtype=dtype, shape=moved)
+        return t.emit1(
+            "Reshape", [v, t.ints([of[self.axis], self.rest])], dtype=dtype, shape=(of[self.axis], self.rest)
+        )
+
+    def rows3(self, v: ir.Value, of: tuple[int, ...], dtype: torch.dtype) -> ir.Value:
+        """``v`` (of the padded index's shape) as ``[1, K, rest]``, to broadcast against the ``N`` rows."""
+        shape = (1, self.k, self.rest)
+        return self.t.emit1("Reshape", [self.rows(v, of, dtype), self.t.ints(shape)], dtype=dtype, shape=shape)
+
+    def back(self, result: ir.Value, dtype: torch.dtype) -> ir.Value:
+        """``result`` (``[N, rest]``) in the input's layout: the node's output."""
+        t, perm = self.t, self.perm
+        moved = tuple(self.shape[i] for i in perm)
+        result = t.emit1("Reshape", [result, t.ints(moved)], dtype=dtype, shape=moved)
+        if perm == sorted(perm):
+            return result
+        return t.out("Transpose", [result], {"perm": [perm.index(i) for i in range(len(perm))]})
 
 
 @handles(aten.scatter_add.default, aten.scatter_reduce.two, aten.scatter.reduce)
@@ -130,53 +205,24 @@ def _scatter_reduce(
     if reduce not in _SCATTER_REDUCE:
         raise Declined(f"{node.target} with reduce={reduce!r} (a float16 product can saturate part-way on HTP)")
     kind = _SCATTER_REDUCE[reduce]
-    shape = tuple(int(s) for s in fake(x).shape)
-    index_shape = tuple(int(s) for s in fake(index).shape)
-    if not shape or len(index_shape) != len(shape) or fake(source).dim() != len(shape):
-        raise Declined(f"{node.target} of a 0-d tensor or with an index of another rank")
-    axis = onnx_axis(dim, len(shape))
-    n, k = shape[axis], index_shape[axis]
-    rest = math.prod(shape) // n
-    if n * k * rest > MAX_REDUCE_INTO_ELEMENTS or k == 0:
-        raise Declined(f"{node.target} over {n} x {k} x {rest} elements (up to {MAX_REDUCE_INTO_ELEMENTS})")
-    # The source is read where the index reaches; the index is padded with -1 (no row) to the input's other sizes.
+    if fake(source).dim() != fake(x).dim():
+        raise Declined(f"{node.target} with a source of another rank")
+    sm = ScatterMatch(t, node, x, dim, index, dtype)
+    n, rest = sm.n, sm.rest
+    # The source is read where the index reaches.
     src = t.value(source)
-    if tuple(fake(source).shape) != index_shape:
-        src = t.emit1(
-            "Slice",
-            [src, t.ints([0] * len(shape), "starts"), t.ints(index_shape, "ends")],
-            dtype=dtype,
-            shape=index_shape,
-        )
-    target = tuple(k if i == axis else s for i, s in enumerate(shape))
-    # The index is compared as a float: HTP moves no int64 tensor (Pad, Transpose), and float16 holds every
-    # integer up to 2048 exactly.
-    if n > _EXACT_ROWS:
-        raise Declined(f"{node.target} into {n} rows (up to {_EXACT_ROWS}, exact as float16)")
-    idx = t.emit1("Cast", [t.value(index)], {"to": int(ir_dtype(dtype))}, dtype=dtype, shape=index_shape)
-    if index_shape != target:
-        pads = t.ints([0] * len(shape) + [a - b for a, b in zip(target, index_shape, strict=True)], "pads")
-        idx = t.emit1("Pad", [idx, pads, t.scalar(-1.0, dtype)], dtype=dtype, shape=target)
-        src = t.emit1("Pad", [src, pads, t.scalar(0.0, dtype)], dtype=dtype, shape=target)
-    perm = [axis, *(i for i in range(len(shape)) if i != axis)]
-
-    def rows(v: ir.Value, of: tuple[int, ...], dt: torch.dtype, first: int) -> ir.Value:
-        moved = tuple(of[i] for i in perm)
-        if perm != sorted(perm):
-            v = t.emit1("Transpose", [v], {"perm": perm}, dtype=dt, shape=moved)
-        return t.emit1("Reshape", [v, t.ints([first, rest])], dtype=dt, shape=(first, rest))
-
-    own = rows(t.value(x), shape, dtype, n)
-    positions = t.emit1("Reshape", [rows(idx, target, dtype, k), t.ints([1, k, rest])], dtype=dtype, shape=(1, k, rest))
-    source3 = t.emit1("Reshape", [rows(src, target, dtype, k), t.ints([1, k, rest])], dtype=dtype, shape=(1, k, rest))
-    numbers = t.initializer(torch.arange(n, dtype=dtype).reshape(n, 1, 1), "rows")
-    match = t.emit1("Equal", [numbers, positions], dtype=torch.bool, shape=(n, k, rest))
-    weights = t.emit1("Cast", [match], {"to": int(ir_dtype(dtype))}, dtype=dtype, shape=(n, k, rest))
+    if tuple(fake(source).shape) != sm.index_shape:
+        ends = t.ints(sm.index_shape, "ends")
+        src = t.emit1("Slice", [src, t.ints([0] * len(sm.shape), "starts"), ends], dtype=dtype, shape=sm.index_shape)
+    own = sm.rows(t.value(x), sm.shape, dtype)
+    source3 = sm.rows3(sm.padded(src, dtype, 0.0), sm.target, dtype)
+    match = sm.match
+    weights = t.emit1("Cast", [match], {"to": int(ir_dtype(dtype))}, dtype=dtype, shape=(n, sm.k, rest))
     axes = t.ints([1], "axes")
     hits = t.emit1("ReduceSum", [weights, axes], {"keepdims": 0}, dtype=dtype, shape=(n, rest))
     hit = t.emit1("Greater", [hits, t.scalar(0.0, dtype)], dtype=torch.bool, shape=(n, rest))
     if kind in ("sum", "mean"):
-        masked = t.emit1("Where", [match, source3, t.scalar(0.0, dtype)], dtype=dtype, shape=(n, k, rest))
+        masked = t.emit1("Where", [match, source3, t.scalar(0.0, dtype)], dtype=dtype, shape=(n, sm.k, rest))
         reduced = t.emit1("ReduceSum", [masked, axes], {"keepdims": 0}, dtype=dtype, shape=(n, rest))
         if include_self:
             reduced = t.emit1("Add", [reduced, own], dtype=dtype, shape=(n, rest))
@@ -188,13 +234,9 @@ def _scatter_reduce(
             reduced = t.emit1("Div", [reduced, safe], dtype=dtype, shape=(n, rest))
     else:
         op, neutral, both = ("ReduceMax", -_LIMIT, "Max") if kind == "amax" else ("ReduceMin", _LIMIT, "Min")
-        masked = t.emit1("Where", [match, source3, t.scalar(neutral, dtype)], dtype=dtype, shape=(n, k, rest))
+        masked = t.emit1("Where", [match, source3, t.scalar(neutral, dtype)], dtype=dtype, shape=(n, sm.k, rest))
         reduced = t.emit1(op, [masked, axes], {"keepdims": 0}, dtype=dtype, shape=(n, rest))
         if include_self:
             reduced = t.emit1(both, [reduced, own], dtype=dtype, shape=(n, rest))
     result = t.emit1("Where", [hit, reduced, own], dtype=dtype, shape=(n, rest))
-    moved = tuple(shape[i] for i in perm)
-    result = t.emit1("Reshape", [result, t.ints(moved)], dtype=dtype, shape=moved)
-    if perm == sorted(perm):
-        return result
-    return t.out("Transpose", [result], {"perm": [perm.index(i) for i in range(len(perm))]})
+    return sm.back(result, dtype)

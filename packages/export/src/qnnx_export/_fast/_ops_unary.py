@@ -21,7 +21,6 @@ aten = torch.ops.aten
 # onnxruntime 1.32's CPU Relu has no int64 kernel.
 _SAME_DTYPE = {
     aten.relu.default: ("Relu", True),
-    aten.floor.default: ("Floor", True),
     aten.ceil.default: ("Ceil", True),
     aten.neg.default: ("Neg", False),
     aten.abs.default: ("Abs", False),

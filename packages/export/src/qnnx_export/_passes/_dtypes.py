@@ -1,5 +1,5 @@
 """Dtype legalization: int64 graph inputs fed as int32 with a range check instead of QNN's silent saturation, and
-integer-to-bool casts written as comparisons with zero."""
+integer-to-bool and float-to-bool casts written as comparisons with zero."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["Int64InputsToInt32", "IntCastToBool"]
+__all__ = ["FloatCastToBool", "Int64InputsToInt32", "IntCastToBool"]
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,12 @@ class IntCastToBool(QnnPass):
     name = "int_cast_to_bool"
     defect = "QNN HTP casts negative integers to bool as False (silent wrong output)"
 
+    sources: tuple[ir.DataType, ...] = _SIGNED_INTS  # the input dtypes whose Casts to bool are rewritten
+
     def match(self, node: ir.Node) -> ir.Value | None:
-        """The int32/int64 input of a Cast to bool, or None."""
+        """The input of a Cast to bool from one of ``sources``, or None."""
         x = _graph.op_input(node, "Cast")
-        if x is None or x.dtype not in _SIGNED_INTS:
+        if x is None or x.dtype not in self.sources:
             return None
         return x if node.attributes.get_int("to", 0) == ir.DataType.BOOL else None
 
@@ -57,6 +59,23 @@ class IntCastToBool(QnnPass):
             return [ir.Node("", "Equal", [x, zero], outputs=[equal]), *not_nodes], out
 
         return self.replace_matched(graph, "qnnx_bool", compared)
+
+
+@register(order=166)
+class FloatCastToBool(IntCastToBool):
+    """Write a ``Cast`` of a float32 or float16 tensor to bool as ``Not(Equal(x, 0))``.
+
+    QNN HTP casts a float beyond float16's range to bool as False: ``Cast(-70000.0)`` gave False (ONNX and
+    PyTorch: every nonzero value is True), and qnnx-opcheck refuses the Cast, so a router's mask read as
+    ``mask.bool()`` (DeepSeek-V3's group mask) pinned its whole float chain to the CPU EP. The comparison with zero
+    is the Cast's definition (NaN is True either way) and is right on HTP for every value measured, +-70000
+    included (onnxruntime-qnn 2.7.0, soc 60); like every float comparison on HTP it sees a value below float16's
+    smallest subnormal (6e-8) as 0. Shape classes: any (elementwise).
+    """
+
+    name = "float_cast_to_bool"
+    defect = "QNN HTP casts floats beyond float16's range to bool as False (silent wrong output)"
+    sources = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
 # ---------------------------------------------------------------------------- int64 inputs -> int32

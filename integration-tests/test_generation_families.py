@@ -1,0 +1,93 @@
+"""Decoder families whose generation graphs ran in PyTorch for one op each: with compile_for_generation the prefill
+and decode graphs run wholly on QNN (strict placement: a fallback raises) and greedy generation gives eager's
+static-cache tokens."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from integration_models import TINY_DECODER
+
+import qnnx_backend
+
+transformers = pytest.importorskip("transformers")
+
+_TINY = {**TINY_DECODER, "head_dim": 8}
+
+
+def _hunyuan_moe() -> torch.nn.Module:
+    """HunYuan-MoE-V1 at its default of one expert: the router counts tokens per expert with histc(bins=1, min=0,
+    max=0), whose range comes from the data."""
+    return transformers.HunYuanMoEV1ForCausalLM(transformers.HunYuanMoEV1Config(**_TINY))
+
+
+def _ministral3() -> torch.nn.Module:
+    """Ministral 3 scales its queries by 1 + beta * log(1 + floor(position / n)); n = 8 here, so the floor steps
+    within the 11 positions generated (at 16384, its default, it would stay 0)."""
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 16.0,
+        "original_max_position_embeddings": 8,
+        "llama_4_scaling_beta": 0.5,
+    }
+    return transformers.Ministral3ForCausalLM(transformers.Ministral3Config(**_TINY, rope_parameters=rope))
+
+
+def _deepseek_v3() -> torch.nn.Module:
+    """DeepSeek-V3 (latent attention; a dense first layer, then 4 routed experts): its router masks the groups it
+    keeps with ``zeros.scatter_(1, idx, 1)`` read as ``mask.bool()``, then fills the others with -inf before topk."""
+    config = transformers.DeepseekV3Config(
+        **{**TINY_DECODER, "num_key_value_heads": 4},  # latent attention has one key/value head per query head
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+    )
+    return transformers.DeepseekV3ForCausalLM(config)
+
+
+def _phimoe() -> torch.nn.Module:
+    """Phi-MoE's sparsemixer router picks experts with ``max(scores, -1)`` (values and indices), scatters -inf over
+    the first pick and clamps by the maximum of what is left."""
+    config = transformers.PhimoeConfig(**TINY_DECODER, num_local_experts=4, num_experts_per_tok=2)
+    return transformers.PhimoeForCausalLM(config)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [_hunyuan_moe, _ministral3, _deepseek_v3, _phimoe],
+    ids=["hunyuan_moe_v1", "ministral3", "deepseek_v3", "phimoe"],
+)
+def test_family_generates_eagers_tokens_wholly_on_qnn(build: Callable[[], torch.nn.Module]) -> None:
+    """compile_for_generation + generate(max_new_tokens=5, greedy): two graphs (prefill, decode), both wholly on
+    QNN under strict device='npu' (they ran in PyTorch: histc, a float floor of positions, a scattered group mask and
+    max with indices had no QNN form), and the tokens equal eager's greedy static-cache tokens."""
+    from qnnx_backend.hf import compile_for_generation
+
+    torch.manual_seed(0)
+    model = build().eval()
+    prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    kwargs = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}
+    with torch.no_grad():
+        reference = model.generate(prompt, cache_implementation="static", **kwargs)
+    qnnx_backend.clear_compile_reports()
+    compile_for_generation(model, max_cache_len=64, options={"device": "npu", "strict": True, "soc_model": 60})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(prompt, **kwargs)
+    reports = list(qnnx_backend.compile_reports())
+    assert len(reports) == 2 and all(r.device == "npu" and not r.cpu_nodes for r in reports), [
+        r.summary() for r in reports
+    ]
+    assert torch.equal(out, reference), (out.tolist(), reference.tolist())

@@ -1,0 +1,187 @@
+"""The translator's ops of mixture-of-experts routers and decoder position math: max/min with indices, argmax,
+histc of expert ids, scatter of a value (a group mask) and floor of an integer quotient. Each equals eager exactly
+on the CPU EP, declines what it cannot compute exactly, and runs wholly on the HTP simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from export_capture import capture, only
+from export_qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_err
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._pytree import tree_flatten
+
+import qnnx_export as qe
+from qnnx_export.errors import ExportError
+from qnnx_testkit.strategies import seeds, shapes
+
+FAST = qe.ExportOptions(exporter="fast")
+
+
+@pytest.fixture(autouse=True)
+def _no_grad() -> Iterator[None]:
+    """Inference mode, as the backend sees it."""
+    with torch.no_grad():
+        yield
+
+
+def _exactly_as_eager(fn: Callable[..., Any], *inputs: torch.Tensor) -> None:
+    """``fn`` translated (no fallback) and run on the CPU EP gives eager's outputs bit for bit, dtypes included."""
+    ref = fn(*inputs)
+    backend = Capture(cpu_session, FAST)
+    out = compile_and_run(fn, inputs, backend)
+    assert all(e.exporter == "fast" and e.fast_path_declined is None for e in backend.exported)
+    outs, refs = tree_flatten(out)[0], tree_flatten(ref)[0]
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs, strict=True):
+        assert o.dtype == r.dtype and o.shape == r.shape, (o.dtype, o.shape, r.dtype, r.shape)
+        assert torch.equal(o, r), (o, r)
+
+
+def _declines(fn: Callable[..., Any], *inputs: torch.Tensor, match: str) -> None:
+    """The translator declines ``fn`` with a reason matching ``match`` (the fast exporter alone then raises)."""
+    cap = only(capture(fn, *inputs)[0])
+    with pytest.raises(ExportError, match=match):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+
+
+def _with_ties(dims: list[int], seed: int) -> torch.Tensor:
+    """Values from a handful of levels, so that most rows repeat their extremum."""
+    return torch.randint(-2, 3, dims, generator=torch.Generator().manual_seed(seed)).float() / 4
+
+
+@settings(max_examples=25, deadline=None)
+@given(dims=shapes(max_rank=3, max_side=5), data=st.data(), seed=seeds())
+def test_max_and_min_along_an_axis_give_eagers_values_and_first_indices(
+    dims: list[int], data: st.DataObject, seed: int
+) -> None:
+    """max(x, dim) and min(x, dim) (keepdim or not) of a rank 0-3 tensor with repeated extrema give eager's values
+    and int64 indices exactly: the first position on ties."""
+    x = _with_ties(dims, seed)
+    rank = max(len(dims), 1)
+    dim = data.draw(st.integers(-rank, rank - 1))
+    keepdim = data.draw(st.booleans())
+    _exactly_as_eager(lambda t: (tuple(torch.max(t, dim, keepdim)), tuple(torch.min(t, dim, keepdim))), x)
+
+
+@settings(max_examples=25, deadline=None)
+@given(dims=shapes(min_rank=1, max_rank=3, max_side=5), data=st.data(), seed=seeds())
+def test_argmax_argmin_and_max_of_all_give_eagers_results(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """argmax/argmin along an axis or of the flattened tensor (keepdim or not), and max/min of every element, equal
+    eager exactly with repeated values (the first position on ties)."""
+    x = _with_ties(dims, seed)
+    dim = data.draw(st.one_of(st.none(), st.integers(-len(dims), len(dims) - 1)))
+    keepdim = data.draw(st.booleans())
+    _exactly_as_eager(lambda t: (t.argmax(dim, keepdim), t.argmin(dim, keepdim), torch.max(t) * 1, torch.min(t) * 1), x)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    count=st.integers(1, 40),
+    low=st.integers(-6, 6),
+    span=st.integers(1, 12),
+    bins=st.integers(1, 16),
+    int32=st.booleans(),
+    seed=seeds(),
+)
+def test_histc_of_integer_ids_counts_exactly(
+    count: int, low: int, span: int, bins: int, int32: bool, seed: int
+) -> None:
+    """histc(ids.float(), bins, min, max) of int32/int64 ids, some outside [min, max], with any number of bins
+    over the range (one integer per bin, several, or bins that hold none), equals eager's counts exactly."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(low - 2, low + span + 3, (count,), generator=g).to(torch.int32 if int32 else torch.int64)
+    _exactly_as_eager(lambda i: torch.histc(i.float(), bins=bins, min=low, max=low + span), ids)
+
+
+def test_histc_of_one_bin_over_the_datas_range_counts_every_element() -> None:
+    """histc(ids.float(), bins=1) with min == max (a router of one expert) counts every element, as eager does."""
+    _exactly_as_eager(lambda i: torch.histc(i.float(), bins=1, min=0, max=0), torch.tensor([[3, 0], [5, 5]]))
+
+
+def test_histc_declines_what_it_cannot_count_exactly() -> None:
+    """Float values (bin edges at float16 precision would move them), a range from the data over several bins and
+    fractional bounds are declined, each naming why."""
+    ids = torch.tensor([0, 1, 3, 3])
+    _declines(lambda x: torch.histc(x * 0.5, bins=4, min=0, max=2), torch.randn(6), match="float values")
+    _declines(lambda i: torch.histc(i.float(), bins=4, min=0, max=0), ids, match="depends on the data")
+    _declines(lambda i: torch.histc(i.float(), bins=4, min=0, max=2.5), ids, match="integer bounds")
+
+
+@settings(max_examples=30, deadline=None)
+@given(dims=shapes(min_rank=1, max_rank=3, max_side=5), data=st.data(), seed=seeds(), fill=st.sampled_from([1, -2.5]))
+def test_scatter_of_a_value_equals_eager(dims: list[int], data: st.DataObject, seed: int, fill: float) -> None:
+    """x.scatter(dim, index, value) along any axis of a rank 1-3 tensor, with an index narrower than the input and
+    repeated positions, equals eager exactly; so does the in-place form on a fresh mask (a router's group mask)."""
+    g = torch.Generator().manual_seed(seed)
+    dim = data.draw(st.integers(-len(dims), len(dims) - 1))
+    index_shape = [
+        data.draw(st.integers(1, d + 2)) if i == dim % len(dims) else data.draw(st.integers(1, d))
+        for i, d in enumerate(dims)
+    ]
+    x = torch.randn(dims, generator=g)
+    index = torch.randint(0, dims[dim], index_shape, generator=g)
+    _exactly_as_eager(lambda a, i: (a.scatter(dim, i, fill), torch.zeros_like(a).scatter_(dim, i, 1)), x, index)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    values=st.lists(st.integers(-(2**24) + 2, 2**24 - 2), min_size=1, max_size=12),
+    divisor=st.integers(1, 20000),
+    int32=st.booleans(),
+)
+def test_floor_of_an_integer_quotient_equals_eager(values: list[int], divisor: int, int32: bool) -> None:
+    """floor(i / n) of int32/int64 integers (negative ones too) by a positive integer equals eager's float32 result
+    exactly below 2**24 in magnitude, computed by integer division instead of a float quotient."""
+    i = torch.tensor(values, dtype=torch.int32 if int32 else torch.int64)
+    _exactly_as_eager(lambda p: torch.floor(p / divisor), i)
+
+
+def test_router_and_position_ops_run_wholly_on_the_htp_simulator() -> None:
+    """max with indices (ties included), argmax, histc of expert ids, a scattered group mask and the floor of
+    position quotients run in one graph wholly on the HTP simulator (no CPU fallback): eager's int64 indices exactly,
+    and counts, mask and floors that round to eager's integers (HTP's float outputs carry float16-level noise)."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 5, generator=g)
+    scores[1, 1] = scores[1, 3] = scores[1].max() + 1  # a tie: the first index wins
+    ids = torch.randint(0, 4, (6, 2), generator=g)
+    positions = torch.tensor([[0, 1, 16383, 16384, 40000, -1, -16385]])
+
+    def router(s: torch.Tensor, i: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values, index = torch.max(s, -1)
+        counts = torch.histc(i.reshape(-1).float(), bins=4, min=0, max=3)
+        mask = torch.zeros_like(s).scatter_(1, i, 1.0)
+        return values, index, s.argmin(0), counts, mask, 1 + torch.floor(p / 16384)
+
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(router, (scores, ids, positions), backend)
+    ref = router(scores, ids, positions)
+    assert backend.exported[0].exporter == "fast"
+    assert rel_err(out[0], ref[0]) <= 2e-3
+    assert torch.equal(out[1], ref[1]) and torch.equal(out[2], ref[2]), (out[1:3], ref[1:3])
+    for got, want in zip(out[3:], ref[3:], strict=True):
+        assert torch.equal(got.round(), want) and rel_err(got, want) <= 1e-3, (got, want)
+
+
+def test_gathering_by_an_argmax_runs_on_htp_without_a_clamp() -> None:
+    """A router's ``scores.gather(-1, max(scores, -1, keepdim=True)[1])`` and a gather by ``argmax`` take the
+    positions as they are (no Max(i, 0) clamp: qnnx-opcheck knows ArgMax results non-negative) and run wholly on the HTP
+    simulator with eager's values; other runtime indices keep their clamp."""
+    scores = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+
+    def pick(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return s.gather(-1, torch.max(s, -1, keepdim=True)[1]), s.gather(0, s.argmin(0, keepdim=True))
+
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(pick, (scores,), backend)
+    (exported,) = backend.exported
+    assert "Max" not in {n.op_type for n in exported.model.graph.node}
+    for got, want in zip(out, pick(scores), strict=True):
+        assert rel_err(got, want) <= 2e-3
+    clamped = Capture(cpu_session, FAST)
+    compile_and_run(lambda s, i: s.gather(1, i), (scores, torch.tensor([[0], [5], [2]])), clamped)
+    assert "Max" in {n.op_type for n in clamped.exported[0].model.graph.node}
