@@ -1,0 +1,113 @@
+"""The translator's logic: logical_and/or/xor/not of tensors of any dtype, all and any, on the HTP simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from export_qnn_helpers import Capture, compile_and_run, qnn_session
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qnnx_export as qe
+from qnnx_testkit.strategies import seeds, shapes
+
+FAST = qe.ExportOptions(exporter="fast")
+
+_BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "and": torch.logical_and,
+    "or": torch.logical_or,
+    "xor": torch.logical_xor,
+}
+
+
+def _values(kind: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Bools, small integers, or floats: a third exactly zero (some -0.0), the rest of magnitude 1e-6 to 1e4 with
+    either sign (every one of them nonzero in float16), with a NaN and an infinity when there is room."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "bool":
+        return torch.rand(shape, generator=g) > 0.5
+    if kind == "int":
+        return torch.randint(-3, 4, shape, generator=g)
+    magnitude = 10 ** (torch.rand(shape, generator=g) * 10 - 6)
+    sign = torch.where(torch.rand(shape, generator=g) > 0.5, 1.0, -1.0)
+    x = torch.where(torch.rand(shape, generator=g) < 1 / 3, 0.0 * sign, magnitude * sign)
+    flat = x.view(-1)
+    if flat.numel() >= 4:
+        flat[1], flat[2] = float("nan"), float("-inf")
+    return x
+
+
+def _on_qnn(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> None:
+    """Run ``fn`` through the translator on the HTP simulator (CPU fallback off) and check it equals eager."""
+    ref = fn(*inputs)
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(fn, inputs, backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast" and exported.fast_path_declined is None
+    assert out.dtype == ref.dtype == torch.bool and out.shape == ref.shape
+    assert torch.equal(out, ref)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    shape=shapes(max_rank=3, max_side=5),
+    op=st.sampled_from([*_BINARY, "not"]),
+    kinds=st.tuples(*(st.sampled_from(["float", "int", "bool"]),) * 2),
+    broadcast=st.booleans(),
+    seed=seeds(),
+)
+def test_logical_ops_of_any_dtype_equal_eager_on_qnn(
+    shape: list[int], op: str, kinds: tuple[str, str], broadcast: bool, seed: int
+) -> None:
+    """logical_and/or/xor/not read floats (zeros, -0.0, NaN, infinities, values down to 1e-6), integers and bools
+    as PyTorch does, with broadcasting, wholly on the HTP simulator and equal to eager."""
+    a = _values(kinds[0], tuple(shape), seed)
+    if op == "not":
+        _on_qnn(torch.logical_not, a)
+    else:
+        b = _values(kinds[1], tuple(shape[1:]) if broadcast else tuple(shape), seed + 1)
+        _on_qnn(_BINARY[op], a, b)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    shape=shapes(min_rank=1, max_rank=3, max_side=5),
+    which=st.sampled_from(["all", "any"]),
+    kind=st.sampled_from(["float", "int", "bool"]),
+    dims=st.sampled_from(["none", "one", "many"]),
+    keepdim=st.booleans(),
+    data=st.data(),
+    seed=seeds(),
+)
+def test_all_any_equal_eager_on_qnn(
+    shape: list[int], which: str, kind: str, dims: str, keepdim: bool, data: st.DataObject, seed: int
+) -> None:
+    """all and any over every axis, one axis or several (keepdim or not) of floats, integers and bools run wholly
+    on the HTP simulator and equal eager, rows of all zeros and all nonzeros included."""
+    x = _values(kind, tuple(shape), seed)
+    if data.draw(st.booleans()):  # a row that is all zero and one that is all nonzero along the first axis
+        x[0] = 0
+        if shape[0] > 1:
+            x[-1] = 1
+    rank = len(shape)
+    reduce = getattr(torch, which)
+    if dims == "none":
+        _on_qnn(reduce, x)
+    elif dims == "one":
+        d = data.draw(st.integers(-rank, rank - 1))
+        _on_qnn(lambda t: reduce(t, d, keepdim=keepdim), x)
+    else:
+        chosen = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+        _on_qnn(lambda t: reduce(t, dim=tuple(chosen), keepdim=keepdim), x)
+
+
+def test_bitwise_not_of_integers_stays_declined() -> None:
+    """``~`` of an integer tensor is a bit operation, not a truth test: the translator declines it by name."""
+    from export_capture import capture, only
+
+    x = torch.arange(-3, 3)
+    cap = only(capture(lambda t: ~t, x)[0])
+    with pytest.raises(qe.errors.ExportError, match="bitwise_not"):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
