@@ -213,11 +213,21 @@ def _pool(
 
 
 def _max_pool(
-    t: Translator, node: Node, x: Node, window: Attrs, dilation: Ints = 1, ceil_mode: bool = False
+    t: Translator, node: Node, x: Node, window: dict[str, list[int]], dilation: Ints = 1, ceil_mode: bool = False
 ) -> ir.Value | tuple[ir.Value, None]:
-    if ceil_mode:  # ONNX and PyTorch disagree on the last window's placement with ceil_mode
-        raise Declined("max pool with ceil_mode=True")
-    attrs: Attrs = {**window, "dilations": _ntuple(dilation, fake(x).dim() - 2)}
+    """ONNX's MaxPool with PyTorch's arguments. ``ceil_mode`` is written as more padding at the end, up to PyTorch's
+    output size (which drops a last window that would start in the end padding): the pads read as -inf, so every
+    window's maximum is PyTorch's (ONNX's own ceil_mode places the last window differently), and qnnx-export's
+    maxpool_padded_input then joins them on for HTP."""
+    dilations = _ntuple(dilation, fake(x).dim() - 2)
+    if ceil_mode:
+        val = node.meta["val"]
+        out = (val[0] if isinstance(val, (tuple, list)) else val).shape[2:]
+        pads, rank = window["pads"], len(out)
+        for i, (size, n) in enumerate(zip(fake(x).shape[2:], out, strict=True)):
+            reach = (n - 1) * window["strides"][i] + dilations[i] * (window["kernel_shape"][i] - 1) + 1
+            pads[rank + i] = max(pads[rank + i], reach - size - pads[i])
+    attrs: Attrs = {**window, "dilations": dilations}
     if node.target is aten.max_pool2d_with_indices.default:
         if not only_first_output_used(node):
             raise Declined("max pool with its indices used")
