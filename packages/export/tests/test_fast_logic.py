@@ -1,4 +1,5 @@
-"""The translator's logic: logical_and/or/xor/not of tensors of any dtype, all and any, on the HTP simulator."""
+"""The translator on the HTP simulator: logic (logical_and/or/xor/not of any dtype, all, any) and layer norm's
+mean and rstd."""
 
 from __future__ import annotations
 
@@ -111,3 +112,35 @@ def test_bitwise_not_of_integers_stays_declined() -> None:
     cap = only(capture(lambda t: ~t, x)[0])
     with pytest.raises(qe.errors.ExportError, match="bitwise_not"):
         qe.export(cap.gm, cap.example_inputs, options=FAST)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    shape=shapes(min_rank=1, max_rank=3, max_side=6),
+    data=st.data(),
+    scale=st.sampled_from([1e-3, 1.0, 1000.0]),
+    eps=st.sampled_from([1e-5, 0.5]),
+    affine=st.booleans(),
+    seed=seeds(),
+)
+def test_layer_norm_with_mean_and_rstd_on_qnn(
+    shape: list[int], data: st.DataObject, scale: float, eps: float, affine: bool, seed: int
+) -> None:
+    """native_layer_norm with its mean and rstd used runs wholly on the HTP simulator over the last 1-3 axes; the
+    output, mean and rstd are each within fp16 tolerance of eager's scale, for inputs of 1e-3 (rstd near
+    1/sqrt(eps)) up to 1000 (whose squares would overflow float16)."""
+    n = data.draw(st.integers(1, len(shape)))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * scale + scale
+    w, b = (torch.randn(shape[-n:], generator=g) for _ in range(2))
+
+    def fn(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.native_layer_norm(a, shape[-n:], w if affine else None, b if affine else None, eps)
+
+    refs = fn(x, w, b)
+    backend = Capture(qnn_session, FAST)
+    outs = compile_and_run(fn, (x, w, b), backend)
+    assert backend.exported[0].exporter == "fast" and backend.exported[0].fast_path_declined is None
+    for out, ref in zip(outs, refs, strict=True):
+        assert out.shape == ref.shape
+        assert float((out - ref).abs().max()) <= 5e-3 * float(ref.abs().max()) + 1e-6
