@@ -144,3 +144,33 @@ def test_layer_norm_with_mean_and_rstd_on_qnn(
     for out, ref in zip(outs, refs, strict=True):
         assert out.shape == ref.shape
         assert float((out - ref).abs().max()) <= 5e-3 * float(ref.abs().max()) + 1e-6
+
+
+def _signed(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Values of either sign from 1e-9 (below float16's range) to 1e4, with 0.0 and -0.0 when there is room."""
+    g = torch.Generator().manual_seed(seed)
+    x = 10 ** (torch.rand(shape, generator=g) * 13 - 9) * torch.where(torch.rand(shape, generator=g) > 0.5, 1.0, -1.0)
+    flat = x.view(-1)
+    if flat.numel() >= 3:
+        flat[0], flat[1] = 0.0, -0.0
+    return x
+
+
+@settings(max_examples=10, deadline=None)
+@given(shape=shapes(max_rank=3, max_side=5), broadcast=st.booleans(), scalar=st.booleans(), seed=seeds())
+def test_copysign_reads_the_sign_bit_on_qnn(shape: list[int], broadcast: bool, scalar: bool, seed: int) -> None:
+    """copysign takes the sign of ``b`` (a tensor, broadcast or not, or a Python scalar) wholly on the HTP simulator:
+    -0.0 and negative values below float16's range give a negative result, as in eager."""
+    a = _signed(tuple(shape), seed).abs() + 0.5  # nonzero where b holds its zeros: the sign shows
+    if scalar:
+        ref, fn = torch.copysign(a, -0.0), lambda x: torch.copysign(x, -0.0)
+        backend = Capture(qnn_session, FAST)
+        out = compile_and_run(fn, (a,), backend)
+    else:
+        b = _signed(tuple(shape[1:]) if broadcast else tuple(shape), seed + 1)
+        ref = torch.copysign(a, b)
+        backend = Capture(qnn_session, FAST)
+        out = compile_and_run(torch.copysign, (a, b), backend)
+    assert backend.exported[0].fast_path_declined is None
+    assert torch.equal(torch.signbit(out), torch.signbit(ref))
+    assert float((out - ref).abs().max()) <= 1e-3 * float(ref.abs().max()) + 1e-7

@@ -117,6 +117,8 @@ EXAMPLES: dict[str, _Example] = {
     "aten.logical_not.default": _ex(
         lambda a, b: (aten.logical_not.default(a), aten.logical_not.default(b)), _X, _bools(3, 4)
     ),
+    "aten.copysign.Tensor": _ex(lambda x, y: aten.copysign.Tensor(x, y), _X, (4,)),
+    "aten.copysign.Scalar": _ex(lambda x: aten.copysign.Scalar(x, -0.0), _X),
     "aten.all.default": _ex(lambda x: aten.all.default(x), _ints(3, 4, high=2)),
     "aten.all.dim": _ex(lambda x: aten.all.dim(x, 1, True), (3, 4)),
     "aten.all.dims": _ex(lambda b: aten.all.dims(b, [0, 1]), _bools(3, 4)),

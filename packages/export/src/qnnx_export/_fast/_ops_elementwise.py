@@ -191,6 +191,25 @@ def _all_any(
     return t.out("Greater", [picked, t.scalar(0.5, torch.float32)])
 
 
+@handles(aten.copysign.Tensor, aten.copysign.Scalar)
+def _copysign(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
+    """``|a|`` with the sign of ``b``: ``Where(1 / b < 0, -|a|, |a|)``. The reciprocal reads the sign bit of a zero
+    (1 / -0.0 is -inf on the CPU EP and HTP's most negative value on the simulator, whose float16 also keeps the
+    sign of a value too small for it), which a comparison of ``b`` with 0 would not."""
+    val = node.meta["val"]
+    if not val.dtype.is_floating_point:
+        raise Declined(f"copysign into {val.dtype}")
+
+    def emit(op: str, inputs: list[ir.Value], like: Operand, dtype: torch.dtype = val.dtype) -> ir.Value:
+        return t.emit1(op, inputs, dtype=dtype, shape=tuple(fake(like).shape) if hasattr(like, "meta") else ())
+
+    magnitude = emit("Abs", [t.operand(a, val.dtype)], a)
+    negated = emit("Mul", [magnitude, t.scalar(-1.0, val.dtype)], a)  # not Neg: the EP declines it at rank 5
+    inverse = emit("Reciprocal", [t.operand(b, val.dtype)], b)
+    negative = emit("Less", [inverse, t.scalar(0.0, val.dtype)], b, torch.bool)
+    return t.out("Where", [negative, negated, magnitude])
+
+
 @handles(aten.where.self)
 def _where(t: Translator, node: Node, cond: Operand, a: Operand, b: Operand) -> ir.Value:
     dtype = node.meta["val"].dtype
