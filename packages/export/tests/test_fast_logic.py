@@ -174,3 +174,27 @@ def test_copysign_reads_the_sign_bit_on_qnn(shape: list[int], broadcast: bool, s
     assert backend.exported[0].fast_path_declined is None
     assert torch.equal(torch.signbit(out), torch.signbit(ref))
     assert float((out - ref).abs().max()) <= 1e-3 * float(ref.abs().max()) + 1e-7
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    sides=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    out=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+    batched=st.booleans(),
+    seed=seeds(),
+)
+def test_adaptive_max_pool_values_on_qnn(
+    sides: tuple[int, int], out: tuple[int, int], batched: bool, seed: int
+) -> None:
+    """adaptive_max_pool2d's values (indices unused), over even, uneven, overlapping and repeated windows, batched or
+    not, run wholly on the HTP simulator and equal eager's to float16 rounding, all-negative windows included."""
+    x = torch.randn((2, 3, *sides) if batched else (3, *sides), generator=torch.Generator().manual_seed(seed)) - 3
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.adaptive_max_pool2d(t, out)
+
+    ref = fn(x)
+    backend = Capture(qnn_session, FAST)
+    got = compile_and_run(fn, (x,), backend)
+    assert backend.exported[0].fast_path_declined is None and got.shape == ref.shape
+    assert float((got - ref).abs().max()) <= 1e-3 * float(ref.abs().max())

@@ -302,6 +302,35 @@ def _adaptive_avg_pool(t: Translator, node: Node, x: Node, output_size: Sequence
     return _adaptive_avg_pool_2d_as_matmuls(t, node, x, spatial, output_size)
 
 
+@handles(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool(t: Translator, node: Node, x: Node, output_size: Sequence[int]) -> tuple[ir.Value, None]:
+    """The maxima over PyTorch's adaptive windows (``[floor(i*size/out), ceil((i+1)*size/out))``) with the indices
+    unused, one spatial axis at a time (a maximum over a box is the maximum over its rows of the maxima over its
+    columns): a ``Slice`` and a ``ReduceMax`` per window, joined by ``Concat``. Exact."""
+    if not only_first_output_used(node):
+        raise Declined("adaptive max pool with its indices used")
+    val = node.meta["val"][0]
+    dtype = val.dtype
+    shape = list(fake(x).shape)
+    out = t.value(x)
+    for axis, n in zip(range(len(shape) - len(output_size), len(shape)), output_size, strict=True):
+        size, parts = shape[axis], []
+        shape[axis] = 1
+        for i in range(n):
+            start, end = (i * size) // n, -(-(i + 1) * size // n)
+            window = t.emit1(
+                "Slice",
+                [out, t.ints([start], "starts"), t.ints([end], "ends"), t.ints([axis], "axes")],
+                dtype=dtype,
+                shape=tuple(end - start if d == axis else s for d, s in enumerate(shape)),
+            )
+            reduced = t.ints([axis], "axes")
+            parts.append(t.emit1("ReduceMax", [window, reduced], {"keepdims": 1}, dtype=dtype, shape=tuple(shape)))
+        shape[axis] = n
+        out = parts[0] if n == 1 else t.emit1("Concat", parts, {"axis": axis}, dtype=dtype, shape=tuple(shape))
+    return (out, None)
+
+
 def _window_means(size: int, out: int, dtype: torch.dtype) -> torch.Tensor:
     """``[out, size]``: row ``i`` averages PyTorch's adaptive window ``[floor(i*size/out), ceil((i+1)*size/out))``."""
     m = torch.zeros(out, size, dtype=torch.float64)
