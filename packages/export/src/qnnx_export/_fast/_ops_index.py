@@ -315,3 +315,43 @@ def _index_put(
     scattered = t.emit1("ScatterND", [data, stacked, updates], dtype=dtype, shape=tuple(shape[p] for p in perm))
     inverse = sorted(range(rank), key=perm.__getitem__)
     return t.out("Transpose", [scattered], {"perm": inverse})
+
+
+@handles(aten.diagonal_scatter.default)
+def _diagonal_scatter(
+    t: Translator, node: Node, x: Node, src: Node, offset: int = 0, dim1: int = 0, dim2: int = 1
+) -> ir.Value:
+    """``x`` with its diagonal (``offset``, over ``dim1`` and ``dim2``) replaced by ``src``: the two dims moved last,
+    ``src`` with one zero appended picked by a constant index per element of the ``[n1, n2]`` plane (its position on
+    the diagonal, or the zero off it), and a constant mask choosing between that and ``x``. Data movement only:
+    exact."""
+    val = node.meta["val"]
+    shape, dtype = tuple(val.shape), val.dtype
+    if dtype == torch.bool:
+        raise Declined("diagonal_scatter on bool tensors")
+    rank = len(shape)
+    d1, d2 = onnx_axis(dim1, rank), onnx_axis(dim2, rank)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    lead = tuple(shape[d] for d in rest)
+    n1, n2 = shape[d1], shape[d2]
+    length = int(fake(src).shape[-1])
+    if length == 0 or d1 == d2:
+        raise Declined("diagonal_scatter of an empty diagonal")
+    index = torch.full((n1 * n2,), length, dtype=torch.int64)
+    mask = torch.zeros(n1, n2, dtype=torch.bool)
+    for k in range(length):
+        i, j = k + max(-offset, 0), k + max(offset, 0)
+        index[i * n2 + j] = k
+        mask[i, j] = True
+    perm = [*rest, d1, d2]
+    moved = t.emit1("Transpose", [t.value(x)], {"perm": perm}, dtype=dtype, shape=(*lead, n1, n2))
+    zero = t.initializer(torch.zeros((*lead, 1), dtype=dtype), "diag_zero")
+    padded = t.emit1(
+        "Concat", [t.operand(src, dtype), zero], {"axis": len(lead)}, dtype=dtype, shape=(*lead, length + 1)
+    )
+    picked = t.emit1(
+        "Gather", [padded, t.initializer(index, "diag_index")], {"axis": len(lead)}, dtype=dtype, shape=(*lead, n1 * n2)
+    )
+    placed = t.emit1("Reshape", [picked, t.ints([*lead, n1, n2])], dtype=dtype, shape=(*lead, n1, n2))
+    chosen = t.emit1("Where", [t.initializer(mask, "diag_mask"), placed, moved], dtype=dtype, shape=(*lead, n1, n2))
+    return t.out("Transpose", [chosen], {"perm": [perm.index(d) for d in range(rank)]})
