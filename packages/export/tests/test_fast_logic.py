@@ -1,14 +1,17 @@
-"""The translator on the HTP simulator: logic (logical_and/or/xor/not of any dtype, all, any) and layer norm's
-mean and rstd."""
+"""The translator on the HTP simulator: logic (logical_and/or/xor/not of any dtype, all, any), copysign, layer
+norm's mean and rstd, adaptive max pooling, and the constant-position scatters (diagonal_scatter,
+as_strided_scatter)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 
 import pytest
 import torch
 from export_qnn_helpers import Capture, compile_and_run, qnn_session
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import qnnx_export as qe
@@ -49,6 +52,16 @@ def _on_qnn(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> None:
     assert exported.exporter == "fast" and exported.fast_path_declined is None
     assert out.dtype == ref.dtype == torch.bool and out.shape == ref.shape
     assert torch.equal(out, ref)
+
+
+def _close_on_qnn(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> None:
+    """Run ``fn`` through the translator on the HTP simulator (CPU fallback off): eager's shape, and its values to
+    float16 rounding (1e-3 of the output's scale)."""
+    ref = fn(*inputs)
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(fn, inputs, backend)
+    assert backend.exported[0].fast_path_declined is None and out.shape == ref.shape
+    assert float((out - ref).abs().max()) <= 1e-3 * float(ref.abs().max())
 
 
 @settings(max_examples=12, deadline=None)
@@ -193,11 +206,7 @@ def test_adaptive_max_pool_values_on_qnn(
     def fn(t: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.adaptive_max_pool2d(t, out)
 
-    ref = fn(x)
-    backend = Capture(qnn_session, FAST)
-    got = compile_and_run(fn, (x,), backend)
-    assert backend.exported[0].fast_path_declined is None and got.shape == ref.shape
-    assert float((got - ref).abs().max()) <= 1e-3 * float(ref.abs().max())
+    _close_on_qnn(fn, x)
 
 
 @settings(max_examples=10, deadline=None)
@@ -215,8 +224,26 @@ def test_diagonal_scatter_on_qnn(shape: list[int], data: st.DataObject, seed: in
     def fn(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return torch.diagonal_scatter(a, s, offset, dim1, dim2)
 
-    ref = fn(x, src)
-    backend = Capture(qnn_session, FAST)
-    out = compile_and_run(fn, (x, src), backend)
-    assert backend.exported[0].fast_path_declined is None and out.shape == ref.shape
-    assert float((out - ref).abs().max()) <= 1e-3 * float(ref.abs().max())
+    _close_on_qnn(fn, x, src)
+
+
+@settings(max_examples=10, deadline=None)
+@given(shape=shapes(min_rank=1, max_rank=3, max_side=6), data=st.data(), seed=seeds())
+def test_as_strided_scatter_on_qnn(shape: list[int], data: st.DataObject, seed: int) -> None:
+    """as_strided_scatter with a view of distinct positions (any sizes, strides and storage offset inside the
+    tensor) runs wholly on the HTP simulator and writes eager's elements."""
+    numel = math.prod(shape)
+    rank = data.draw(st.integers(1, 2))
+    size = data.draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    stride = sorted(data.draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)), reverse=True)
+    span = sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    positions = {sum(i * s for i, s in zip(idx, stride, strict=True)) for idx in itertools.product(*map(range, size))}
+    assume(span < numel and len(positions) == math.prod(size))
+    offset = data.draw(st.integers(0, numel - 1 - span))
+    g = torch.Generator().manual_seed(seed)
+    x, src = torch.randn(shape, generator=g), torch.randn(size, generator=g) * 100
+
+    def fn(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(a, s, size, stride, offset)
+
+    _close_on_qnn(fn, x, src)

@@ -121,6 +121,9 @@ EXAMPLES: dict[str, _Example] = {
     "aten.copysign.Scalar": _ex(lambda x: aten.copysign.Scalar(x, -0.0), _X),
     "aten.adaptive_max_pool2d.default": _ex(lambda x: aten.adaptive_max_pool2d.default(x, [2, 3])[0], (1, 2, 5, 4)),
     "aten.diagonal_scatter.default": _ex(lambda x, s: aten.diagonal_scatter.default(x, s, 1, 2, 0), (4, 2, 3), (2, 3)),
+    "aten.as_strided_scatter.default": _ex(
+        lambda x, s: aten.as_strided_scatter.default(x, s, [2, 2], [3, 1], 1), (3, 4), (2, 2)
+    ),
     "aten.all.default": _ex(lambda x: aten.all.default(x), _ints(3, 4, high=2)),
     "aten.all.dim": _ex(lambda x: aten.all.dim(x, 1, True), (3, 4)),
     "aten.all.dims": _ex(lambda b: aten.all.dims(b, [0, 1]), _bools(3, 4)),
