@@ -173,15 +173,28 @@ def unsqueeze_int64(
 def avgpool(
     shape: Sequence[int], dtype: int = TensorProto.FLOAT, seed: int = 0, **attrs: object
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """``AveragePool(x, **attrs)`` of a graph input. The output's shape is left undeclared: under ceil_mode ONNX's
-    shape inference keeps a last window that would start in the end padding, which ONNX Runtime (and PyTorch)
-    drop, so an inferred shape would disagree with what the node computes."""
-    node = h.make_node("AveragePool", ["x"], ["y"], **attrs)
+    """``AveragePool(x, **attrs)`` of a graph input (see :func:`pool`)."""
+    return pool("AveragePool", shape, dtype, seed, **attrs)
+
+
+def pool(
+    op_type: str,
+    shape: Sequence[int],
+    dtype: int = TensorProto.FLOAT,
+    seed: int = 0,
+    shift: float = 0.0,
+    **attrs: object,
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``op_type(x, **attrs)`` (a pool) of a graph input, fed standard normal values plus ``shift``. The output's
+    shape is left undeclared: under ceil_mode ONNX's shape inference keeps a last window that would start in the end
+    padding, which ONNX Runtime (and PyTorch) drop, so an inferred shape would disagree with what the node
+    computes."""
+    node = h.make_node(op_type, ["x"], ["y"], **attrs)
     graph = h.make_graph(
         [node], "g", [h.make_tensor_value_info("x", dtype, list(shape))], [h.make_tensor_value_info("y", dtype, None)]
     )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], ir_version=10)
-    x = np.random.default_rng(seed).standard_normal(tuple(shape))
+    x = np.random.default_rng(seed).standard_normal(tuple(shape)) + shift
     return model, {"x": x.astype(onnx.helper.tensor_dtype_to_np_dtype(dtype))}
 
 

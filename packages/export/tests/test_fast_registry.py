@@ -111,10 +111,25 @@ EXAMPLES: dict[str, _Example] = {
     "aten.gt.Scalar": _ex(lambda x: aten.gt.Scalar(x, 0), _X),
     "aten.ge.Tensor": _ex(lambda x, y: aten.ge.Tensor(x, y), _X, _X),
     "aten.ge.Scalar": _ex(lambda x: aten.ge.Scalar(x, -0.2), _X),
-    "aten.logical_and.default": _ex(lambda a, b: aten.logical_and.default(a, b), _bools(3, 4), _bools(3, 4)),
+    "aten.logical_and.default": _ex(lambda a, b: aten.logical_and.default(a, b), _bools(3, 4), _ints(3, 4, high=2)),
     "aten.logical_or.default": _ex(lambda a, b: aten.logical_or.default(a, b), _bools(3, 4), _bools(4)),
-    "aten.logical_xor.default": _ex(lambda a, b: aten.logical_xor.default(a, b), _bools(3, 4), _bools(3, 4)),
-    "aten.logical_not.default": _ex(lambda a: aten.logical_not.default(a), _bools(3, 4)),
+    "aten.logical_xor.default": _ex(lambda a, b: aten.logical_xor.default(a, b), _X, _bools(3, 4)),
+    "aten.logical_not.default": _ex(
+        lambda a, b: (aten.logical_not.default(a), aten.logical_not.default(b)), _X, _bools(3, 4)
+    ),
+    "aten.copysign.Tensor": _ex(lambda x, y: aten.copysign.Tensor(x, y), _X, (4,)),
+    "aten.copysign.Scalar": _ex(lambda x: aten.copysign.Scalar(x, -0.0), _X),
+    "aten.adaptive_max_pool2d.default": _ex(lambda x: aten.adaptive_max_pool2d.default(x, [2, 3])[0], (1, 2, 5, 4)),
+    "aten.diagonal_scatter.default": _ex(lambda x, s: aten.diagonal_scatter.default(x, s, 1, 2, 0), (4, 2, 3), (2, 3)),
+    "aten.as_strided_scatter.default": _ex(
+        lambda x, s: aten.as_strided_scatter.default(x, s, [2, 2], [3, 1], 1), (3, 4), (2, 2)
+    ),
+    "aten.all.default": _ex(lambda x: aten.all.default(x), _ints(3, 4, high=2)),
+    "aten.all.dim": _ex(lambda x: aten.all.dim(x, 1, True), (3, 4)),
+    "aten.all.dims": _ex(lambda b: aten.all.dims(b, [0, 1]), _bools(3, 4)),
+    "aten.any.default": _ex(lambda b: aten.any.default(b), _bools(3, 4)),
+    "aten.any.dim": _ex(lambda i: aten.any.dim(i, 0), _ints(3, 4, high=2)),
+    "aten.any.dims": _ex(lambda x: aten.any.dims(x, None, True), (3, 4)),
     "aten.bitwise_and.Tensor": _ex(lambda a, b: aten.bitwise_and.Tensor(a, b), _bools(3, 4), _bools(3, 4)),
     "aten.bitwise_or.Tensor": _ex(lambda a, b: aten.bitwise_or.Tensor(a, b), _bools(3, 4), _bools(3, 4)),
     "aten.bitwise_xor.Tensor": _ex(lambda a, b: aten.bitwise_xor.Tensor(a, b), _bools(3, 4), _bools(3, 4)),

@@ -22,6 +22,7 @@ from export_onnx_builders import (
     avgpool,
     einsum,
     make_model,
+    pool,
     projection_into_heads,
     to_bytes,
     to_ir,
@@ -520,6 +521,32 @@ def test_avgpool_whole_windows_shape_classes(
     _check(model, feeds, ("avgpool_whole_windows",), _cpu_reference)
 
 
+@_examples
+@given(window=pool_windows(max_spatial=2, max_side=12, max_batch=3, max_channels=17), ceil=st.booleans())
+def test_maxpool_padded_input_shape_classes(window: tuple[list[int], dict[str, list[int]]], ceil: bool) -> None:
+    """Every padded (or ceil_mode) MaxPool at rank 3-4 with batch and channels > 1, fed all-negative windows, is
+    right on QNN once its padding is joined on as -inf elements. The reference is the CPU EP on the node."""
+    shape, attrs = window
+    if not any(attrs["pads"]) and not ceil:
+        reject()  # nothing to rewrite
+    model, feeds = pool("MaxPool", shape, seed=sum(shape), shift=-4.0, **attrs, ceil_mode=int(ceil))
+    _check(model, feeds, ("maxpool_padded_input",), _cpu_reference)
+
+
+def test_maxpool_padded_input_is_right_on_qnn() -> None:
+    """The measured defect's pool, all-negative, is wrong on the HTP simulator as written (a column of zeros) and
+    equal to the CPU EP's once rewritten."""
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    model, feeds = pool("MaxPool", [1, 2, 4, 4], shift=-4.0, **attrs)
+    (ref,) = _cpu_reference(model, feeds)
+    (before,) = qnn_session(model.SerializeToString()).run(None, feeds)
+    assert float(np.abs(before - ref).max()) > 1.0  # the defect is still there: the pass is needed
+    m = to_ir(model)
+    run_passes(m, ("maxpool_padded_input",))
+    (got,) = qnn_session(to_bytes(m)).run(None, feeds)
+    np.testing.assert_allclose(got, ref, rtol=2e-3)
+
+
 # ------------------------------------------------------------------------------------------------------ Einsum
 
 
@@ -733,6 +760,7 @@ COVERED_HERE = frozenset(
         "fold_gather_scale",
         "gather_runtime_indices_as_rows",
         "avgpool_whole_windows",
+        "maxpool_padded_input",
         "einsum_as_matmul",
         "linear_heads_as_matmul",
         "l2_norm_prescaled",

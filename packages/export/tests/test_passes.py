@@ -18,6 +18,7 @@ from export_onnx_builders import (
     gathernd_runtime,
     make_model,
     merged_heads_matmul,
+    pool,
     projection_into_heads,
     rmsnorm,
     to_bytes,
@@ -875,6 +876,55 @@ def test_avgpool_whole_windows_leaves_other_pools(shape: list[object], attrs: di
     model = avgpool([1, 2, 8, 8], **attrs)[0]
     model.graph.input[0].CopyFrom(onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, shape))
     assert not _apply(model, "avgpool_whole_windows")[1]
+
+
+# ---------------------------------------------------------------------------------------- maxpool_padded_input
+
+# Padded and ceil_mode MaxPools, by the condition: (input shape, attributes).
+_MAXPOOLS: dict[str, tuple[list[int], dict[str, object]]] = {
+    # The measured defect: the last column of 2-wide, 2-stride windows padded on both sides comes out 0 on HTP.
+    "two_wide_padded_both_sides": ([1, 2, 4, 4], {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "resnet_stem": ([2, 3, 9, 9], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "ceil_window_starts_in_end_padding": (
+        [1, 2, 3, 3],
+        {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+    ),
+    "ceil_without_pads": ([1, 2, 3, 6], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    "asymmetric_pads_1d": ([2, 3, 9], {"kernel_shape": [3], "strides": [2], "pads": [0, 2]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MAXPOOLS))
+def test_maxpool_padded_input_equals_the_node(case: str) -> None:
+    """A padded or ceil_mode MaxPool becomes -inf elements joined on with Concat and a MaxPool of whole windows (no
+    pads, no ceil_mode) with the node's values and shape on the CPU EP, all-negative windows included."""
+    shape, attrs = _MAXPOOLS[case]
+    model, feeds = pool("MaxPool", shape, shift=-4.0, **attrs)
+    after, changed, m = _apply(model, "maxpool_padded_input")
+    assert changed and PASS_REGISTRY["maxpool_padded_input"]().find_defects(m.graph) == []
+    (node,) = [n for n in onnx.load_from_string(after).graph.node if n.op_type == "MaxPool"]
+    assert not any(_pool_attrs(node).get("pads", ())) and not _pool_attrs(node).get("ceil_mode")
+    (ref,), (out,) = _run(model.SerializeToString(), feeds), _run(after, feeds)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize(
+    ("shape", "attrs"),
+    [
+        ([1, 2, 8, 8], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ([1, 2, 8, 8], {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1], "dilations": [2, 2]}),
+        ([1, 2, 7, 7], {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}),
+        ([1, 2, 7, 7], {"kernel_shape": [2, 2], "pads": [2, 2, 2, 2]}),
+        (["batch", 2, 8, 8], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ],
+    ids=["unpadded", "dilated", "auto_pad", "pad_of_the_kernel", "dynamic_batch"],
+)
+def test_maxpool_padded_input_leaves_other_pools(shape: list[object], attrs: dict[str, object]) -> None:
+    """A MaxPool without pads or ceil_mode, or one the pass does not handle (dilation, auto_pad, a pad of the
+    kernel, no static shape), is left as it is."""
+    model = pool("MaxPool", [1, 2, 8, 8], **attrs)[0]
+    model.graph.input[0].CopyFrom(onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, shape))
+    assert not _apply(model, "maxpool_padded_input")[1]
 
 
 def test_avgpool_whole_windows_leaves_a_declared_shape_it_does_not_compute() -> None:

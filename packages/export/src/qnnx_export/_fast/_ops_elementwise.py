@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from qnnx_export._fast._nodes import fake, out_shape
+from qnnx_export._fast._nodes import fake, onnx_axis, out_shape
 from qnnx_export._fast._registry import handles
-from qnnx_export._fast._translator import Declined, Operand, Translator
+from qnnx_export._fast._translator import Declined, Operand, Translator, ir_dtype
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -116,6 +117,20 @@ def _compare(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
     return t.out("Not", [eq])
 
 
+def _truth(t: Translator, x: Operand) -> ir.Value:
+    """``x`` as a bool tensor, as PyTorch's logical ops read it: nonzero is true (NaN too). A non-bool tensor is
+    ``Not(Equal(x, 0))``: the QNN EP declines a Cast from float to bool (onnxruntime-qnn 2.7.0)."""
+    import torch.fx
+
+    if not isinstance(x, torch.fx.Node):
+        return t.operand(x, torch.bool)
+    val = fake(x)
+    if val.dtype == torch.bool:
+        return t.value(x)
+    zero = t.emit1("Equal", [t.value(x), t.scalar(0, val.dtype)], dtype=torch.bool, shape=tuple(val.shape))
+    return t.emit1("Not", [zero], dtype=torch.bool, shape=tuple(val.shape))
+
+
 @handles(*_LOGICAL, *_BITWISE)
 def _logical(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
     """And, or, xor. ``&``, ``|`` and ``^`` only on bool tensors (masks): on integers they are bit operations."""
@@ -123,15 +138,76 @@ def _logical(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
         any(fake(v).dtype != torch.bool for v in (a, b) if hasattr(v, "meta")) or node.meta["val"].dtype != torch.bool
     ):
         raise Declined(f"{node.target} on non-bool tensors")
+    if node.meta["val"].dtype != torch.bool:
+        raise Declined(f"{node.target} into {node.meta['val'].dtype}")
     op = _BITWISE[node.target] if node.target in _BITWISE else _LOGICAL[node.target]  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
-    return t.out(op, [t.operand(a, torch.bool), t.operand(b, torch.bool)])
+    return t.out(op, [_truth(t, a), _truth(t, b)])
 
 
 @handles(aten.logical_not.default, aten.bitwise_not.default)
 def _not(t: Translator, node: Node, x: Node) -> ir.Value:
-    if fake(x).dtype != torch.bool:
-        raise Declined("bitwise/logical not on a non-bool tensor")
-    return t.out("Not", [t.value(x)])
+    """Not. ``~`` only on bool tensors (on integers it is a bit operation); ``logical_not`` of any tensor is
+    ``Equal(x, 0)``."""
+    if node.meta["val"].dtype != torch.bool:
+        raise Declined(f"{node.target} into {node.meta['val'].dtype}")
+    if fake(x).dtype == torch.bool:
+        return t.out("Not", [t.value(x)])
+    if node.target is aten.bitwise_not.default:
+        raise Declined("bitwise not on a non-bool tensor")
+    return t.out("Equal", [t.value(x), t.scalar(0, fake(x).dtype)])
+
+
+_ALL_ANY = {
+    aten.all.default: "ReduceMin",
+    aten.all.dim: "ReduceMin",
+    aten.all.dims: "ReduceMin",
+    aten.any.default: "ReduceMax",
+    aten.any.dim: "ReduceMax",
+    aten.any.dims: "ReduceMax",
+}
+
+
+@handles(*_ALL_ANY)
+def _all_any(
+    t: Translator, node: Node, x: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False
+) -> ir.Value:
+    """``all`` and ``any``: the least (all) or greatest (any) of the truth values as 0/1 floats, read back as
+    ``> 0.5``. Exact: the reductions only pick one of the values 0 and 1 (the QNN EP declines a Cast to bool and
+    a bool reduction)."""
+    val = node.meta["val"]
+    if val.dtype != torch.bool:
+        raise Declined(f"{node.target} into {val.dtype}")
+    rank = fake(x).dim()
+    truth = _truth(t, x)
+    if rank == 0:
+        return truth
+    dims = [] if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    axes = sorted(onnx_axis(d, rank) for d in dims) or list(range(rank))
+    ones = t.emit1("Cast", [truth], {"to": int(ir_dtype(torch.float32))}, dtype=torch.float32, shape=out_shape(x))
+    op = _ALL_ANY[node.target]  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
+    picked = t.emit1(
+        op, [ones, t.ints(axes, "axes")], {"keepdims": int(bool(keepdim))}, dtype=torch.float32, shape=out_shape(node)
+    )
+    return t.out("Greater", [picked, t.scalar(0.5, torch.float32)])
+
+
+@handles(aten.copysign.Tensor, aten.copysign.Scalar)
+def _copysign(t: Translator, node: Node, a: Operand, b: Operand) -> ir.Value:
+    """``|a|`` with the sign of ``b``: ``Where(1 / b < 0, -|a|, |a|)``. The reciprocal reads the sign bit of a zero
+    (1 / -0.0 is -inf on the CPU EP and HTP's most negative value on the simulator, whose float16 also keeps the
+    sign of a value too small for it), which a comparison of ``b`` with 0 would not."""
+    val = node.meta["val"]
+    if not val.dtype.is_floating_point:
+        raise Declined(f"copysign into {val.dtype}")
+
+    def emit(op: str, inputs: list[ir.Value], like: Operand, dtype: torch.dtype = val.dtype) -> ir.Value:
+        return t.emit1(op, inputs, dtype=dtype, shape=tuple(fake(like).shape) if hasattr(like, "meta") else ())
+
+    magnitude = emit("Abs", [t.operand(a, val.dtype)], a)
+    negated = emit("Mul", [magnitude, t.scalar(-1.0, val.dtype)], a)  # not Neg: the EP declines it at rank 5
+    inverse = emit("Reciprocal", [t.operand(b, val.dtype)], b)
+    negative = emit("Less", [inverse, t.scalar(0.0, val.dtype)], b, torch.bool)
+    return t.out("Where", [negative, negated, magnitude])
 
 
 @handles(aten.where.self)

@@ -334,3 +334,84 @@ def _index_put(
     scattered = t.emit1("ScatterND", [data, stacked, updates], dtype=dtype, shape=tuple(shape[p] for p in perm))
     inverse = sorted(range(rank), key=perm.__getitem__)
     return t.out("Transpose", [scattered], {"perm": inverse})
+
+
+def _placed(
+    t: Translator, base: ir.Value, src: ir.Value, targets: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype
+) -> ir.Value:
+    """``base`` (``shape``: ``[*lead, M]``) with element ``targets[k]`` of its last axis replaced by ``src[..., k]``
+    (``src``: ``[*lead, K]``, distinct constant targets): ``src`` with one zero appended, picked by a constant index
+    per position (its ``k``, or the zero), and a constant mask choosing between that and ``base``. Data movement
+    only: exact."""
+    *lead, m = shape
+    k = int(targets.numel())
+    index = torch.full((m,), k, dtype=torch.int64)
+    index[targets] = torch.arange(k)
+    mask = torch.zeros(m, dtype=torch.bool)
+    mask[targets] = True
+    zero = t.initializer(torch.zeros((*lead, 1), dtype=dtype), "placed_zero")
+    axis = len(lead)
+    padded = t.emit1("Concat", [src, zero], {"axis": axis}, dtype=dtype, shape=(*lead, k + 1))
+    picked = t.emit1("Gather", [padded, t.initializer(index, "placed_index")], {"axis": axis}, dtype=dtype, shape=shape)
+    return t.emit1("Where", [t.initializer(mask, "placed_mask"), picked, base], dtype=dtype, shape=shape)
+
+
+@handles(aten.diagonal_scatter.default)
+def _diagonal_scatter(
+    t: Translator, node: Node, x: Node, src: Node, offset: int = 0, dim1: int = 0, dim2: int = 1
+) -> ir.Value:
+    """``x`` with its diagonal (``offset``, over ``dim1`` and ``dim2``) replaced by ``src``: the two dims moved last
+    and flattened into one, ``src`` placed on the diagonal's positions there (:func:`_placed`), and moved back."""
+    val = node.meta["val"]
+    shape, dtype = tuple(val.shape), val.dtype
+    if dtype == torch.bool:
+        raise Declined("diagonal_scatter on bool tensors")
+    rank = len(shape)
+    d1, d2 = onnx_axis(dim1, rank), onnx_axis(dim2, rank)
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    lead = tuple(shape[d] for d in rest)
+    n1, n2 = shape[d1], shape[d2]
+    length = int(fake(src).shape[-1])
+    if length == 0 or d1 == d2:
+        raise Declined("diagonal_scatter of an empty diagonal")
+    targets = torch.tensor([(k + max(-offset, 0)) * n2 + k + max(offset, 0) for k in range(length)])
+    perm = [*rest, d1, d2]
+    moved = t.emit1("Transpose", [t.value(x)], {"perm": perm}, dtype=dtype, shape=(*lead, n1, n2))
+    flat = t.emit1("Reshape", [moved, t.ints([*lead, n1 * n2])], dtype=dtype, shape=(*lead, n1 * n2))
+    placed = _placed(t, flat, t.operand(src, dtype), targets, (*lead, n1 * n2), dtype)
+    plane = t.emit1("Reshape", [placed, t.ints([*lead, n1, n2])], dtype=dtype, shape=(*lead, n1, n2))
+    return t.out("Transpose", [plane], {"perm": [perm.index(d) for d in range(rank)]})
+
+
+@handles(aten.as_strided_scatter.default)
+def _as_strided_scatter(
+    t: Translator,
+    node: Node,
+    x: Node,
+    src: Node,
+    size: Sequence[int],
+    stride: Sequence[int],
+    storage_offset: int | None = None,
+) -> ir.Value:
+    """``x`` with the elements of its ``as_strided(size, stride, storage_offset)`` view replaced by ``src``, on ``x``
+    contiguous and flattened (its storage order): each element of the view is one constant position there
+    (:func:`_placed`). A view that reads a position twice (PyTorch raises for it) or leaves the tensor declines."""
+    val = node.meta["val"]
+    dtype = val.dtype
+    base = fake(x)
+    if dtype == torch.bool or not base.is_contiguous() or base.storage_offset() != 0:
+        raise Declined("as_strided_scatter on bool, non-contiguous or offset tensors")
+    numel = int(base.numel())
+    grids = torch.meshgrid(*(torch.arange(n) for n in size), indexing="ij") if size else ()
+    targets = (storage_offset or 0) + sum(
+        (g * s for g, s in zip(grids, stride, strict=True)), torch.zeros((), dtype=torch.int64)
+    )
+    targets = targets.reshape(-1)
+    if targets.numel() == 0 or int(targets.unique().numel()) != targets.numel() or int(targets.max()) >= numel:
+        raise Declined("as_strided_scatter whose view is empty, overlaps itself or leaves the tensor")
+    flat = t.emit1("Reshape", [t.value(x), t.ints([numel])], dtype=dtype, shape=(numel,))
+    src_flat = t.emit1(
+        "Reshape", [t.operand(src, dtype), t.ints([targets.numel()])], dtype=dtype, shape=(targets.numel(),)
+    )
+    placed = _placed(t, flat, src_flat, targets, (numel,), dtype)
+    return t.out("Reshape", [placed, t.ints(list(val.shape))])

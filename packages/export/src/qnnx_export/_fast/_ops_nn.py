@@ -133,23 +133,57 @@ def _batch_norm(
 @handles(aten.native_layer_norm.default)
 def _layer_norm(
     t: Translator, node: Node, x: Node, normalized_shape: Sequence[int], w: Node | None, b: Node | None, eps: float
-) -> tuple[ir.Value, None, None]:
-    """LayerNormalization with its one output. With the mean or rstd used it declines: the QNN EP takes
-    LayerNormalization with one output only, and writing rstd out as ReduceMean((x - mean)^2) would square in
-    float16 on HTP, where any |x - mean| above 256 overflows and rstd comes back 0 (a wrong number the output
-    range check cannot see, since rstd itself is small)."""
-    if not only_first_output_used(node):
-        raise Declined("layer norm with its mean/rstd used")
+) -> tuple[ir.Value, ir.Value | None, ir.Value | None]:
+    """LayerNormalization with its one output (the QNN EP takes LayerNormalization with one output only). With the
+    mean or rstd used, all three are written out (:func:`_mean_rstd`), the output as ``(x - mean) * rstd``, then the
+    weight and bias."""
     val = node.meta["val"][0]
     n = len(normalized_shape)
+    shape = tuple(val.shape)
+    if not only_first_output_used(node):
+        d, mean, rstd = _mean_rstd(t, node, x, n, eps)
+        out = t.emit1("Mul", [d, rstd], dtype=val.dtype, shape=shape)
+        for arg, op in ((w, "Mul"), (b, "Add")):
+            if arg is not None:
+                out = t.emit1(op, [out, t.value(arg)], dtype=val.dtype, shape=shape)
+        want = tuple(node.meta["val"][1].shape)
+        if tuple(mean.shape or ()) != want:
+            mean = t.emit1("Reshape", [mean, t.ints(want)], dtype=val.dtype, shape=want)
+            rstd = t.emit1("Reshape", [rstd, t.ints(want)], dtype=val.dtype, shape=want)
+        return (out, mean, rstd)
     scale = (
         t.value(w) if w is not None else t.initializer(torch.ones(tuple(normalized_shape), dtype=val.dtype), "ln_scale")
     )
     inputs = [t.value(x), scale] + ([t.value(b)] if b is not None else [])
-    out = t.emit1(
-        "LayerNormalization", inputs, {"axis": -n, "epsilon": float(eps)}, dtype=val.dtype, shape=tuple(val.shape)
-    )
+    out = t.emit1("LayerNormalization", inputs, {"axis": -n, "epsilon": float(eps)}, dtype=val.dtype, shape=shape)
     return (out, None, None)
+
+
+def _mean_rstd(t: Translator, node: Node, x: Node, n: int, eps: float) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``d = x - mean`` over the last ``n`` axes of ``x``, the mean and ``rstd = 1 / sqrt(var + eps)`` (both with
+    the reduced axes kept), the variance taken on ``d / M`` (``M = max(max|d|, 1)``): ``rstd = (1 / M) /
+    sqrt(mean((d / M)^2) + eps / M^2)``. Squared as it is, ``d`` overflows float16 on HTP above 256 and rstd would
+    come back 0; every square here is at most 1, the mean of them at least 1/N when ``M > 1`` (the largest ``|d|``
+    contributes 1), and ``eps / M^2``, taken as ``eps / M / M``, at most eps (``M^2`` itself would saturate, and HTP
+    divides by a saturated value wrongly: 1e-5 / 950^2 came out 1.31). The same function in real arithmetic."""
+    dtype = node.meta["val"][0].dtype
+    full = tuple(fake(x).shape)
+    axes = t.ints(list(range(len(full) - n, len(full))), "axes")
+    kept = full[: len(full) - n] + (1,) * n
+
+    def emit(op: str, *inputs: ir.Value, keep: bool = True, attrs: Attrs | None = None) -> ir.Value:
+        return t.emit1(op, list(inputs), attrs, dtype=dtype, shape=kept if keep else full)
+
+    xv = t.operand(x, dtype)
+    mean = emit("ReduceMean", xv, axes, attrs={"keepdims": 1})
+    d = emit("Sub", xv, mean, keep=False)
+    m = emit("ReduceMax", emit("Abs", d, keep=False), axes, attrs={"keepdims": 1})
+    big = emit("Max", m, t.scalar(1.0, dtype))
+    scaled = emit("Div", d, big, keep=False)
+    s = emit("ReduceMean", emit("Mul", scaled, scaled, keep=False), axes, attrs={"keepdims": 1})
+    small_eps = emit("Div", emit("Div", t.scalar(float(eps), dtype), big), big)  # M^2 would saturate above 256
+    rstd = emit("Div", emit("Reciprocal", big), emit("Sqrt", emit("Add", s, small_eps)))
+    return d, mean, rstd
 
 
 @handles(aten.native_group_norm.default)
@@ -213,11 +247,21 @@ def _pool(
 
 
 def _max_pool(
-    t: Translator, node: Node, x: Node, window: Attrs, dilation: Ints = 1, ceil_mode: bool = False
+    t: Translator, node: Node, x: Node, window: dict[str, list[int]], dilation: Ints = 1, ceil_mode: bool = False
 ) -> ir.Value | tuple[ir.Value, None]:
-    if ceil_mode:  # ONNX and PyTorch disagree on the last window's placement with ceil_mode
-        raise Declined("max pool with ceil_mode=True")
-    attrs: Attrs = {**window, "dilations": _ntuple(dilation, fake(x).dim() - 2)}
+    """ONNX's MaxPool with PyTorch's arguments. ``ceil_mode`` is written as more padding at the end, up to PyTorch's
+    output size (which drops a last window that would start in the end padding): the pads read as -inf, so every
+    window's maximum is PyTorch's (ONNX's own ceil_mode places the last window differently), and qnnx-export's
+    maxpool_padded_input then joins them on for HTP."""
+    dilations = _ntuple(dilation, fake(x).dim() - 2)
+    if ceil_mode:
+        val = node.meta["val"]
+        out = (val[0] if isinstance(val, (tuple, list)) else val).shape[2:]
+        pads, rank = window["pads"], len(out)
+        for i, (size, n) in enumerate(zip(fake(x).shape[2:], out, strict=True)):
+            reach = (n - 1) * window["strides"][i] + dilations[i] * (window["kernel_shape"][i] - 1) + 1
+            pads[rank + i] = max(pads[rank + i], reach - size - pads[i])
+    attrs: Attrs = {**window, "dilations": dilations}
     if node.target is aten.max_pool2d_with_indices.default:
         if not only_first_output_used(node):
             raise Declined("max pool with its indices used")
@@ -256,6 +300,35 @@ def _adaptive_avg_pool(t: Translator, node: Node, x: Node, output_size: Sequence
         k = [s // o for s, o in zip(spatial, output_size, strict=True)]
         return t.out("AveragePool", [t.value(x)], {"kernel_shape": k, "strides": k})
     return _adaptive_avg_pool_2d_as_matmuls(t, node, x, spatial, output_size)
+
+
+@handles(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool(t: Translator, node: Node, x: Node, output_size: Sequence[int]) -> tuple[ir.Value, None]:
+    """The maxima over PyTorch's adaptive windows (``[floor(i*size/out), ceil((i+1)*size/out))``) with the indices
+    unused, one spatial axis at a time (a maximum over a box is the maximum over its rows of the maxima over its
+    columns): a ``Slice`` and a ``ReduceMax`` per window, joined by ``Concat``. Exact."""
+    if not only_first_output_used(node):
+        raise Declined("adaptive max pool with its indices used")
+    val = node.meta["val"][0]
+    dtype = val.dtype
+    shape = list(fake(x).shape)
+    out = t.value(x)
+    for axis, n in zip(range(len(shape) - len(output_size), len(shape)), output_size, strict=True):
+        size, parts = shape[axis], []
+        shape[axis] = 1
+        for i in range(n):
+            start, end = (i * size) // n, -(-(i + 1) * size // n)
+            window = t.emit1(
+                "Slice",
+                [out, t.ints([start], "starts"), t.ints([end], "ends"), t.ints([axis], "axes")],
+                dtype=dtype,
+                shape=tuple(end - start if d == axis else s for d, s in enumerate(shape)),
+            )
+            reduced = t.ints([axis], "axes")
+            parts.append(t.emit1("ReduceMax", [window, reduced], {"keepdims": 1}, dtype=dtype, shape=tuple(shape)))
+        shape[axis] = n
+        out = parts[0] if n == 1 else t.emit1("Concat", parts, {"axis": axis}, dtype=dtype, shape=tuple(shape))
+    return (out, None)
 
 
 def _window_means(size: int, out: int, dtype: torch.dtype) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Average pooling that HTP computes wrongly, rewritten into windows it averages right."""
+"""Pooling that HTP computes wrongly (average pools, padded max pools), rewritten into windows it computes right."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["AvgPoolDropUnusedCountIncludePad", "AvgPoolWholeWindows"]
+__all__ = ["AvgPoolDropUnusedCountIncludePad", "AvgPoolWholeWindows", "MaxPoolPaddedInput"]
 
 
 # ----------------------------------------------------------------- AveragePool count_include_pad without pads
@@ -93,6 +93,62 @@ def _pool_axis(size: int, k: int, s: int, before: int, after: int, ceil: bool, c
     return k / (high - low).astype(np.float64)
 
 
+def _joined_on(
+    graph: ir.Graph,
+    names: UniqueNames,
+    x: ir.Value,
+    begin: tuple[int, ...],
+    end: tuple[int, ...],
+    fill: ir.Value | None = None,
+) -> tuple[list[ir.Node], ir.Value, tuple[int, ...]]:
+    """``x`` (static shape ``[N, C, *spatial]``) with ``begin``/``end`` elements joined on before and after each
+    spatial axis by ``Concat``, axis by axis: zeros, or ``fill`` (a value of one element, broadcast) added to them.
+    The nodes, the padded value and its shape."""
+    shape = cast(tuple[int, ...], _graph.static_shape(x))
+    dtype = x.dtype
+    np_dtype = cast(ir.DataType, dtype).numpy()
+    nodes: list[ir.Node] = []
+
+    def block(size: int, axis: int) -> ir.Value:
+        block_shape = [size if d == axis else n for d, n in enumerate(shape)]
+        zeros = _graph.add_initializer(graph, names("zeros"), np.zeros(block_shape, np_dtype))
+        if fill is None:
+            return zeros
+        filled = _graph.new_value(names("filled"), dtype, block_shape)
+        nodes.append(ir.Node("", "Add", [zeros, fill], outputs=[filled]))
+        return filled
+
+    for axis, (before, after) in enumerate(zip(begin, end, strict=True), start=2):
+        if not before and not after:
+            continue
+        inputs = [*([block(before, axis)] if before else []), x, *([block(after, axis)] if after else [])]
+        shape = tuple(n + before + after if d == axis else n for d, n in enumerate(shape))
+        padded = _graph.new_value(names("padded"), dtype, shape)
+        nodes.append(ir.Node("", "Concat", inputs, attributes=[ir.AttrInt64("axis", axis)], outputs=[padded]))
+        x = padded
+    return nodes, x, shape
+
+
+def _static_window(node: ir.Node, op_type: str) -> tuple[tuple[int, ...], list[int], list[int], list[int], bool] | None:
+    """A pool node's input shape, kernel, strides, pads and ceil_mode, when its input's shape is static and it has
+    explicit pads (no auto_pad) and no dilation; else None."""
+    x = _graph.op_input(node, op_type)
+    shape = _graph.static_shape(x)
+    kernel = list(node.attributes.get_ints("kernel_shape", ()))
+    spatial = len(kernel)
+    if x is None or shape is None or spatial == 0 or len(shape) != spatial + 2:
+        return None
+    if node.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+        return None
+    if any(d != 1 for d in node.attributes.get_ints("dilations", ())):
+        return None
+    strides = list(node.attributes.get_ints("strides", ()) or [1] * spatial)
+    pads = list(node.attributes.get_ints("pads", ()) or [0] * (2 * spatial))
+    if len(strides) != spatial or len(pads) != 2 * spatial or min(strides) < 1 or min(pads) < 0:
+        return None
+    return shape, kernel, strides, pads, bool(node.attributes.get_int("ceil_mode", 0))
+
+
 @register(order=85)
 class AvgPoolWholeWindows(QnnPass):
     """Write an AveragePool that QNN HTP averages wrongly (a ceil_mode window hanging over the end, count_include_pad
@@ -120,22 +176,12 @@ class AvgPoolWholeWindows(QnnPass):
 
     def match(self, node: ir.Node) -> PoolWindows | None:
         """How to write an AveragePool HTP gets wrong (static shapes, no dilation, explicit pads), or None."""
-        x = _graph.op_input(node, "AveragePool")
-        shape = _graph.static_shape(x)
-        kernel = list(node.attributes.get_ints("kernel_shape", ()))
+        window = _static_window(node, "AveragePool")
+        if window is None:
+            return None
+        shape, kernel, strides, pads, ceil = window
         spatial = len(kernel)
-        if x is None or shape is None or spatial == 0 or len(shape) != spatial + 2:
-            return None
-        if node.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
-            return None
-        if any(d != 1 for d in node.attributes.get_ints("dilations", ())):
-            return None
-        strides = list(node.attributes.get_ints("strides", ()) or [1] * spatial)
-        pads = list(node.attributes.get_ints("pads", ()) or [0] * (2 * spatial))
-        ceil = bool(node.attributes.get_int("ceil_mode", 0))
         count_pad = bool(node.attributes.get_int("count_include_pad", 0))
-        if len(strides) != spatial or len(pads) != 2 * spatial or min(strides) < 1 or min(pads) < 0:
-            return None
         if not htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=count_pad):
             return None
         axes = []
@@ -159,30 +205,11 @@ class AvgPoolWholeWindows(QnnPass):
     def rewrite(self, graph: ir.Graph) -> bool:
         def whole(names: UniqueNames, node: ir.Node, plan: PoolWindows) -> tuple[list[ir.Node], ir.Value]:
             x = cast(ir.Value, node.inputs[0])
-            shape = cast(tuple[int, ...], _graph.static_shape(x))
             dtype = x.dtype
             np_dtype = cast(ir.DataType, dtype).numpy()
-            nodes: list[ir.Node] = []
-            # Zeros joined on with Concat, axis by axis: ONNX Runtime's PadFusion would fold a Pad back into the
-            # pool as pads with count_include_pad=1 (a defect again), and HTP folds nothing into a Concat.
-            for axis, (before, after) in enumerate(zip(plan.begin, plan.end, strict=True), start=2):
-                if not before and not after:
-                    continue
-                head, tail = (
-                    _graph.add_initializer(
-                        graph,
-                        names("zeros"),
-                        np.zeros([size if d == axis else n for d, n in enumerate(shape)], np_dtype),
-                    )
-                    if size
-                    else None
-                    for size in (before, after)
-                )
-                inputs = [v for v in (head, x, tail) if v is not None]
-                shape = tuple(n + before + after if d == axis else n for d, n in enumerate(shape))
-                padded = _graph.new_value(names("padded"), dtype, shape)
-                nodes.append(ir.Node("", "Concat", inputs, attributes=[ir.AttrInt64("axis", axis)], outputs=[padded]))
-                x = padded
+            # Zeros joined on with Concat: ONNX Runtime's PadFusion would fold a Pad back into the pool as pads with
+            # count_include_pad=1 (a defect again), and HTP folds nothing into a Concat.
+            nodes, x, shape = _joined_on(graph, names, x, plan.begin, plan.end)
             kernel = node.attributes.get_ints("kernel_shape", ())
             strides = node.attributes.get_ints("strides", ()) or [1] * len(kernel)
             pooled = _graph.new_value(names("pooled"), dtype, shape[:2] + plan.scale.shape)
@@ -196,3 +223,67 @@ class AvgPoolWholeWindows(QnnPass):
             return nodes, out
 
         return self.replace_matched(graph, "qnnx_avgpool", whole)
+
+
+# ------------------------------------------------ MaxPool padding, joined on as the input's least element
+
+
+@register(order=86)
+class MaxPoolPaddedInput(QnnPass):
+    """Write a MaxPool with pads (or ceil_mode) as copies of the input's least element joined on with ``Concat`` and
+    a MaxPool of whole windows (no pads, no ceil_mode).
+
+    QNN HTP gets a padded MaxPool wrong: with a 2-wide, 2-stride window, padding on both sides of the width and a
+    height over 1, the last column comes out 0 where every element of its window is negative
+    (``max_pool2d(x, 2, 2, padding=1)`` of an all-negative ``[1, 2, 4, 4]``: 3 of 9 outputs off by up to 1.3 of the
+    output's scale; onnxruntime-qnn 2.7.0, soc 60), silently. The pads mean ``-inf``; the input's least element
+    (``ReduceMin`` over every axis) is no greater than any element of a window, and every window holds at least one
+    input element, so every window keeps its maximum: exact. Unlike an infinite or lowest-value constant (HTP holds
+    no infinity), it keeps the padded tensor in the input's range, which a quantized model calibrates. The end
+    elements are the node's end pad and the ceil overhang, so a ceil_mode window that would start in the end
+    padding is dropped, as ONNX Runtime and PyTorch do. Static shapes, one output (no indices), no dilation, pads
+    smaller than the kernel, no auto_pad.
+    """
+
+    name = "maxpool_padded_input"
+    defect = "QNN HTP's padded MaxPool gives 0 for some windows of negative values (silent wrong output)"
+
+    def match(self, node: ir.Node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The elements to join on before and after each spatial axis of a padded (or ceil_mode) MaxPool, or
+        None."""
+        window = _static_window(node, "MaxPool")
+        if window is None or len(node.outputs) != 1 or node.attributes.get_int("storage_order"):
+            return None
+        shape, kernel, strides, pads, ceil = window
+        spatial = len(kernel)
+        if not any(pads) and not ceil:
+            return None
+        end = []
+        for a in range(spatial):
+            size, k, s, before, after = shape[a + 2], kernel[a], strides[a], pads[a], pads[a + spatial]
+            if before >= k or after >= k or size + before + after < k:
+                return None
+            count = ((size + before + after - k + (s - 1 if ceil else 0)) // s) + 1
+            if ceil and (count - 1) * s >= size + before:
+                count -= 1  # a last window starting in the end padding is dropped
+            end.append(max(after, (count - 1) * s + k - size - before))
+        return tuple(pads[:spatial]), tuple(end)
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def whole(
+            names: UniqueNames, node: ir.Node, plan: tuple[tuple[int, ...], tuple[int, ...]]
+        ) -> tuple[list[ir.Node], ir.Value]:
+            x = cast(ir.Value, node.inputs[0])
+            rank = len(cast(tuple[int, ...], _graph.static_shape(x)))
+            least = _graph.new_value(names("least"), x.dtype, (1,) * rank)
+            axes = _graph.add_initializer(graph, names("axes"), np.arange(rank, dtype=np.int64))
+            reduce = ir.Node("", "ReduceMin", [x, axes], attributes=[ir.AttrInt64("keepdims", 1)], outputs=[least])
+            nodes, padded, _ = _joined_on(graph, names, x, plan[0], plan[1], least)
+            nodes.insert(0, reduce)
+            kernel = list(node.attributes.get_ints("kernel_shape", ()))
+            strides = list(node.attributes.get_ints("strides", ()) or [1] * len(kernel))
+            attrs = [ir.AttrInt64s("kernel_shape", kernel), ir.AttrInt64s("strides", strides)]
+            out = _graph.new_value(names("out"), x.dtype, _graph.static_shape(node.outputs[0]))
+            return [*nodes, ir.Node("", "MaxPool", [padded], attributes=attrs, outputs=[out])], out
+
+        return self.replace_matched(graph, "qnnx_maxpool", whole)
