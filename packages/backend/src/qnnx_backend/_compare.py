@@ -87,19 +87,37 @@ def mismatch(got: torch.Tensor, ref: torch.Tensor, rtol: float, min_cosine: floa
 
 
 SMALL_GRAPH_ELEMENTS = 4 * 2**20
-"""A graph whose tensor arguments (weights and inputs) hold at most this many elements runs its eager check on one
-intra-op thread. Its ops are too small to gain from more, and each parallel op ends at a barrier where the calling
-thread spins until the others are done: on 2 cores shared with other jobs, tiny BERT's eager run took 0.08 s of
-the calling thread's CPU on PyTorch's 2 threads and 0.005 s on one (ResNet-10: 0.18 s and 0.005 s)."""
+"""A graph whose tensors (weights, inputs and every intermediate value) hold at most this many elements runs its
+eager check on one intra-op thread. Its ops are too small to gain from more, and each parallel op ends at a barrier
+where the calling thread spins until the others are done: on 2 cores shared with other jobs, tiny BERT's eager run
+took 0.08 s of the calling thread's CPU on PyTorch's 2 threads and 0.005 s on one (ResNet-10: 0.18 s and 0.005 s)."""
+
+
+def graph_elements(gm: torch.nn.Module, args: Sequence[object]) -> int | None:
+    """The elements of ``args``' tensors and of the values ``gm``'s FX nodes compute (Dynamo's example values);
+    None when a size is not a plain number."""
+    total = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+    graph = getattr(gm, "graph", None)
+    for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+        if node.op in ("placeholder", "output"):
+            continue
+        value = node.meta.get("example_value", node.meta.get("val"))
+        for leaf in torch.utils._pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                try:
+                    total += int(leaf.numel())
+                except (TypeError, ValueError, RuntimeError):  # a symbolic size: no plain count
+                    return None
+    return total
 
 
 @contextlib.contextmanager
-def intra_op_threads_for(args: Sequence[object]) -> Iterator[int]:
-    """PyTorch's intra-op threads for an eager run on ``args``: one while the run lasts when the arguments are
-    small (:data:`SMALL_GRAPH_ELEMENTS`), else unchanged; the count is restored after. Yields the count in use."""
+def intra_op_threads_for(elements: int | None) -> Iterator[int]:
+    """PyTorch's intra-op threads for an eager run over ``elements`` tensor elements (:func:`graph_elements`): one
+    while the run lasts when they are at most :data:`SMALL_GRAPH_ELEMENTS`, else unchanged (also for None); the
+    count is restored after. Yields the count in use."""
     before = torch.get_num_threads()
-    elements = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
-    if before == 1 or elements > SMALL_GRAPH_ELEMENTS:
+    if before == 1 or elements is None or elements > SMALL_GRAPH_ELEMENTS:
         yield before
         return
     torch.set_num_threads(1)
@@ -110,8 +128,9 @@ def intra_op_threads_for(args: Sequence[object]) -> Iterator[int]:
 
 
 def run_eager(gm: torch.nn.Module, args: Sequence[object]) -> Any:
-    """``gm``'s outputs on ``args`` in eager PyTorch, under no_grad (the compile's one eager run of a graph)."""
-    with torch.no_grad(), intra_op_threads_for(args):
+    """``gm``'s outputs on ``args`` in eager PyTorch, under no_grad (the compile's one eager run of a graph), on
+    one intra-op thread when the graph is small."""
+    with torch.no_grad(), intra_op_threads_for(graph_elements(gm, args)):
         return gm(*args)
 
 
