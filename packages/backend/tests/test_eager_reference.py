@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qnnx_backend
-from qnnx_backend import _compiled
+from qnnx_backend import _compare, _compiled
 from qnnx_backend._compare import EagerReference
 
 
@@ -107,3 +108,57 @@ def test_the_first_call_runs_the_graph_in_eager_once(eager_runs: list[int]) -> N
     with torch.no_grad():
         compiled(x)
     assert eager_runs[0] == 1  # the guard checks the first call only
+
+
+@given(
+    sizes=st.lists(st.integers(0, 3 * 2**20), min_size=0, max_size=3),
+    threads=st.integers(1, 4),
+    fails=st.booleans(),
+)
+def test_the_eager_run_of_a_small_graph_uses_one_thread_and_restores_the_count(
+    sizes: list[int], threads: int, fails: bool
+) -> None:
+    """At most SMALL_GRAPH_ELEMENTS elements run on one intra-op thread, more (or an unknown count) on the threads
+    set before; the count set before is back afterwards, also when the run raises."""
+    elements = sum(sizes) if sizes else None
+    small = elements is not None and elements <= _compare.SMALL_GRAPH_ELEMENTS
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        expected = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
+        with expected, _compare.intra_op_threads_for(elements) as used:
+            assert used == torch.get_num_threads() == (1 if small else threads)
+            if fails:
+                raise RuntimeError("the graph failed")
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+@settings(deadline=None, max_examples=8)  # each example is a Dynamo compile
+@given(batch=st.integers(1, 64), width=st.integers(1, 64))
+def test_a_graphs_elements_count_its_arguments_and_every_value_it_computes(batch: int, width: int) -> None:
+    """graph_elements adds the tensor arguments' elements to those of each value Dynamo's graph computes, so a
+    graph with small weights but large intermediate values is not counted as small."""
+    seen: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, args: list[Any]) -> Any:
+        seen.append(_compare.graph_elements(gm, args) or -1)
+        return gm.forward
+
+    x = torch.randn(batch, width)
+    torch._dynamo.reset()
+    torch.compile(lambda t: (t * 2).sum(dim=1).exp(), backend=backend)(x)
+    # x itself, t * 2 (same size), the row sums and their exp (batch each)
+    assert seen == [2 * batch * width + 2 * batch]
+
+
+def test_the_eager_run_gives_the_graphs_outputs_without_autograd() -> None:
+    """run_eager returns what the module computes, with no autograd history, and leaves the thread count as it was."""
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    before = torch.get_num_threads()
+    out = _compare.run_eager(layer, [x])
+    assert torch.equal(out, layer(x).detach())
+    assert not out.requires_grad
+    assert torch.get_num_threads() == before

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import qnnx_opcheck as oc
 from qnnx_opcheck import errors
+from qnnx_opcheck._tables import parse_version
 
 KINDS = {
     "supported",
@@ -81,6 +84,45 @@ def test_version_selection_rules() -> None:
     assert t.onnxruntime_qnn == "2.4.0" and notes
     t, notes = oc.load_table("gpu", "3.0.0")
     assert t.onnxruntime_qnn == "2.7.0" and notes
+
+
+def _selected_from_all_tables(backend: str, version: str | None, soc: int | None) -> oc.OpTable:
+    """The table the selection rules give when every packaged table is read (what load_table did before it chose
+    from the file names)."""
+    tables = oc.available_tables(backend)
+    versions = sorted({t.version_tuple for t in tables})
+    chosen = versions[-1]
+    if version is not None:
+        want = parse_version(version)
+        distance = lambda v: (abs((v[0] - want[0]) * 10_000 + (v[1] - want[1]) * 100 + (v[2] - want[2])), v >= want)  # noqa: E731
+        chosen = want if want in versions else min(versions, key=distance)
+    same = [t for t in tables if t.version_tuple == chosen]
+    by_soc = {t.soc_model: t for t in same}
+    if backend == "htp":
+        return by_soc[soc] if soc in by_soc else by_soc.get(60, same[0])
+    return same[0]
+
+
+@given(
+    backend=st.sampled_from(["htp", "npu", "gpu"]),
+    version=st.none() | st.builds("{}.{}.{}".format, st.integers(1, 3), st.integers(0, 12), st.integers(0, 3)),
+    soc=st.none() | st.sampled_from([60, 61, 69, 73]),
+)
+def test_the_table_chosen_from_file_names_is_the_one_the_rules_choose_among_all_tables(
+    backend: str, version: str | None, soc: int | None
+) -> None:
+    """load_table, which reads only the chosen file, returns the same table as the rules applied to every table,
+    with a note exactly when it fell back from the release or SoC asked for."""
+    table, notes = oc.load_table(backend, version, soc)
+    expected = _selected_from_all_tables("gpu" if backend == "gpu" else "htp", version, soc)
+    assert (table.backend, table.onnxruntime_qnn, table.soc_model) == (
+        expected.backend,
+        expected.onnxruntime_qnn,
+        expected.soc_model,
+    )
+    exact_release = version is None or parse_version(version) == table.version_tuple
+    exact_soc = soc is None or table.backend == "gpu" or soc == table.soc_model
+    assert bool(notes) == (not exact_release or not exact_soc)
 
 
 def test_load_table_rejects_bad_backend() -> None:

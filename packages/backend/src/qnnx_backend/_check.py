@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from qnnx_backend._compare import EagerReference
+from qnnx_backend._compare import EagerReference, run_eager
 from qnnx_backend._export import CompilableModel, CompileContext
 from qnnx_backend._options import OPCHECK_BACKEND, BackendOptions
 from qnnx_backend._session import DeviceRejected, placement_counts
@@ -94,7 +94,7 @@ def fp16_range_refusal(ctx: CompileContext) -> str | None:
 
     HTP computes a float graph in float16 and saturates silently at +-65504: an output that eager PyTorch computes
     beyond that (or as an infinity) would come back as a wrong finite number. The graph runs once in eager
-    PyTorch on the example inputs to see (once per graph; under no_grad). Later inputs are not checked (the
+    PyTorch on the example inputs to see (once per graph; under no_grad, on one intra-op thread when it is small). Later inputs are not checked (the
     ``verify`` option compares a first call with eager). Graphs that write into their arguments are not run here,
     since the run would apply the writes.
     """
@@ -105,8 +105,7 @@ def fp16_range_refusal(ctx: CompileContext) -> str | None:
     if ctx.analysis.mutated_indices:
         return None
     t = time.perf_counter()
-    with torch.no_grad():
-        outputs = ctx.gm(*ctx.args)
+    outputs = run_eager(ctx.gm, ctx.args)
     memo.eager = EagerReference(ctx.args, outputs)
     leaves = torch.utils._pytree.tree_leaves(outputs)
     for k, value in enumerate(leaves):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from qnnx_backend._compare import RTOL_FP16, RTOL_FP32, compare_outputs
+from qnnx_backend._compare import RTOL_FP16, RTOL_FP32, compare_outputs, run_eager
 from qnnx_backend._session import StagedModel
 
 
@@ -37,8 +37,7 @@ def check_on_cpu(
     # the caller's state (the compiled call then writes it once, as eager would).
     written = {arg for _, arg in signature.writebacks} | {w.arg_index for w in signature.row_writebacks}
     copies = {i: args[i].clone() for i in written if isinstance(args[i], torch.Tensor)}
-    with torch.no_grad():
-        ref = gm(*(copies.get(i, a) for i, a in enumerate(args)))
+    ref = run_eager(gm, [copies.get(i, a) for i, a in enumerate(args)])
     try:
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3

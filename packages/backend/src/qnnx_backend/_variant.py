@@ -21,7 +21,7 @@ import torch
 
 from qnnx_backend import _report
 from qnnx_backend._calibrate import Calibration
-from qnnx_backend._compare import EagerReference, mismatch
+from qnnx_backend._compare import EagerReference, mismatch, run_eager
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._program import BeyondHalfRange, Program, recreate_and_run
 from qnnx_backend._trace import compiling
@@ -284,8 +284,7 @@ class QnnVariant:
         if not before and reference is not None and reference.matches(args):
             ref = reference.outputs
         else:
-            with torch.no_grad():
-                ref = self._gm(*eager_args)
+            ref = run_eager(self._gm, eager_args)
         got_leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         ref_leaves = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
         pairs = [(f"output {k}", g, r) for k, (g, r) in enumerate(zip(got_leaves, ref_leaves))]
