@@ -8,15 +8,18 @@ import logging
 import numpy as np
 import onnx
 import onnxruntime
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from qnnx_backend import BackendOptions
 from qnnx_backend._quantize import (
+    QuantizeFailed,
     block_plan,
     block_weights,
     import_block_quantizer,
+    tensor_value,
     untie_transposed_weights,
     weight_groups,
     weight_overrides,
@@ -255,6 +258,80 @@ def test_untying_keeps_every_output_and_leaves_no_transposed_weight(vocab, hidde
     assert any(n.name == "t" for n in model.graph.node) == also_read
     for got, expected in zip(_run_cpu(model, ids), want, strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+def _external(model, folder, name: str = "float.onnx"):
+    """``model`` saved with every initializer in ``<name>.data`` and read back without its values."""
+    onnx.save_model(model, str(folder / name), save_as_external_data=True, location=f"{name}.data", size_threshold=0)
+    return onnx.load(str(folder / name), load_external_data=False)
+
+
+def _externals(model) -> set[str]:
+    return {i.name for i in model.graph.initializer if onnx.external_data_helper.uses_external_data(i)}
+
+
+@settings(deadline=None, max_examples=10)
+@given(vocab=st.integers(1, 40), hidden=st.integers(1, 16), also_read=st.booleans(), seed=st.integers(0, 9))
+def test_untying_an_external_data_model_reads_the_table_from_its_file_and_leaves_it_there(
+    tmp_path_factory, vocab, hidden, also_read, seed
+):
+    """Property: the quantizer's models keep their weights in a file beside them; untying such a model writes the
+    head's transposed table from the file's values (the same outputs on the CPU EP once saved) while the table
+    itself stays a reference to the file, not loaded into the model."""
+    folder = tmp_path_factory.mktemp("external")
+    model = _tied_model(vocab, hidden, "MatMul", also_read, seed)
+    ids = np.random.default_rng(seed).integers(0, vocab, 3)
+    want = _run_cpu(model, ids)
+    lean = _external(model, folder)
+    assert untie_transposed_weights(lean, base_dir=folder) == 1
+    assert _externals(lean) == {"table"}
+    onnx.save_model(lean, str(folder / "untied.onnx"), save_as_external_data=True, location="untied.onnx.data")
+    for got, expected in zip(_run_cpu(onnx.load(str(folder / "untied.onnx")), ids), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_an_external_tensor_is_read_without_changing_the_model(tmp_path):
+    """tensor_value reads an external initializer's values from its folder into a copy; the model still refers to
+    the file, and without a folder the read fails naming the tensor."""
+    model = _tied_model(vocab=8, hidden=4, op="MatMul", also_read=False, seed=0)
+    want = numpy_helper.to_array(model.graph.initializer[0])
+    lean = _external(model, tmp_path)
+    table = lean.graph.initializer[0]
+    np.testing.assert_array_equal(tensor_value(table, tmp_path), want)
+    assert _externals(lean) == {"table"}
+    with pytest.raises(QuantizeFailed, match="'table' is external data"):
+        tensor_value(table)
+
+
+def test_block_weights_reads_only_the_chosen_weights_of_an_external_data_model(tmp_path):
+    """From an external-data model, block_weights writes the chosen MatMul's weight in blocks and leaves the other
+    MatMul's weight (kept in float) a reference to the source's file; the written model computes the float product
+    within int4 rounding on the CPU EP (each weight off by at most half its block's scale)."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((32, 16)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((16, 8)) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="a"),
+            helper.make_node("MatMul", ["h", "w2"], ["y"], name="b"),
+        ],
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    _external(model, tmp_path, "source.onnx")
+    plan = block_weights(tmp_path / "source.onnx", tmp_path / "blocks.onnx", _block_spec(16), {}, ["a"], True)
+    assert plan == {"a": "kept in float", "b": ""}
+    lean = onnx.load(str(tmp_path / "blocks.onnx"), load_external_data=False)
+    w1_ref = next(i for i in lean.graph.initializer if i.name == "w1")
+    assert {e.key: e.value for e in w1_ref.external_data}["location"] == "source.onnx.data"
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    blocked = onnxruntime.InferenceSession(str(tmp_path / "blocks.onnx"), providers=["CPUExecutionProvider"])
+    h = x @ w1
+    bound = np.abs(h).sum(axis=1, keepdims=True) @ (np.abs(w2).max(axis=0, keepdims=True) / 7 / 2) + 1e-5
+    assert (np.abs(blocked.run(None, {"x": x})[0] - h @ w2) <= bound).all()
 
 
 def test_importing_onnxruntimes_block_quantizer_leaves_the_process_logging_alone():
