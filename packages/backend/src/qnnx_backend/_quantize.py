@@ -153,7 +153,7 @@ class _Reader:
 def quantize_model(exported: Any, args: Sequence[object], calibration: Calibration) -> QuantizedModel:
     import onnx
     from onnx import version_converter
-    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
+    from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
     spec = calibration.spec
@@ -217,11 +217,12 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         )
         config.use_external_data_format = True
         out = folder / "model_qdq.onnx"
-        quantize(str(source), out, config)
+        quantize_calibrated(source, out, config, folder / "ranges.json")
         quantized = onnx.load(str(out), load_external_data=False)
         if _io(quantized) != float_io:
             raise QuantizeFailed(f"the quantized model's inputs/outputs {_io(quantized)} differ from {float_io}")
         groups = weight_groups(quantized, exported.node_origins, {n: r for n, r in blocked.items() if r})
+        (folder / "ranges.json").unlink(missing_ok=True)
         for leftover in ("float.onnx", "source.onnx", "pre.onnx", "blocks.onnx"):
             (folder / f"{leftover}.data").unlink(missing_ok=True)
             (folder / leftover).unlink(missing_ok=True)
@@ -231,6 +232,61 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def quantize_calibrated(source: Path, out: Path, config: Any, ranges: Path) -> None:
+    """onnxruntime's ``quantize(source, out, config)`` for a static QDQ ``config``, in two steps that do not hold the
+    float weights together: the calibration first (its model and its session on the CPU EP), its ranges written to
+    ``ranges`` (onnxruntime's calibration cache), then ``quantize_static`` from that cache, which loads the float
+    model only to quantize it. In one call, the float model loaded for quantization stayed in memory while the
+    calibration loaded a second copy and a session a third (a 2-layer Qwen2.5-0.5B-width decoder: 3 GiB above the
+    model's own weights).
+
+    The calibration options are the ones ``quantize_static`` hands its calibrator (onnxruntime 1.32)."""
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+    from onnxruntime.quantization.quantize import quantize_static
+
+    options = config.extra_options
+    keys = {
+        "CalibTensorRangeSymmetric": "symmetric",
+        "CalibMovingAverage": "moving_average",
+        "CalibMovingAverageConstant": "averaging_constant",
+        "CalibMaxIntermediateOutputs": "max_intermediate_outputs",
+        "CalibPercentile": "percentile",
+    }
+    if options.get("CalibStridedMinMax") or options.get("SmoothQuant"):
+        raise QuantizeFailed("strided or SmoothQuant calibration is not used by the backend's configurations")
+    with tempfile.TemporaryDirectory(prefix="qnnx-calib-", dir=source.parent) as scratch:
+        calibrator = create_calibrator(
+            source,
+            config.op_types_to_quantize,
+            augmented_model_path=str(Path(scratch) / "augmented.onnx"),
+            calibrate_method=config.calibrate_method,
+            use_external_data_format=True,
+            providers=config.calibration_providers,
+            extra_options={key: options[name] for name, key in keys.items() if name in options},
+        )
+        calibrator.collect_data(config.calibration_data_reader)
+        save_tensors_data(calibrator.compute_data(), ranges)
+        del calibrator
+    quantize_static(
+        str(source),
+        str(out),
+        None,
+        calibrate_method=config.calibrate_method,
+        quant_format=config.quant_format,
+        activation_type=config.activation_type,
+        weight_type=config.weight_type,
+        op_types_to_quantize=config.op_types_to_quantize,
+        nodes_to_quantize=config.nodes_to_quantize,
+        nodes_to_exclude=config.nodes_to_exclude,
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        use_external_data_format=config.use_external_data_format,
+        calibration_providers=config.calibration_providers,
+        extra_options=options,
+        calibration_cache_path=str(ranges),
+    )
 
 
 def finite_masks(model: Any, base_dir: Path | None = None) -> int:
