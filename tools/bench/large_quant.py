@@ -214,11 +214,11 @@ def _table(q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: f
     ]
     if f is not None:
         table = CONFIG["vocab_size"] * CONFIG["hidden_size"]
-        blocks = q["graphs"][-1]["weight_bytes"] - 2 * table - table - 4 * CONFIG["vocab_size"]
+        blocks = q["graphs"][-1]["weight_bytes"] - table - table - 4 * CONFIG["vocab_size"]
         blocks_float = f["graphs"][-1]["weight_bytes"] - 2 * table
         lines.append(
             f"- The decoder blocks' weights as held (the graph's, less the vocabulary's {table / 1e6:.0f}M-entry table "
-            "as uint16 and the head as int8 with a float32 scale per row; in float, less the one fp16 table that "
+            "as uint8 and the head as int8 with a float32 scale per row; in float, less the one fp16 table that "
             f"the tied head shares): {blocks / mib:.1f} MiB against {blocks_float / mib:.1f} MiB in fp16, "
             f"{blocks / blocks_float:.2f}. The vocabulary's table and head hold the rest: at this width they are "
             "most of a graph's bytes."

@@ -49,12 +49,14 @@ ORIGINS = {
 
 def test_llm_recipe_overrides_the_blocks_head_and_embeddings():
     """llm-a16w4: the block's MatMul int4 symmetric per output channel (axis 1), the head's Gemm int8 per output
-    channel (axis 0 under transB), the embedding table uint16; a norm's Mul and the bias are left to the scheme."""
+    channel (axis 0 under transB), the embedding table uint8 with its Gather's output converted to the 16-bit
+    activations for its reader; a norm's Mul and the bias are left to the scheme."""
     got = weight_overrides(_nodes(), INITS, _spec("llm-a16w4"), ORIGINS)
     assert got == {
         "q": {"quant_type": "int4", "symmetric": True, "axis": 1},
         "head": {"quant_type": "int8", "symmetric": True, "axis": 0},
-        "embed": {"quant_type": "uint16"},
+        "embed": {"quant_type": "uint8"},
+        "h0": {"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": {"q_mm"}}},
     }
 
 
@@ -212,11 +214,16 @@ def _run_cpu(model, ids):
 def test_a_tied_head_gets_a_weight_of_its_own_and_the_recipes_int8():
     """A head that reads the embedding table through a Transpose (tied embeddings) gets the transposed table as an
     initializer of its own, the Transpose goes, the Gather keeps the table; the LLM recipe then gives the head int8
-    per output channel and the table uint16, where before the head had no weight override at all."""
+    per output channel and the table uint8 (its Gather's output converted to 16 bits for the head), where before the
+    head had no weight override at all."""
     model = _tied_model(vocab=32, hidden=8, op="MatMul", also_read=False, seed=0)
     nodes, origins = model.graph.node, {"gather": "[0].model.embed_tokens (Embedding)", "head": "[0].lm_head (Linear)"}
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
-    assert weight_overrides(nodes, inits, _spec("llm-a16w4"), origins) == {"table": {"quant_type": "uint16"}}
+    table = {
+        "table": {"quant_type": "uint8"},
+        "h": {"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": {"head"}}},
+    }
+    assert weight_overrides(nodes, inits, _spec("llm-a16w4"), origins) == table
     ids = np.array([0, 5, 31])
     want = _run_cpu(model, ids)
     assert untie_transposed_weights(model) == 1
@@ -224,7 +231,7 @@ def test_a_tied_head_gets_a_weight_of_its_own_and_the_recipes_int8():
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
     assert inits == {"table": (32, 8), "t": (8, 32)}
     assert weight_overrides(model.graph.node, inits, _spec("llm-a16w4"), origins) == {
-        "table": {"quant_type": "uint16"},
+        **table,
         "t": {"quant_type": "int8", "symmetric": True, "axis": 1},
     }
     np.testing.assert_array_equal(_run_cpu(model, ids)[0], want[0])
@@ -344,3 +351,68 @@ def test_importing_onnxruntimes_block_quantizer_leaves_the_process_logging_alone
     before = (list(root.handlers), root.level)
     assert import_block_quantizer().MatMulNBitsQuantizer is not None
     assert (list(root.handlers), root.level) == before
+
+
+@given(table=st.sampled_from(["uint8", "int8", "uint16", "int4"]), activation=st.sampled_from(["uint8", "uint16"]))
+def test_a_narrower_table_gets_its_outputs_type_and_a_conversion_for_its_readers(table, activation):
+    """Property: a Gather table typed by a module entry gets that type (without an override the tooling gives it the
+    activation type); when it differs from the activation type, the Gather's output takes the table's type with a
+    conversion to the activation type for exactly the nodes reading it, and otherwise the output gets no override."""
+    spec = _spec({"scheme": "llm-a16w4", "activation_type": activation, "module_weight_types": {"embed_tokens": table}})
+    got = weight_overrides(_nodes(), INITS, spec, ORIGINS)
+    assert got.get("embed", {"quant_type": activation})["quant_type"] == table
+    if table != activation:
+        assert got["h0"] == {"quant_type": table, "convert": {"quant_type": activation, "recv_nodes": {"q_mm"}}}
+    else:
+        assert "h0" not in got
+
+
+def test_an_8_bit_embedding_is_written_in_8_bits_and_converted_before_its_readers(tmp_path):
+    """With the embedding at uint8 under 16-bit activations, onnxruntime's QDQ tooling writes the table as uint8 and
+    puts a 16-bit Quantize/Dequantize pair (QNN's Convert) between the Gather and the node that reads it: no 16-bit
+    node reads the 8-bit tensor. Before, asking for 8 bits left the table at 16."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from qnnx_backend._quantize import quantize_calibrated
+
+    rng = np.random.default_rng(0)
+    table = (rng.standard_normal((64, 16)) * 0.05).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["embed", "ids"], ["h0"], name="gather"),
+        helper.make_node("MatMul", ["h0", "q"], ["h1"], name="q_mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+        [helper.make_tensor_value_info("h1", TensorProto.FLOAT, [1, 5, 64])],
+        [numpy_helper.from_array(table, "embed"), numpy_helper.from_array(np.eye(16, 64, dtype=np.float32), "q")],
+    )
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "f.onnx"))
+    spec = _spec({"scheme": "llm-a16w4", "module_weight_types": {"embed_tokens": "uint8"}})
+    names = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16, "int4": QuantType.QInt4}
+    overrides = {}
+    for name, o in weight_overrides(nodes, {"embed": (64, 16), "q": (16, 64)}, spec, ORIGINS).items():
+        o = {**o, "quant_type": names[o["quant_type"]]}
+        if "convert" in o:
+            o["convert"] = {**o["convert"], "quant_type": names[o["convert"]["quant_type"]]}
+        overrides[name] = [o]
+    feeds = iter([{"ids": rng.integers(0, 64, (1, 5))} for _ in range(3)])
+    reader = type("Reader", (), {"get_next": lambda self: next(feeds, None)})()
+    config = get_qnn_qdq_config(
+        str(tmp_path / "f.onnx"),
+        reader,
+        activation_type=QuantType.QUInt16,
+        weight_type=QuantType.QUInt8,
+        init_overrides=overrides,
+    )
+    quantize_calibrated(tmp_path / "f.onnx", tmp_path / "q.onnx", config, tmp_path / "ranges.json")
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    inits = {i.name: i for i in q.graph.initializer}
+    producers = {o: n for n in q.graph.node for o in n.output}
+    assert inits["embed_quantized"].data_type == TensorProto.UINT8
+    matmul = next(n for n in q.graph.node if n.op_type == "MatMul")
+    dq = producers[matmul.input[0]]
+    assert dq.op_type == "DequantizeLinear" and inits[dq.input[2]].data_type == TensorProto.UINT16
+    assert producers[dq.input[0]].op_type == "QuantizeLinear" and "convert" in dq.input[0]

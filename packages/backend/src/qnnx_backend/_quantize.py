@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnnx_backend._calibrate import Calibration
-from qnnx_backend._quantspec import QuantizeSpec
+from qnnx_backend._quantspec import QuantizeSpec, module_weight_type
 from qnnx_backend._report import QuantizationReport
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         structure = onnx.load(str(source), load_external_data=False).graph
         initializers = {i.name: tuple(i.dims) for i in structure.initializer}
         overrides = {
-            name: [{**o, "quant_type": getattr(QuantType, _ORT_TYPES[o["quant_type"]])}]
+            name: [_ort_override(o, QuantType)]
             for name, o in weight_overrides(structure.node, initializers, spec, exported.node_origins).items()
         }
         del structure
@@ -287,6 +287,14 @@ def quantize_calibrated(source: Path, out: Path, config: Any, ranges: Path) -> N
         extra_options=options,
         calibration_cache_path=str(ranges),
     )
+
+
+def _ort_override(override: Mapping[str, Any], quant_type: Any) -> dict[str, Any]:
+    """A :func:`weight_overrides` entry with onnxruntime's ``QuantType`` members for the type names."""
+    done = {**override, "quant_type": getattr(quant_type, _ORT_TYPES[override["quant_type"]])}
+    if "convert" in override:
+        done["convert"] = _ort_override(override["convert"], quant_type)
+    return done
 
 
 def finite_masks(model: Any, base_dir: Path | None = None) -> int:
@@ -433,8 +441,18 @@ def weight_overrides(
     scheme alone gives: a ``module_weight_types`` entry's type; signed weights (int8, int4) symmetric, since QNN HTP
     computed a MatMul of int4 weights with a zero point of -1 wrongly on the simulator (relative error 1.75, where
     the same layer with zero point 0 was right); and with ``per_channel``, signed MatMul/Gemm weights one scale per
-    output channel (onnxruntime's ``per_channel`` alone leaves them per tensor). Weight types are names here."""
+    output channel (onnxruntime's ``per_channel`` alone leaves them per tensor). Weight types are names here.
+
+    A Gather's table is quantized as its output (onnxruntime's QDQ tooling gives them one scale): a table that a
+    ``module_weight_types`` entry makes narrower than the activations (an 8-bit embedding under 16-bit activations)
+    also gets its output's override, the table's type with a conversion to the activation type for the nodes that
+    read it, so that no op mixes 8-bit and 16-bit inputs (without it the tooling wrote the table in 8 bits and let
+    its readers take the 8-bit tensor as it was)."""
     overrides: dict[str, dict[str, Any]] = {}
+    readers: dict[str, set[str]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
     for node in nodes:
         k = _WEIGHT_INPUT.get(node.op_type)
         if k is None or len(node.input) <= k or node.input[k] not in initializers or node.input[k] in overrides:
@@ -450,8 +468,13 @@ def weight_overrides(
             override["axis"] = 0 if trans_b else 1
         elif spec.per_channel and node.op_type in ("Conv", "ConvTranspose") and weight_type != spec.weight_type:
             override["axis"] = 1 if node.op_type == "ConvTranspose" else 0
-        if weight_type != spec.weight_type or len(override) > 1:
+        named = module_weight_type(module, spec.module_weight_types) is not None
+        narrow_table = node.op_type == "Gather" and named and weight_type != spec.activation_type
+        if weight_type != spec.weight_type or len(override) > 1 or narrow_table:
             overrides[name] = override
+        if narrow_table and readers.get(node.output[0]):
+            convert = {"quant_type": spec.activation_type, "recv_nodes": readers[node.output[0]]}
+            overrides[node.output[0]] = {"quant_type": weight_type, "convert": convert}
     return overrides
 
 
