@@ -149,14 +149,16 @@ def test_a16w8_keeps_eagers_tokens_on_a_trained_decoder(a16w8_run: dict[str, Any
 
 def test_llm_recipe_runs_int4_blocks_on_qnn_and_keeps_eagers_tokens(tmp_path: Path, a16w8_run: dict[str, Any]) -> None:
     """llm-a16w4 through generate(): both graphs quantized wholly on QNN with int4 weights in blocks of 32 in every
-    decoder-block Linear and an int8 per-channel head (the report lists them per layer), at least 99% of the tokens
-    eager's argmax (all 128 measured), the loss within 0.05 nats of eager's, a context smaller than a16w8's, and
-    decode logits above what one int4 scale per output channel gave on this model (17.5 dB; blocks: 20.0)."""
+    decoder-block Linear, an int8 per-channel head and an 8-bit embedding table (the report lists them per layer), at
+    least 99% of the tokens eager's argmax (all 128 measured), the loss within 0.05 nats of eager's, a context
+    smaller than a16w8's, and decode logits above what one int4 scale per output channel gave on this model (17.5
+    dB; blocks: 19.9)."""
     run = measure("llm-a16w4", tmp_path)
     _assert_quantized_on_qnn(run["reports"], min_sqnr=15)
     for report in run["reports"]:
         weights = report.quantization.weights
         assert "int8 per-channel: 1 MatMul in lm_head" in weights, weights
+        assert "uint8: 1 Gather in model.embed_tokens" in weights, weights
         blocks = [w for w in weights if "model.layers.*" in w]
         assert len(blocks) == 7 and all(w.startswith("int4 blocks of 32: 2 MatMul") for w in blocks), weights
     decode = next(r for r in run["reports"] if r.input_shapes[0] == (1, 1))

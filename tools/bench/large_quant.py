@@ -1,6 +1,7 @@
 """The int4 decoder recipe at a published 0.5B-class width: every graph quantized on the NPU (the HTP simulator here).
 
-Usage: ``python tools/bench/large_quant.py [--out docs] [--layers 2] [--max-graph-mib 256] [--new-tokens 4]``.
+Usage: ``python tools/bench/large_quant.py [--out docs] [--layers 2] [--max-graph-mib 256] [--new-tokens 4]
+[--float-from docs/benchmarks-large-quant.json]``.
 Two fresh processes (``--child``), each building the same random-init decoder with Qwen2.5-0.5B's published
 configuration (``large.py``'s; ``--layers`` may cut its 24 layers to fit a machine, and the report says so):
 
@@ -65,7 +66,14 @@ def _schemes(weights: tuple[str, ...] | list[str], layers: int) -> dict[str, int
     return counts
 
 
-def child(layers: int, quantize: bool, max_graph_bytes: int | None, new_tokens: int, samples: int) -> dict[str, Any]:
+def child(
+    layers: int,
+    quantize: bool,
+    max_graph_bytes: int | None,
+    new_tokens: int,
+    samples: int,
+    module_weight_types: dict[str, str] | None = None,
+) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -87,7 +95,7 @@ def child(layers: int, quantize: bool, max_graph_bytes: int | None, new_tokens: 
     cache_dir = Path(tempfile.mkdtemp(prefix="qnnx-bench-large-quant-"))
     options: dict[str, Any] = {"soc_model": 60, "cache": True, "cache_dir": str(cache_dir)}
     if quantize:
-        options["quantize"] = SCHEME
+        options["quantize"] = {"scheme": SCHEME, "module_weight_types": module_weight_types or {}}
     if max_graph_bytes is not None:
         options["max_graph_bytes"] = max_graph_bytes
     compile_for_generation(model, max_cache_len=32, options=options)
@@ -169,7 +177,9 @@ def _stages(t: dict[str, float]) -> str:
     )
 
 
-def _table(q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: float) -> str:
+def _table(
+    q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: float, float_started: str | None = None
+) -> str:
     gib, mib = 2**30, 2**20
     cut = q["layers"] < 24
     floats = {g["graph"]: g for g in (f or {}).get("graphs", [])}
@@ -183,7 +193,12 @@ def _table(q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: f
         f"Calibration: `calibrate(model, max_samples=...)` over 3 prompts of 7-12 tokens through `generate()`; "
         "SQNR and cosine are each graph's worst output against float eager PyTorch on those samples. Random weights "
         "say little of a quantized model's quality: the SQNR is the figure here, not the tokens."
-        + (" Layers were cut to fit the machine's time." if cut else ""),
+        + (" Layers were cut to fit the machine's time." if cut else "")
+        + (
+            f" The float figures are reused from the float run of {float_started} (`--float-from`)."
+            if float_started
+            else ""
+        ),
         "",
         "| graph | on QNN | QDQ | weights: int4 blocks / int4 per-channel / 8-bit / 16-bit / float | SQNR (dB) | "
         "cosine | weights MiB as held (float) | context MiB (float) | ratio | stages (s): ours / quantize / parts / session / check / total |",
@@ -214,11 +229,11 @@ def _table(q: dict[str, Any], f: dict[str, Any] | None, started: str, minutes: f
     ]
     if f is not None:
         table = CONFIG["vocab_size"] * CONFIG["hidden_size"]
-        blocks = q["graphs"][-1]["weight_bytes"] - 2 * table - table - 4 * CONFIG["vocab_size"]
+        blocks = q["graphs"][-1]["weight_bytes"] - table - table - 4 * CONFIG["vocab_size"]
         blocks_float = f["graphs"][-1]["weight_bytes"] - 2 * table
         lines.append(
             f"- The decoder blocks' weights as held (the graph's, less the vocabulary's {table / 1e6:.0f}M-entry table "
-            "as uint16 and the head as int8 with a float32 scale per row; in float, less the one fp16 table that "
+            "as uint8 and the head as int8 with a float32 scale per row; in float, less the one fp16 table that "
             f"the tied head shares): {blocks / mib:.1f} MiB against {blocks_float / mib:.1f} MiB in fp16, "
             f"{blocks / blocks_float:.2f}. The vocabulary's table and head hold the rest: at this width they are "
             "most of a graph's bytes."
@@ -253,6 +268,8 @@ def _run_child(args: argparse.Namespace, quantize: bool) -> dict[str, Any] | Non
            str(args.max_graph_mib), "--new-tokens", str(args.new_tokens), "--samples", str(args.samples)]  # fmt: skip
     if not quantize:
         cmd.append("--float")
+    if args.module_weight_types:
+        cmd += ["--module-weight-types", args.module_weight_types]
     print(f"large_quant: {'float' if not quantize else SCHEME}, {args.layers} layers ...", file=sys.stderr, flush=True)
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
@@ -270,29 +287,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=4, help="calibration samples kept per graph")
     parser.add_argument("--no-float", action="store_true", help="skip the float run (no context ratio)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the section from <out>'s JSON")
+    parser.add_argument("--float-from", type=Path, help="reuse the float run of this earlier JSON (same layers)")
+    parser.add_argument(
+        "--module-weight-types", help='JSON on top of the recipe\'s, e.g. \'{"embed_tokens": "uint16"}\''
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--float", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     budget = args.max_graph_mib * 2**20 if args.max_graph_mib else None
     if args.child:
-        print(json.dumps(child(args.layers, not args.float, budget, args.new_tokens, args.samples)))
+        types = json.loads(args.module_weight_types) if args.module_weight_types else None
+        print(json.dumps(child(args.layers, not args.float, budget, args.new_tokens, args.samples, types)))
         return 0
     if args.report_only:
         run = json.loads((args.out / "benchmarks-large-quant.json").read_text())
-        section = _table(run["quantized"], run["float"], run["started"], run["minutes"])
+        section = _table(run["quantized"], run["float"], run["started"], run["minutes"], run.get("float_started"))
         print(write_section(args.out / "benchmarks.md", "large-quant", section))
         return 0
     started, t0 = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), time.perf_counter()
     quant = _run_child(args, quantize=True)
     if quant is None:
         return 1
-    flt = None if args.no_float else _run_child(args, quantize=False)
-    if flt is None and not args.no_float:
-        return 1
+    float_started = None
+    if args.float_from is not None:
+        earlier = json.loads(args.float_from.read_text())
+        flt, float_started = earlier["float"], earlier.get("float_started", earlier["started"])
+        if flt is None or flt["layers"] != args.layers:
+            print(f"large_quant: {args.float_from} holds no float run at {args.layers} layers", file=sys.stderr)
+            return 1
+    else:
+        flt = None if args.no_float else _run_child(args, quantize=False)
+        if flt is None and not args.no_float:
+            return 1
     minutes = (time.perf_counter() - t0) / 60
-    run = {"started": started, "minutes": minutes, "quantized": quant, "float": flt}
+    run = {"started": started, "minutes": minutes, "quantized": quant, "float": flt, "float_started": float_started}
     (args.out / "benchmarks-large-quant.json").write_text(json.dumps(run, indent=1) + "\n")
-    section = _table(quant, flt, started, minutes)
+    section = _table(quant, flt, started, minutes, float_started)
     print(write_section(args.out / "benchmarks.md", "large-quant", section))
     return 0
 

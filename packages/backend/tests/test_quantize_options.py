@@ -94,13 +94,13 @@ def test_bad_values_name_the_value_the_accepted_ones_and_an_example(value, match
 
 
 def test_llm_recipe_is_int4_in_the_blocks_8_bit_head_16_bit_activations():
-    """'llm-a16w4': uint16 activations, int4 per-channel weights in the decoder blocks' layers, an int8 head, a
-    16-bit embedding table, the scheme's uint8 for the rest (norm scales); a dict on top overrides name by name."""
+    """'llm-a16w4': uint16 activations, int4 per-channel weights in the decoder blocks' layers, an int8 head, an
+    8-bit embedding table, the scheme's uint8 for the rest (norm scales); a dict on top overrides name by name."""
     spec = _quantize("llm-a16w4")
     assert spec.activation_type == "uint16" and spec.per_channel and spec.label == "llm-a16w4"
     assert spec.weight_type_of("model.layers.3.self_attn.q_proj") == "int4"
     assert spec.weight_type_of("transformer.h.0.mlp.c_fc") == "int4"
-    assert spec.weight_type_of("lm_head") == "int8" and spec.weight_type_of("model.embed_tokens") == "uint16"
+    assert spec.weight_type_of("lm_head") == "int8" and spec.weight_type_of("model.embed_tokens") == "uint8"
     assert spec.weight_type_of("model.norm") == "uint8" and spec.weight_type_of("") == "uint8"
     wider = _quantize({"scheme": "llm-a16w4", "module_weight_types": {"layers.0.mlp": "int8"}})
     assert wider.weight_type_of("model.layers.0.mlp.down_proj") == "int8"

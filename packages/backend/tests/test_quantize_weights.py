@@ -8,15 +8,18 @@ import logging
 import numpy as np
 import onnx
 import onnxruntime
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from qnnx_backend import BackendOptions
 from qnnx_backend._quantize import (
+    QuantizeFailed,
     block_plan,
     block_weights,
     import_block_quantizer,
+    tensor_value,
     untie_transposed_weights,
     weight_groups,
     weight_overrides,
@@ -46,12 +49,14 @@ ORIGINS = {
 
 def test_llm_recipe_overrides_the_blocks_head_and_embeddings():
     """llm-a16w4: the block's MatMul int4 symmetric per output channel (axis 1), the head's Gemm int8 per output
-    channel (axis 0 under transB), the embedding table uint16; a norm's Mul and the bias are left to the scheme."""
+    channel (axis 0 under transB), the embedding table uint8 with its Gather's output converted to the 16-bit
+    activations for its reader; a norm's Mul and the bias are left to the scheme."""
     got = weight_overrides(_nodes(), INITS, _spec("llm-a16w4"), ORIGINS)
     assert got == {
         "q": {"quant_type": "int4", "symmetric": True, "axis": 1},
         "head": {"quant_type": "int8", "symmetric": True, "axis": 0},
-        "embed": {"quant_type": "uint16"},
+        "embed": {"quant_type": "uint8"},
+        "h0": {"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": {"q_mm"}}},
     }
 
 
@@ -209,11 +214,16 @@ def _run_cpu(model, ids):
 def test_a_tied_head_gets_a_weight_of_its_own_and_the_recipes_int8():
     """A head that reads the embedding table through a Transpose (tied embeddings) gets the transposed table as an
     initializer of its own, the Transpose goes, the Gather keeps the table; the LLM recipe then gives the head int8
-    per output channel and the table uint16, where before the head had no weight override at all."""
+    per output channel and the table uint8 (its Gather's output converted to 16 bits for the head), where before the
+    head had no weight override at all."""
     model = _tied_model(vocab=32, hidden=8, op="MatMul", also_read=False, seed=0)
     nodes, origins = model.graph.node, {"gather": "[0].model.embed_tokens (Embedding)", "head": "[0].lm_head (Linear)"}
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
-    assert weight_overrides(nodes, inits, _spec("llm-a16w4"), origins) == {"table": {"quant_type": "uint16"}}
+    table = {
+        "table": {"quant_type": "uint8"},
+        "h": {"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": {"head"}}},
+    }
+    assert weight_overrides(nodes, inits, _spec("llm-a16w4"), origins) == table
     ids = np.array([0, 5, 31])
     want = _run_cpu(model, ids)
     assert untie_transposed_weights(model) == 1
@@ -221,7 +231,7 @@ def test_a_tied_head_gets_a_weight_of_its_own_and_the_recipes_int8():
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
     assert inits == {"table": (32, 8), "t": (8, 32)}
     assert weight_overrides(model.graph.node, inits, _spec("llm-a16w4"), origins) == {
-        "table": {"quant_type": "uint16"},
+        **table,
         "t": {"quant_type": "int8", "symmetric": True, "axis": 1},
     }
     np.testing.assert_array_equal(_run_cpu(model, ids)[0], want[0])
@@ -257,6 +267,80 @@ def test_untying_keeps_every_output_and_leaves_no_transposed_weight(vocab, hidde
         np.testing.assert_array_equal(got, expected)
 
 
+def _external(model, folder, name: str = "float.onnx"):
+    """``model`` saved with every initializer in ``<name>.data`` and read back without its values."""
+    onnx.save_model(model, str(folder / name), save_as_external_data=True, location=f"{name}.data", size_threshold=0)
+    return onnx.load(str(folder / name), load_external_data=False)
+
+
+def _externals(model) -> set[str]:
+    return {i.name for i in model.graph.initializer if onnx.external_data_helper.uses_external_data(i)}
+
+
+@settings(deadline=None, max_examples=10)
+@given(vocab=st.integers(1, 40), hidden=st.integers(1, 16), also_read=st.booleans(), seed=st.integers(0, 9))
+def test_untying_an_external_data_model_reads_the_table_from_its_file_and_leaves_it_there(
+    tmp_path_factory, vocab, hidden, also_read, seed
+):
+    """Property: the quantizer's models keep their weights in a file beside them; untying such a model writes the
+    head's transposed table from the file's values (the same outputs on the CPU EP once saved) while the table
+    itself stays a reference to the file, not loaded into the model."""
+    folder = tmp_path_factory.mktemp("external")
+    model = _tied_model(vocab, hidden, "MatMul", also_read, seed)
+    ids = np.random.default_rng(seed).integers(0, vocab, 3)
+    want = _run_cpu(model, ids)
+    lean = _external(model, folder)
+    assert untie_transposed_weights(lean, base_dir=folder) == 1
+    assert _externals(lean) == {"table"}
+    onnx.save_model(lean, str(folder / "untied.onnx"), save_as_external_data=True, location="untied.onnx.data")
+    for got, expected in zip(_run_cpu(onnx.load(str(folder / "untied.onnx")), ids), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_an_external_tensor_is_read_without_changing_the_model(tmp_path):
+    """tensor_value reads an external initializer's values from its folder into a copy; the model still refers to
+    the file, and without a folder the read fails naming the tensor."""
+    model = _tied_model(vocab=8, hidden=4, op="MatMul", also_read=False, seed=0)
+    want = numpy_helper.to_array(model.graph.initializer[0])
+    lean = _external(model, tmp_path)
+    table = lean.graph.initializer[0]
+    np.testing.assert_array_equal(tensor_value(table, tmp_path), want)
+    assert _externals(lean) == {"table"}
+    with pytest.raises(QuantizeFailed, match="'table' is external data"):
+        tensor_value(table)
+
+
+def test_block_weights_reads_only_the_chosen_weights_of_an_external_data_model(tmp_path):
+    """From an external-data model, block_weights writes the chosen MatMul's weight in blocks and leaves the other
+    MatMul's weight (kept in float) a reference to the source's file; the written model computes the float product
+    within int4 rounding on the CPU EP (each weight off by at most half its block's scale)."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((32, 16)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((16, 8)) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="a"),
+            helper.make_node("MatMul", ["h", "w2"], ["y"], name="b"),
+        ],
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    _external(model, tmp_path, "source.onnx")
+    plan = block_weights(tmp_path / "source.onnx", tmp_path / "blocks.onnx", _block_spec(16), {}, ["a"], True)
+    assert plan == {"a": "kept in float", "b": ""}
+    lean = onnx.load(str(tmp_path / "blocks.onnx"), load_external_data=False)
+    w1_ref = next(i for i in lean.graph.initializer if i.name == "w1")
+    assert {e.key: e.value for e in w1_ref.external_data}["location"] == "source.onnx.data"
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    blocked = onnxruntime.InferenceSession(str(tmp_path / "blocks.onnx"), providers=["CPUExecutionProvider"])
+    h = x @ w1
+    bound = np.abs(h).sum(axis=1, keepdims=True) @ (np.abs(w2).max(axis=0, keepdims=True) / 7 / 2) + 1e-5
+    assert (np.abs(blocked.run(None, {"x": x})[0] - h @ w2) <= bound).all()
+
+
 def test_importing_onnxruntimes_block_quantizer_leaves_the_process_logging_alone():
     """onnxruntime's matmul_nbits_quantizer runs logging.basicConfig(level=INFO) on import; the backend's import of
     it leaves the root logger's handlers and level as they were."""
@@ -267,3 +351,68 @@ def test_importing_onnxruntimes_block_quantizer_leaves_the_process_logging_alone
     before = (list(root.handlers), root.level)
     assert import_block_quantizer().MatMulNBitsQuantizer is not None
     assert (list(root.handlers), root.level) == before
+
+
+@given(table=st.sampled_from(["uint8", "int8", "uint16", "int4"]), activation=st.sampled_from(["uint8", "uint16"]))
+def test_a_narrower_table_gets_its_outputs_type_and_a_conversion_for_its_readers(table, activation):
+    """Property: a Gather table typed by a module entry gets that type (without an override the tooling gives it the
+    activation type); when it differs from the activation type, the Gather's output takes the table's type with a
+    conversion to the activation type for exactly the nodes reading it, and otherwise the output gets no override."""
+    spec = _spec({"scheme": "llm-a16w4", "activation_type": activation, "module_weight_types": {"embed_tokens": table}})
+    got = weight_overrides(_nodes(), INITS, spec, ORIGINS)
+    assert got.get("embed", {"quant_type": activation})["quant_type"] == table
+    if table != activation:
+        assert got["h0"] == {"quant_type": table, "convert": {"quant_type": activation, "recv_nodes": {"q_mm"}}}
+    else:
+        assert "h0" not in got
+
+
+def test_an_8_bit_embedding_is_written_in_8_bits_and_converted_before_its_readers(tmp_path):
+    """With the embedding at uint8 under 16-bit activations, onnxruntime's QDQ tooling writes the table as uint8 and
+    puts a 16-bit Quantize/Dequantize pair (QNN's Convert) between the Gather and the node that reads it: no 16-bit
+    node reads the 8-bit tensor. Before, asking for 8 bits left the table at 16."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from qnnx_backend._quantize import quantize_calibrated
+
+    rng = np.random.default_rng(0)
+    table = (rng.standard_normal((64, 16)) * 0.05).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["embed", "ids"], ["h0"], name="gather"),
+        helper.make_node("MatMul", ["h0", "q"], ["h1"], name="q_mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+        [helper.make_tensor_value_info("h1", TensorProto.FLOAT, [1, 5, 64])],
+        [numpy_helper.from_array(table, "embed"), numpy_helper.from_array(np.eye(16, 64, dtype=np.float32), "q")],
+    )
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "f.onnx"))
+    spec = _spec({"scheme": "llm-a16w4", "module_weight_types": {"embed_tokens": "uint8"}})
+    names = {"uint8": QuantType.QUInt8, "uint16": QuantType.QUInt16, "int4": QuantType.QInt4}
+    overrides = {}
+    for name, o in weight_overrides(nodes, {"embed": (64, 16), "q": (16, 64)}, spec, ORIGINS).items():
+        o = {**o, "quant_type": names[o["quant_type"]]}
+        if "convert" in o:
+            o["convert"] = {**o["convert"], "quant_type": names[o["convert"]["quant_type"]]}
+        overrides[name] = [o]
+    feeds = iter([{"ids": rng.integers(0, 64, (1, 5))} for _ in range(3)])
+    reader = type("Reader", (), {"get_next": lambda self: next(feeds, None)})()
+    config = get_qnn_qdq_config(
+        str(tmp_path / "f.onnx"),
+        reader,
+        activation_type=QuantType.QUInt16,
+        weight_type=QuantType.QUInt8,
+        init_overrides=overrides,
+    )
+    quantize_calibrated(tmp_path / "f.onnx", tmp_path / "q.onnx", config, tmp_path / "ranges.json")
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    inits = {i.name: i for i in q.graph.initializer}
+    producers = {o: n for n in q.graph.node for o in n.output}
+    assert inits["embed_quantized"].data_type == TensorProto.UINT8
+    matmul = next(n for n in q.graph.node if n.op_type == "MatMul")
+    dq = producers[matmul.input[0]]
+    assert dq.op_type == "DequantizeLinear" and inits[dq.input[2]].data_type == TensorProto.UINT16
+    assert producers[dq.input[0]].op_type == "QuantizeLinear" and "convert" in dq.input[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnnx_backend._calibrate import Calibration
-from qnnx_backend._quantspec import QuantizeSpec
+from qnnx_backend._quantspec import QuantizeSpec, module_weight_type
 from qnnx_backend._report import QuantizationReport
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class _Reader:
 def quantize_model(exported: Any, args: Sequence[object], calibration: Calibration) -> QuantizedModel:
     import onnx
     from onnx import version_converter
-    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
+    from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
     spec = calibration.spec
@@ -164,34 +164,47 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
     ]
     folder = Path(tempfile.mkdtemp(prefix="qnnx-quant-"))
     try:
-        big = bool(exported.external_data)
+        # Every model of the folder keeps its weights in a file beside it, whatever their size: the graph edits
+        # below and onnxruntime's config read the structure alone, and only the tools that need the values
+        # (the block quantizer, for its weights; onnxruntime's quantizer) load them, once each.
         exported.save(folder / "float.onnx", external_data=True)
-        model = onnx.load(str(folder / "float.onnx"))
+        model = onnx.load(str(folder / "float.onnx"), load_external_data=False)
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), _QDQ_OPSET)
         if opset < _QDQ_OPSET:
             model = version_converter.convert_version(model, _QDQ_OPSET)
-        finite_masks(model)
-        untie_transposed_weights(model, lambda node: _module_type(node, spec, exported.node_origins) is not None)
+        finite_masks(model, folder)
+        untie_transposed_weights(
+            model, lambda node: _module_type(node, spec, exported.node_origins) is not None, base_dir=folder
+        )
         # onnxruntime's tools are given paths: from a ModelProto they write and re-read temporary copies whose
         # external data they then fail to find (onnxruntime 1.32).
         source = folder / "source.onnx"
-        onnx.save_model(model, str(source), save_as_external_data=big, location="source.onnx.data")
-        if qnn_preprocess_model(str(source), folder / "pre.onnx", fuse_layernorm=True, save_as_external_data=big):
+        onnx.save_model(model, str(source), save_as_external_data=True, location="source.onnx.data")
+        float_io = _io(model)
+        del model
+        preprocessed = qnn_preprocess_model(
+            str(source),
+            folder / "pre.onnx",
+            fuse_layernorm=True,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            external_data_location="pre.onnx.data",
+        )
+        if preprocessed:
             source = folder / "pre.onnx"
         kept = _kept_in_float(onnx.load(str(source), load_external_data=False).graph.node, spec, exported.node_origins)
         blocked: dict[str, str] = {}
         if spec.block_size:
-            blocked = block_weights(source, folder / "blocks.onnx", spec, exported.node_origins, kept, big)
+            blocked = block_weights(source, folder / "blocks.onnx", spec, exported.node_origins, kept, True)
             if any(not reason for reason in blocked.values()):
                 source = folder / "blocks.onnx"
-        nodes = onnx.load(str(source), load_external_data=False).graph.node
-        initializers = {
-            i.name: tuple(i.dims) for i in onnx.load(str(source), load_external_data=False).graph.initializer
-        }
+        structure = onnx.load(str(source), load_external_data=False).graph
+        initializers = {i.name: tuple(i.dims) for i in structure.initializer}
         overrides = {
-            name: [{**o, "quant_type": getattr(QuantType, _ORT_TYPES[o["quant_type"]])}]
-            for name, o in weight_overrides(nodes, initializers, spec, exported.node_origins).items()
+            name: [_ort_override(o, QuantType)]
+            for name, o in weight_overrides(structure.node, initializers, spec, exported.node_origins).items()
         }
+        del structure
         config = get_qnn_qdq_config(
             str(source),
             _Reader(feeds),
@@ -202,12 +215,14 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
             init_overrides=overrides or None,
             nodes_to_exclude=kept or None,
         )
-        config.use_external_data_format = big
+        config.use_external_data_format = True
         out = folder / "model_qdq.onnx"
-        quantize(str(source), out, config)
+        quantize_calibrated(source, out, config, folder / "ranges.json")
         quantized = onnx.load(str(out), load_external_data=False)
-        _check_io(quantized, model)
+        if _io(quantized) != float_io:
+            raise QuantizeFailed(f"the quantized model's inputs/outputs {_io(quantized)} differ from {float_io}")
         groups = weight_groups(quantized, exported.node_origins, {n: r for n, r in blocked.items() if r})
+        (folder / "ranges.json").unlink(missing_ok=True)
         for leftover in ("float.onnx", "source.onnx", "pre.onnx", "blocks.onnx"):
             (folder / f"{leftover}.data").unlink(missing_ok=True)
             (folder / leftover).unlink(missing_ok=True)
@@ -219,7 +234,70 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         raise
 
 
-def finite_masks(model: Any) -> int:
+def quantize_calibrated(source: Path, out: Path, config: Any, ranges: Path) -> None:
+    """onnxruntime's ``quantize(source, out, config)`` for a static QDQ ``config``, in two steps that do not hold the
+    float weights together: the calibration first (its model and its session on the CPU EP), its ranges written to
+    ``ranges`` (onnxruntime's calibration cache), then ``quantize_static`` from that cache, which loads the float
+    model only to quantize it. In one call, the float model loaded for quantization stayed in memory while the
+    calibration loaded a second copy and a session a third (a 2-layer Qwen2.5-0.5B-width decoder: 3 GiB above the
+    model's own weights).
+
+    The calibration options are the ones ``quantize_static`` hands its calibrator (onnxruntime 1.32)."""
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+    from onnxruntime.quantization.quantize import quantize_static
+
+    options = config.extra_options
+    keys = {
+        "CalibTensorRangeSymmetric": "symmetric",
+        "CalibMovingAverage": "moving_average",
+        "CalibMovingAverageConstant": "averaging_constant",
+        "CalibMaxIntermediateOutputs": "max_intermediate_outputs",
+        "CalibPercentile": "percentile",
+    }
+    if options.get("CalibStridedMinMax") or options.get("SmoothQuant"):
+        raise QuantizeFailed("strided or SmoothQuant calibration is not used by the backend's configurations")
+    with tempfile.TemporaryDirectory(prefix="qnnx-calib-", dir=source.parent) as scratch:
+        calibrator = create_calibrator(
+            source,
+            config.op_types_to_quantize,
+            augmented_model_path=str(Path(scratch) / "augmented.onnx"),
+            calibrate_method=config.calibrate_method,
+            use_external_data_format=True,
+            providers=config.calibration_providers,
+            extra_options={key: options[name] for name, key in keys.items() if name in options},
+        )
+        calibrator.collect_data(config.calibration_data_reader)
+        save_tensors_data(calibrator.compute_data(), ranges)
+        del calibrator
+    quantize_static(
+        str(source),
+        str(out),
+        None,
+        calibrate_method=config.calibrate_method,
+        quant_format=config.quant_format,
+        activation_type=config.activation_type,
+        weight_type=config.weight_type,
+        op_types_to_quantize=config.op_types_to_quantize,
+        nodes_to_quantize=config.nodes_to_quantize,
+        nodes_to_exclude=config.nodes_to_exclude,
+        per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        use_external_data_format=config.use_external_data_format,
+        calibration_providers=config.calibration_providers,
+        extra_options=options,
+        calibration_cache_path=str(ranges),
+    )
+
+
+def _ort_override(override: Mapping[str, Any], quant_type: Any) -> dict[str, Any]:
+    """A :func:`weight_overrides` entry with onnxruntime's ``QuantType`` members for the type names."""
+    done = {**override, "quant_type": getattr(quant_type, _ORT_TYPES[override["quant_type"]])}
+    if "convert" in override:
+        done["convert"] = _ort_override(override["convert"], quant_type)
+    return done
+
+
+def finite_masks(model: Any, base_dir: Path | None = None) -> int:
     """Give the masks of ``model`` a finite fill: each ``Where`` operand that is a constant -inf (an additive
     attention mask) becomes :data:`MASK_FILL`, and a safe softmax's test for fully masked rows
     (``LessOrEqual(ReduceMax(x), t)`` with ``t <= -32768``, as qnnx-export writes it) moves to half the fill.
@@ -227,7 +305,8 @@ def finite_masks(model: Any) -> int:
 
     A quantized tensor has a finite range: calibrating a mask of 0 and -inf gives an infinite scale and NaN zero
     points (onnxruntime 1.32 quantizes them without an error), and a large finite fill would spend the 16 bits of
-    the attention scores the mask is added to on the mask."""
+    the attention scores the mask is added to on the mask. ``base_dir``: where the model's external weights are
+    (a candidate fill is read from there; the model is not changed otherwise)."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -240,7 +319,7 @@ def finite_masks(model: Any) -> int:
         tensor = constants.get(node.input[k]) if k < len(node.input) else None
         if tensor is None:
             return False
-        value = numpy_helper.to_array(tensor)
+        value = tensor_value(tensor, base_dir)
         if value.dtype.kind != "f" or value.size == 0 or not bool(np.all(test(value))):
             return False
         name = f"{node.input[k]}_{suffix}"
@@ -273,7 +352,9 @@ def _module_type(node: Any, spec: QuantizeSpec, origins: Any) -> str | None:
     return None if weight_type == spec.weight_type else weight_type
 
 
-def untie_transposed_weights(model: Any, wanted: Callable[[Any], bool] = lambda node: True) -> int:
+def untie_transposed_weights(
+    model: Any, wanted: Callable[[Any], bool] = lambda node: True, base_dir: Path | None = None
+) -> int:
     """Give each MatMul/Gemm whose weight is a ``Transpose`` of an initializer, and that ``wanted`` accepts, a
     transposed initializer of its own (named as the Transpose's output), and drop the Transpose once nothing else
     reads it. Returns how many weights were written.
@@ -285,7 +366,8 @@ def untie_transposed_weights(model: Any, wanted: Callable[[Any], bool] = lambda 
     Qwen2.5-0.5B-width decoder under ``llm-a16w4``: a context of 538 MiB against 577 MiB in float). With a weight of
     its own, the head is quantized as its module's weight (int8 per output channel in the LLM recipe). The compile
     unties only the layers a module weight type names (the recipe's head): under a plain scheme the head keeps its
-    16-bit form, which would otherwise become the scheme's 8-bit weight."""
+    16-bit form, which would otherwise become the scheme's 8-bit weight. ``base_dir``: where the model's external
+    weights are; the tables read from there stay external (only the written weights are held in the model)."""
     from onnx import numpy_helper
 
     graph = model.graph
@@ -305,7 +387,7 @@ def untie_transposed_weights(model: Any, wanted: Callable[[Any], bool] = lambda 
             continue
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
         name = node.output[0] if len(weight_uses) == len(uses) else f"{node.output[0]}_weight"
-        value = numpy_helper.to_array(inits[node.input[0]]).transpose(perm).copy()
+        value = tensor_value(inits[node.input[0]], base_dir).transpose(perm).copy()
         graph.initializer.append(numpy_helper.from_array(value, name))
         for reader, k in weight_uses:
             reader.input[k] = name
@@ -317,6 +399,34 @@ def untie_transposed_weights(model: Any, wanted: Callable[[Any], bool] = lambda 
     if untied:
         logger.info("qnn backend: %d MatMul/Gemm weight(s) read through a Transpose given weights of their own", untied)
     return untied
+
+
+def load_values(tensor: Any, base_dir: Path | None) -> Any:
+    """Read an external ``tensor``'s values from ``base_dir`` into it (it then holds them, as an inline tensor);
+    an inline tensor is left as it is. Returns the tensor."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    if uses_external_data(tensor):
+        if base_dir is None:
+            raise QuantizeFailed(f"the tensor {tensor.name!r} is external data and no folder to read it from was given")
+        load_external_data_for_tensor(tensor, str(base_dir))
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+    return tensor
+
+
+def tensor_value(tensor: Any, base_dir: Path | None = None) -> Any:
+    """``tensor``'s array; an external tensor's values are read from ``base_dir`` into a copy, so the model keeps
+    referring to the file (``numpy_helper.to_array`` would load them into the model's own tensor)."""
+    from onnx import TensorProto, numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    loaded = TensorProto()
+    loaded.CopyFrom(tensor)
+    return numpy_helper.to_array(load_values(loaded, base_dir))
 
 
 _WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1, "Gather": 0}
@@ -331,8 +441,18 @@ def weight_overrides(
     scheme alone gives: a ``module_weight_types`` entry's type; signed weights (int8, int4) symmetric, since QNN HTP
     computed a MatMul of int4 weights with a zero point of -1 wrongly on the simulator (relative error 1.75, where
     the same layer with zero point 0 was right); and with ``per_channel``, signed MatMul/Gemm weights one scale per
-    output channel (onnxruntime's ``per_channel`` alone leaves them per tensor). Weight types are names here."""
+    output channel (onnxruntime's ``per_channel`` alone leaves them per tensor). Weight types are names here.
+
+    A Gather's table is quantized as its output (onnxruntime's QDQ tooling gives them one scale): a table that a
+    ``module_weight_types`` entry makes narrower than the activations (an 8-bit embedding under 16-bit activations)
+    also gets its output's override, the table's type with a conversion to the activation type for the nodes that
+    read it, so that no op mixes 8-bit and 16-bit inputs (without it the tooling wrote the table in 8 bits and let
+    its readers take the 8-bit tensor as it was)."""
     overrides: dict[str, dict[str, Any]] = {}
+    readers: dict[str, set[str]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
     for node in nodes:
         k = _WEIGHT_INPUT.get(node.op_type)
         if k is None or len(node.input) <= k or node.input[k] not in initializers or node.input[k] in overrides:
@@ -348,8 +468,13 @@ def weight_overrides(
             override["axis"] = 0 if trans_b else 1
         elif spec.per_channel and node.op_type in ("Conv", "ConvTranspose") and weight_type != spec.weight_type:
             override["axis"] = 1 if node.op_type == "ConvTranspose" else 0
-        if weight_type != spec.weight_type or len(override) > 1:
+        named = module_weight_type(module, spec.module_weight_types) is not None
+        narrow_table = node.op_type == "Gather" and named and weight_type != spec.activation_type
+        if weight_type != spec.weight_type or len(override) > 1 or narrow_table:
             overrides[name] = override
+        if narrow_table and readers.get(node.output[0]):
+            convert = {"quant_type": spec.activation_type, "recv_nodes": readers[node.output[0]]}
+            overrides[node.output[0]] = {"quant_type": weight_type, "convert": convert}
     return overrides
 
 
@@ -405,13 +530,15 @@ def block_weights(
     takes). A chosen Gemm becomes a MatMul (and an Add of its bias) first: the block quantizer takes MatMul only, and
     onnxruntime 1.32's QDQ tooling fails on a Gemm's bias over block-wise weights (it sizes the int32 bias by the
     weight's scales: "cannot reshape array of size 256 into shape (64,)").
+    Only the chosen weights are read: the others of an external-data ``source`` stay in its file, which ``out``
+    then refers to (``big``: ``out`` writes its own weights beside it too).
     Returns :func:`block_plan`'s answer; nodes keep their names."""
     import onnx
     from onnx import helper, numpy_helper
     from onnxruntime.quantization.quant_utils import QuantFormat
 
     nbits = import_block_quantizer()
-    model = onnx.load(str(source))
+    model = onnx.load(str(source), load_external_data=False)
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     plan = block_plan(graph.node, {n: tuple(i.dims) for n, i in inits.items()}, spec, origins)
@@ -421,6 +548,9 @@ def block_weights(
             logger.info("qnn backend: %s keeps int4 per-channel weights (%s)", name, reason)
     if not chosen:
         return {n: r or "kept in float" for n, r in plan.items()}
+    for node in graph.node:
+        if node.name in chosen:
+            load_values(inits[node.input[1]], source.parent)
     rewritten = []
     for node in graph.node:
         if node.op_type != "Gemm" or node.name not in chosen:
@@ -519,17 +649,12 @@ def _kept_in_float(nodes: Sequence[Any], spec: QuantizeSpec, origins: Any) -> li
     return sorted(set(kept))
 
 
-def _check_io(quantized: Any, original: Any) -> None:
-    """The quantized model must keep the float model's inputs and outputs (names and float types): the call path
-    feeds and reads them by name."""
-
-    def io(m: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-        inits = {i.name for i in m.graph.initializer}
-        ins = [(i.name, i.type.tensor_type.elem_type) for i in m.graph.input if i.name not in inits]
-        return ins, [(o.name, o.type.tensor_type.elem_type) for o in m.graph.output]
-
-    if io(quantized) != io(original):
-        raise QuantizeFailed(f"the quantized model's inputs/outputs {io(quantized)} differ from {io(original)}")
+def _io(model: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """A model's inputs and outputs (names and element types): the quantized model must keep the float model's,
+    since the call path feeds and reads them by name."""
+    inits = {i.name for i in model.graph.initializer}
+    ins = [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input if i.name not in inits]
+    return ins, [(o.name, o.type.tensor_type.elem_type) for o in model.graph.output]
 
 
 class _CpuRunner:
