@@ -25,7 +25,8 @@ from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, mino
 from qnnx_backend._export import CompileContext, export_once, export_report
 from qnnx_backend._parts import PartedModel, held_weight_bytes, stage_parts
 from qnnx_backend._program import NoSessionProgram, Program, QnnProgram, SessionSource, Target, output_dtypes
-from qnnx_backend._quantize import QuantizeFailed, measure
+from qnnx_backend._quantize import measure
+from qnnx_backend._quantspec import QuantizeFailed
 from qnnx_backend._report import ExportReport, QuantizationReport
 from qnnx_backend._session import DeviceRejected, StagedModel
 from qnnx_backend._split import CpuPlan, with_island

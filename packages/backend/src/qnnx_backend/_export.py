@@ -3,7 +3,7 @@
 One :class:`CompileContext` carries everything the compile of a graph reads, for every device of the chain; its
 :class:`ExportMemo` keeps what is computed once per graph (the export, the fingerprint, the quantized model, the
 float16 range check). A failure is kept as its cause, and raised as ``_session.DeviceRejected`` (or
-``_quantize.QuantizeFailed``) for every device that asks.
+``_quantspec.QuantizeFailed``) for every device that asks.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from qnnx_backend._calibrate import Calibration
 from qnnx_backend._compare import EagerReference
 from qnnx_backend._faithful import check_on_cpu
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._quantize import QuantizedModel, QuantizeFailed, failure, quantize_model
+from qnnx_backend._quantize import QuantizedModel, failure, quantize_model
+from qnnx_backend._quantspec import QuantizeFailed
 from qnnx_backend._report import ExportReport
 from qnnx_backend._session import DeviceRejected
 

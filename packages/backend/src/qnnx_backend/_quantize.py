@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnnx_backend._calibrate import Calibration
-from qnnx_backend._quantspec import QuantizeSpec, module_weight_type
+from qnnx_backend._quantspec import QuantizeFailed, QuantizeSpec, load_values, module_weight_type, tensor_value
 from qnnx_backend._report import QuantizationReport
 
 if TYPE_CHECKING:
@@ -43,10 +43,6 @@ prefill graph, so a calibrated range of [0, 0]) came back with errors of 1.0-1.2
 one-row write into a filled cache was right. The cache is a float input or output of the graph either way; the
 attention that reads it is quantized."""
 _ORT_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
-
-
-class QuantizeFailed(Exception):
-    """onnxruntime's quantization of a graph failed (internal to the backend)."""
 
 
 def measure(
@@ -399,34 +395,6 @@ def untie_transposed_weights(
     if untied:
         logger.info("qnn backend: %d MatMul/Gemm weight(s) read through a Transpose given weights of their own", untied)
     return untied
-
-
-def load_values(tensor: Any, base_dir: Path | None) -> Any:
-    """Read an external ``tensor``'s values from ``base_dir`` into it (it then holds them, as an inline tensor);
-    an inline tensor is left as it is. Returns the tensor."""
-    from onnx import TensorProto
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
-
-    if uses_external_data(tensor):
-        if base_dir is None:
-            raise QuantizeFailed(f"the tensor {tensor.name!r} is external data and no folder to read it from was given")
-        load_external_data_for_tensor(tensor, str(base_dir))
-        tensor.data_location = TensorProto.DEFAULT
-        del tensor.external_data[:]
-    return tensor
-
-
-def tensor_value(tensor: Any, base_dir: Path | None = None) -> Any:
-    """``tensor``'s array; an external tensor's values are read from ``base_dir`` into a copy, so the model keeps
-    referring to the file (``numpy_helper.to_array`` would load them into the model's own tensor)."""
-    from onnx import TensorProto, numpy_helper
-    from onnx.external_data_helper import uses_external_data
-
-    if not uses_external_data(tensor):
-        return numpy_helper.to_array(tensor)
-    loaded = TensorProto()
-    loaded.CopyFrom(tensor)
-    return numpy_helper.to_array(load_values(loaded, base_dir))
 
 
 _WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1, "Gather": 0}

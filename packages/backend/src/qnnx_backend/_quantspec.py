@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -272,3 +273,35 @@ def parse_quantize(value: object) -> QuantizeSpec | None:
         "block_size": block_size,
     }
     return QuantizeSpec(**fields)
+
+
+class QuantizeFailed(Exception):
+    """onnxruntime's quantization of a graph failed (internal to the backend)."""
+
+
+def load_values(tensor: Any, base_dir: Path | None) -> Any:
+    """Read an external ``tensor``'s values from ``base_dir`` into it (it then holds them, as an inline tensor);
+    an inline tensor is left as it is. Returns the tensor."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    if uses_external_data(tensor):
+        if base_dir is None:
+            raise QuantizeFailed(f"the tensor {tensor.name!r} is external data and no folder to read it from was given")
+        load_external_data_for_tensor(tensor, str(base_dir))
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+    return tensor
+
+
+def tensor_value(tensor: Any, base_dir: Path | None = None) -> Any:
+    """``tensor``'s array; an external tensor's values are read from ``base_dir`` into a copy, so the model keeps
+    referring to the file (``numpy_helper.to_array`` would load them into the model's own tensor)."""
+    from onnx import TensorProto, numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    loaded = TensorProto()
+    loaded.CopyFrom(tensor)
+    return numpy_helper.to_array(load_values(loaded, base_dir))
