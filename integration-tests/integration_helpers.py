@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
+
+import qnnx_backend
 
 
 def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -38,3 +41,31 @@ def on_qnn_strict(fn: object, *args: torch.Tensor, options: dict[str, object]) -
     reports = list(qnnx_backend.compile_reports())
     assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
     return out
+
+
+def generate_wholly_on_qnn(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    max_cache_len: int,
+    options: dict[str, object],
+    eager_cache: str | None = None,
+    **kwargs: object,
+) -> tuple[Any, Any]:
+    """Greedy generation in eager PyTorch (with ``cache_implementation=eager_cache`` when given), then after
+    compile_for_generation; asserts that the prefill bucket and the decode step both ran wholly on QNN, and returns
+    (compiled, eager) outputs."""
+    from qnnx_backend.hf import compile_for_generation
+
+    cache = {"cache_implementation": eager_cache} if eager_cache else {}
+    with torch.no_grad():
+        ref = model.generate(prompt, **cache, **kwargs)  # type: ignore[operator]
+    qnnx_backend.clear_compile_reports()
+    compile_for_generation(model, max_cache_len=max_cache_len, options=options)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(prompt, **kwargs)  # type: ignore[operator]
+    reports = list(qnnx_backend.compile_reports())
+    assert len(reports) == 2 and all(r.device == "npu" and not r.cpu_nodes for r in reports), [
+        r.summary() for r in reports
+    ]
+    return out, ref

@@ -4,14 +4,12 @@ static-cache tokens."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
+from integration_helpers import generate_wholly_on_qnn
 from integration_models import TINY_DECODER
-
-import qnnx_backend
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,21 +71,10 @@ def test_family_generates_eagers_tokens_wholly_on_qnn(build: Callable[[], torch.
     """compile_for_generation + generate(max_new_tokens=5, greedy): two graphs (prefill, decode), both wholly on
     QNN under strict device='npu' (they ran in PyTorch: histc, a float floor of positions, a scattered group mask and
     max with indices had no QNN form), and the tokens equal eager's greedy static-cache tokens."""
-    from qnnx_backend.hf import compile_for_generation
-
     torch.manual_seed(0)
     model = build().eval()
     prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
     kwargs = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}
-    with torch.no_grad():
-        reference = model.generate(prompt, cache_implementation="static", **kwargs)
-    qnnx_backend.clear_compile_reports()
-    compile_for_generation(model, max_cache_len=64, options={"device": "npu", "strict": True, "soc_model": 60})
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = model.generate(prompt, **kwargs)
-    reports = list(qnnx_backend.compile_reports())
-    assert len(reports) == 2 and all(r.device == "npu" and not r.cpu_nodes for r in reports), [
-        r.summary() for r in reports
-    ]
+    options = {"device": "npu", "strict": True, "soc_model": 60}
+    out, reference = generate_wholly_on_qnn(model, prompt, 64, options, eager_cache="static", **kwargs)
     assert torch.equal(out, reference), (out.tolist(), reference.tolist())

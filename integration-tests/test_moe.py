@@ -4,11 +4,10 @@ sorted by expert, groups of data-dependent sizes) run wholly on QNN with eager's
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import pytest
 import torch
-from integration_helpers import assert_close_fp16
+from integration_helpers import assert_close_fp16, generate_wholly_on_qnn
 
 import qnnx_backend
 from qnnx_backend.errors import QnnDeviceError
@@ -114,27 +113,6 @@ def test_a_layer_over_both_expert_limits_runs_in_pytorch_and_says_why() -> None:
         _compiled_logits(model, ids, **NPU_STRICT, **limits)
 
 
-def _generate_wholly_on_qnn(
-    model: torch.nn.Module, prompt: torch.Tensor, max_cache_len: int, options: dict[str, object], **kwargs: object
-) -> tuple[Any, Any]:
-    """Greedy generation in eager PyTorch, then after compile_for_generation; asserts that the prefill bucket and
-    the decode step both ran wholly on QNN, and returns (compiled, eager) outputs."""
-    from qnnx_backend.hf import compile_for_generation
-
-    with torch.no_grad():
-        ref = model.generate(prompt, **kwargs)
-    qnnx_backend.clear_compile_reports()
-    compile_for_generation(model, max_cache_len=max_cache_len, options=options)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = model.generate(prompt, **kwargs)
-    reports = list(qnnx_backend.compile_reports())
-    assert len(reports) == 2 and all(r.device == "npu" and not r.cpu_nodes for r in reports), [
-        r.summary() for r in reports
-    ]
-    return out, ref
-
-
 def test_compile_for_generation_of_a_default_experts_decoder_gives_eagers_tokens() -> None:
     """compile_for_generation on a default-experts Mixtral: the prefill bucket (dense experts) and the decode step
     (gathered experts: 2 rows over 4 experts; static cache writes lifted) both run wholly on QNN, and greedy
@@ -142,7 +120,7 @@ def test_compile_for_generation_of_a_default_experts_decoder_gives_eagers_tokens
     model = _moe_decoder("mixtral")
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
     kwargs = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
-    out, ref = _generate_wholly_on_qnn(model, prompt, 48, NPU_STRICT, **kwargs)
+    out, ref = generate_wholly_on_qnn(model, prompt, 48, NPU_STRICT, **kwargs)
     assert torch.equal(out, ref), (out.tolist(), ref.tolist())
 
 
@@ -160,7 +138,7 @@ def test_generation_with_more_experts_than_max_dense_experts_runs_wholly_on_qnn(
         "output_logits": True,
         "return_dict_in_generate": True,
     }
-    out, ref = _generate_wholly_on_qnn(model, prompt, 32, {**NPU_STRICT, "verify": False}, **kwargs)
+    out, ref = generate_wholly_on_qnn(model, prompt, 32, {**NPU_STRICT, "verify": False}, **kwargs)
     assert torch.equal(out.sequences, ref.sequences), (out.sequences.tolist(), ref.sequences.tolist())
     for got, want in zip(out.logits, ref.logits, strict=True):
         assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) >= 0.999
