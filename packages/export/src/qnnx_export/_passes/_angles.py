@@ -253,6 +253,20 @@ class _Tables:
         return out
 
 
+def _prove(x: ir.Value) -> tuple[ir.Value, ir.Value, Any] | None:
+    """(the integer, the angle, the index map) when the angle ``x`` is an integer times constants, else None."""
+    found = _angle_slice(x)
+    if found is None:
+        return None
+    cast, nodes = found
+    producer = cast.producer()
+    integer = _integer_source(producer) if producer is not None else None
+    mapping = _index_map(cast, nodes, x) if integer is not None else None
+    if integer is None or mapping is None or len(np.unique(mapping[0])) > _MAX_COEFFICIENTS:
+        return None
+    return integer, x, mapping
+
+
 @register(order=5)
 class AnglesFromTables(QnnPass):
     """Compute ``sin``/``cos`` of an integer times constants (rotary and sinusoidal position embeddings:
@@ -283,16 +297,19 @@ class AnglesFromTables(QnnPass):
         x = node.inputs[0]
         if x is None or x.dtype is not ir.DataType.FLOAT:
             return None
-        found = _angle_slice(x)
-        if found is None:
-            return None
-        cast, nodes = found
-        producer = cast.producer()
-        integer = _integer_source(producer) if producer is not None else None
-        mapping = _index_map(cast, nodes, x) if integer is not None else None
-        if mapping is None or len(np.unique(mapping[0])) > _MAX_COEFFICIENTS:
-            return None
-        return integer, x, mapping
+        proven: dict[int, Any] | None = getattr(self, "_proven", None)
+        if proven is None:
+            return _prove(x)
+        if id(x) not in proven:  # a Sin and a Cos of one angle are proven once per sweep
+            proven[id(x)] = _prove(x)
+        return proven[id(x)]
+
+    def matched(self, graph: ir.Graph) -> list[tuple[ir.Node, Any]]:
+        self._proven: dict[int, Any] | None = {}
+        try:
+            return super().matched(graph)
+        finally:
+            self._proven = None
 
     def rewrite(self, graph: ir.Graph) -> bool:
         built: dict[int, _Tables] = {}
