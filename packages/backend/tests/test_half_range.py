@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import qnnx_backend
-from qnnx_backend._program import HALF_MAX, BeyondHalfRange, check_half_range
+from qnnx_backend._compare import FP16_MAX
+from qnnx_backend._program import BeyondHalfRange, check_half_range
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
 _floats = st.one_of(
-    st.floats(-HALF_MAX, HALF_MAX, width=32),
-    st.sampled_from([np.nan, np.inf, -np.inf, 131008.0, -131008.0, 65505.0, -70000.0, HALF_MAX, -HALF_MAX]),
+    st.floats(-FP16_MAX, FP16_MAX, width=32),
+    st.sampled_from([np.nan, np.inf, -np.inf, 131008.0, -131008.0, 65505.0, -70000.0, FP16_MAX, -FP16_MAX]),
 )
 
 
@@ -36,12 +37,12 @@ def test_raises_exactly_when_a_float_is_outside_half_range(arrays):
     """Any NaN, infinity or magnitude beyond 65504 in any float output is reported with its output's name; values
     within +-65504 (the limits included) are not."""
     names = [f"out{k}" for k in range(len(arrays))]
-    bad = [n for n, a in zip(names, arrays) if not np.all(np.abs(a.astype(np.float64)) <= HALF_MAX)]
+    bad = [n for n, a in zip(names, arrays) if not np.all(np.abs(a.astype(np.float64)) <= FP16_MAX)]
     if bad:
         with pytest.raises(BeyondHalfRange) as info:
             check_half_range(names, arrays)
         assert info.value.output == bad[0]
-        assert np.isnan(info.value.value) or abs(info.value.value) > HALF_MAX
+        assert np.isnan(info.value.value) or abs(info.value.value) > FP16_MAX
     else:
         check_half_range(names, arrays)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from qnnx_backend._compare import EagerReference, run_eager
+from qnnx_backend._compare import FP16_MAX, EagerReference, run_eager
 from qnnx_backend._export import CompilableModel, CompileContext
 from qnnx_backend._options import OPCHECK_BACKEND, BackendOptions
 from qnnx_backend._session import DeviceRejected, placement_counts
@@ -83,10 +83,6 @@ def check_share(session: Any, plan: CpuPlan, opts: BackendOptions) -> None:
     on_cpu = sum(counts.values()) - on_qnn
     if on_qnn <= on_cpu:
         raise DeviceRejected(minority(on_qnn, on_cpu, plan).replace("would keep", "kept", 1))
-
-
-FP16_MAX = 65504.0
-"""The largest float16; HTP computes float graphs in float16 and saturates beyond it (no infinities)."""
 
 
 def fp16_range_refusal(ctx: CompileContext) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from qnnx_backend._compare import RTOL_FP16, RTOL_FP32, compare_outputs, run_eager
+from qnnx_backend._compare import FP16_MAX, RTOL_FP16, RTOL_FP32, compare_outputs, run_eager
 from qnnx_backend._session import StagedModel
 
 
@@ -77,14 +77,11 @@ def check_on_cpu(
     return compare_outputs(got_leaves, ref_leaves, RTOL_FP16 if fp16 else RTOL_FP32)
 
 
-_FP16_MAX = 65504.0
-
-
 def _within_fp16(got: object, ref: object) -> object:
     """``got`` with eager's value wherever eager's is beyond float16's range (NaN positions kept)."""
     if not (isinstance(got, torch.Tensor) and isinstance(ref, torch.Tensor)) or got.shape != ref.shape:
         return got
     if not (got.is_floating_point() and ref.is_floating_point()):
         return got
-    beyond = ref.abs() > _FP16_MAX
+    beyond = ref.abs() > FP16_MAX
     return torch.where(beyond, ref.to(got.dtype), got) if bool(beyond.any()) else got

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from qnnx_backend import _session
+from qnnx_backend._compare import FP16_MAX
 from qnnx_backend._parts import PartedModel, part_infos
 from qnnx_backend._report import ExportReport, PartReport
 
@@ -39,12 +40,6 @@ _ORT_TO_NUMPY = {
 }
 
 
-# float16's largest finite value. HTP computes float graphs in float16 and has no NaN or infinity: where a result is
-# NaN or infinite (a 0/0, the variance of one element, an overflow) it returns a number beyond this (131008 was
-# measured on the simulator), which no float16 computation can give.
-HALF_MAX = 65504.0
-
-
 class BeyondHalfRange(Exception):
     """A QNN run returned a float beyond float16's range: the call's results cannot be trusted. Raised before any
     write into the caller's tensors, so the arguments are as the caller passed them."""
@@ -52,7 +47,7 @@ class BeyondHalfRange(Exception):
     def __init__(self, output: str, value: float) -> None:
         self.output = output
         self.value = value
-        super().__init__(f"ONNX output {output!r} holds {value:g}, beyond float16's +-{HALF_MAX:g}")
+        super().__init__(f"ONNX output {output!r} holds {value:g}, beyond float16's +-{FP16_MAX:g}")
 
 
 def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
@@ -62,9 +57,9 @@ def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
         if not (isinstance(out, np.ndarray) and out.dtype.kind == "f" and out.size):
             continue
         low, high = out.min(), out.max()
-        if low >= -HALF_MAX and high <= HALF_MAX:  # False for NaN
+        if low >= -FP16_MAX and high <= FP16_MAX:  # False for NaN
             continue
-        worst = float(high) if np.isnan(high) or high > HALF_MAX else float(low)
+        worst = float(high) if np.isnan(high) or high > FP16_MAX else float(low)
         raise BeyondHalfRange(name, worst)
 
 
