@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 import qnnx_backend
 from qnnx_backend._compare import FP16_MAX
-from qnnx_backend._program import BeyondHalfRange, check_half_range
+from qnnx_backend._program import BeyondHalfRange, NaNInput, check_half_range, check_no_nan
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
 _floats = st.one_of(
@@ -23,16 +23,15 @@ _floats = st.one_of(
 )
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
-@given(
-    arrays=st.lists(
-        hnp.arrays(
-            st.sampled_from([np.float32, np.float16]), hnp.array_shapes(min_dims=0, max_side=4), elements=_floats
-        ),
-        min_size=1,
-        max_size=3,
-    )
+_ARRAYS = st.lists(
+    hnp.arrays(st.sampled_from([np.float32, np.float16]), hnp.array_shapes(min_dims=0, max_side=4), elements=_floats),
+    min_size=1,
+    max_size=3,
 )
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+@given(arrays=_ARRAYS)
 def test_raises_exactly_when_a_float_is_outside_half_range(arrays):
     """Any NaN, infinity or magnitude beyond 65504 in any float output is reported with its output's name; values
     within +-65504 (the limits included) are not."""
@@ -50,6 +49,50 @@ def test_raises_exactly_when_a_float_is_outside_half_range(arrays):
 def test_integer_and_empty_outputs_are_not_checked():
     """Integer outputs may hold any value, and an empty output holds none."""
     check_half_range(["i", "e"], [np.array([10**9, -(10**9)], dtype=np.int64), np.zeros((0, 3), np.float32)])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+@given(arrays=_ARRAYS)
+def test_nan_inputs_are_found_and_infinities_pass(arrays):
+    """The first input holding a NaN is named; infinities and large finite values are not NaN (HTP reads them as
+    its largest numbers, which attention masks rely on)."""
+    feed = {f"in{k}": a for k, a in enumerate(arrays)}
+    bad = [n for n, a in feed.items() if np.isnan(a).any()]
+    if bad:
+        with pytest.raises(NaNInput) as info:
+            check_no_nan(list(feed), feed)
+        assert info.value.input == bad[0]
+    else:
+        check_no_nan(list(feed), feed)
+
+
+def _gate(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x) * 2.0 + torch.softmax(x + mask, dim=-1)
+
+
+def test_a_nan_input_is_computed_in_pytorch_and_an_infinite_mask_stays_on_the_npu():
+    """An input NaN (which HTP would read as 131008 and turn into finite numbers) gives eager's NaN with one warning
+    naming the input; a -inf mask runs on the NPU and matches eager; strict mode raises for the NaN."""
+    for strict in (False, True):
+        torch._dynamo.reset()
+        qnnx_backend.clear_compile_reports()
+        fn = torch.compile(_gate, backend="qnn", options={"soc_model": 60, "device": "npu", "strict": strict})
+        x, mask = torch.linspace(-2, 2, 32).reshape(4, 8), torch.zeros(4, 8)
+        fn(x, mask)
+        mask[:, 5:] = float("-inf")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.testing.assert_close(fn(x, mask), _gate(x, mask), atol=2e-3, rtol=2e-3)
+        poisoned = x.clone()
+        poisoned[2, 3] = float("nan")
+        if strict:
+            with pytest.raises(QnnRuntimeError, match="holds NaN"):
+                fn(poisoned, mask)
+        else:
+            with pytest.warns(QnnFallbackWarning, match="holds NaN"):
+                got = fn(poisoned, mask)
+            torch.testing.assert_close(got, _gate(poisoned, mask), equal_nan=True)
+        assert [r.device for r in qnnx_backend.compile_reports()] == ["npu"]
 
 
 def _divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

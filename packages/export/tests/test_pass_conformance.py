@@ -789,6 +789,8 @@ COVERED_ELSEWHERE = {
     # New arithmetic, proven over shape classes and positions on QNN in its own file.
     "angles_from_tables": "test_pass_angles.py",
     "transpose_of_unit_dims_as_reshape": "test_pass_unit_transpose.py",
+    "log_domain_edges": "test_pass_domain_edges.py",
+    "div_by_zero_edges": "test_pass_domain_edges.py",
 }
 
 

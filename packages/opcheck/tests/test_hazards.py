@@ -762,3 +762,43 @@ def test_isnan_is_vouched_for_only_on_a_bounded_qnn_value(op: str | None, vouche
     m = model([*nodes, node("IsNaN", [src], ["n"], name="isnan")], [inp("x", [2, 8])], ["n"])
     v = _by_name(_check(m))["isnan"]
     assert (v.status == "supported") is vouched, v.reason
+
+
+_STEPS = {
+    "Neg": lambda i, src: node("Neg", [src], [f"s{i}"]),
+    "Abs": lambda i, src: node("Abs", [src], [f"s{i}"]),
+    "Mul": lambda i, src: node("Mul", [src, "two"], [f"s{i}"]),
+    "Add": lambda i, src: node("Add", [src, "x"], [f"s{i}"]),
+    "Identity": lambda i, src: node("Identity", [src], [f"s{i}"]),
+}
+
+
+@given(
+    fill=st.sampled_from([np.inf, -np.inf, np.nan]),
+    steps=st.lists(st.sampled_from(sorted(_STEPS)), max_size=4),
+    compared=st.booleans(),
+    range_checked=st.booleans(),
+)
+def test_an_infinity_reaching_an_output_is_refused_unless_the_caller_checks_the_range(
+    fill: float, steps: list[str], compared: bool, range_checked: bool
+) -> None:
+    """Where(c, inf or NaN, x) carried to a graph output by elementwise steps is refused, unless the caller checks
+    every output for values beyond float16's range (HTP writes the constant there as 65536 or 98304, which such a
+    check sees); a comparison with the constant is refused either way (HTP's comparison is never true)."""
+    nodes = [node("Where", ["c", "fill", "x"], ["s"], name="fill")]
+    nodes += [_STEPS[step](i, nodes[-1].output[0]) for i, step in enumerate(steps)]
+    if compared:
+        nodes.append(node("Equal", ["x", "fill"], ["eq"], name="compare"))
+        nodes.append(node("Where", ["eq", "x", nodes[-2].output[0]], ["w"]))
+    nodes.append(node("Identity", [nodes[-1].output[0]], ["y"]))
+    m = model(
+        nodes,
+        [inp("x", [2, 3]), inp("c", [2, 3], BOOL)],
+        ["y"],
+        [const_init("fill", fill), const_init("two", 2.0)],
+    )
+    rep = oc.check_model(m, "htp", onnxruntime_qnn="2.7.0", soc_model=60, outputs_range_checked=range_checked)
+    verdicts = _by_name(rep)
+    assert (verdicts["fill"].status == "unsupported") is not range_checked
+    if compared:
+        assert verdicts["compare"].status == "unsupported"

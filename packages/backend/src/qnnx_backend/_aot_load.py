@@ -30,13 +30,13 @@ from qnnx_backend._options import BackendOptions
 from qnnx_backend._parts import PartedModel
 from qnnx_backend._payload import FIX_SAVE, SAFE_NAME, fingerprint_differences, unpack_payload
 from qnnx_backend._program import (
-    BeyondHalfRange,
     CpuEpProgram,
     NoSessionProgram,
     Program,
     QnnProgram,
     SessionSource,
     Target,
+    UntrustedRun,
     recreate_and_run,
 )
 from qnnx_backend._session import DeviceRejected
@@ -84,14 +84,13 @@ class _LoadedVariant:
             args = [a for i, a in enumerate(args) if i not in self._sym_positions]
         try:
             return self._program.run(args)
-        except BeyondHalfRange as beyond:
+        except UntrustedRun as untrusted:
             raise QnnRuntimeError(
-                f"qnn backend: loaded graph {self.report.graph_id} on {self.report.device}: {beyond}; HTP holds no NaN "
-                "or infinity and returns such a number where the computation has NaN, an infinity or a value beyond "
-                "float16's range, so this call's results cannot be trusted. The arguments are unchanged. Fix: "
+                f"qnn backend: loaded graph {self.report.graph_id} on {self.report.device}: {untrusted}; "
+                f"{untrusted.why}, so this call's results cannot be trusted. The arguments are unchanged. Fix: "
                 "compute this input with the compiled function (device='auto' computes such calls in PyTorch), or "
-                "keep the graph's values within +-65504."
-            ) from beyond
+                "keep the graph's values finite and within +-65504."
+            ) from untrusted
         except Exception as exc:  # a run-time failure of the EP (e.g. an NPU subsystem restart)
             try:
                 label = f"loaded graph {self.report.graph_id}"

@@ -11,10 +11,10 @@ from typing import Any
 
 import attrs
 
-from qnnx_backend._options import CHAIN, OPCHECK_BACKEND, BackendOptions, effective_device
+from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._parts import held_weight_bytes, part_reports, plan_for
 from qnnx_backend._report import DEVICE_LABELS, ExportReport, PartReport, QuantizationReport
-from qnnx_backend._split import CpuPlan, plan_cpu_nodes
+from qnnx_backend._split import CpuPlan, opcheck, plan_cpu_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,6 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
         An :class:`ExplainReport`; ``print(report)`` shows a table, ``report.to_json()`` the same as JSON.
     """
     import qnnx_detection
-    import qnnx_opcheck
     from qnnx_backend._check import fp16_range_refusal
     from qnnx_backend._export import CompileContext, analyze, export_once, export_report
     from qnnx_backend._quantize import explain_quantized
@@ -270,7 +269,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
         held: int | None = None
         for dev in chain:
             status = probe.backend(dev)
-            report = qnnx_opcheck.check_model(exported.structure, OPCHECK_BACKEND[dev], soc_model=soc)
+            report = opcheck(exported.structure, dev, soc)
             bad = tuple(f"{v.op_type} ({v.node_name})" for v in report.unsupported)
             if not status.available:
                 devices.append(

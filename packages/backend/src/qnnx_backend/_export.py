@@ -166,6 +166,12 @@ def _quantized_once(exported: Any, ctx: CompileContext) -> QuantizedModel:
     return quantized
 
 
+# The passes that write eager's NaN and infinities into a float graph (HTP's Log and Div give finite numbers there,
+# which the per-call range check then sees). A quantized graph holds no infinity: its tensors have finite ranges and
+# a calibrated inf would give an infinite scale, so its graphs are exported without them.
+_NONFINITE_EDGE_PASSES = {"log_domain_edges", "div_by_zero_edges"}
+
+
 def _export(ctx: CompileContext) -> Any:
     import qnnx_export
 
@@ -174,9 +180,10 @@ def _export(ctx: CompileContext) -> Any:
     export_args = _export_args(ctx.args, opts.fp16)
     try:
         passes = None
-        if opts.disable_passes:
+        skipped = set(opts.disable_passes) | (_NONFINITE_EDGE_PASSES if opts.quantize is not None else set())
+        if skipped:
             default = qnnx_export.ExportOptions().resolved_passes()
-            passes = tuple(p for p in default if p not in opts.disable_passes)
+            passes = tuple(p for p in default if p not in skipped)
         export_options = qnnx_export.ExportOptions(
             passes=passes,
             exporter=opts.exporter,

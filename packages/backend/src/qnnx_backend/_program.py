@@ -40,14 +40,38 @@ _ORT_TO_NUMPY = {
 }
 
 
-class BeyondHalfRange(Exception):
-    """A QNN run returned a float beyond float16's range: the call's results cannot be trusted. Raised before any
-    write into the caller's tensors, so the arguments are as the caller passed them."""
+class UntrustedRun(Exception):
+    """A QNN call whose results cannot be trusted, found before any write into the caller's tensors, so the arguments
+    are as the caller passed them. :attr:`why` says what HTP does with such values."""
+
+    why = ""
+
+
+class BeyondHalfRange(UntrustedRun):
+    """A QNN run returned a float beyond float16's range."""
+
+    why = (
+        "HTP holds no NaN or infinity and returns such a number where eager PyTorch has NaN, an infinity or a value "
+        "beyond float16's range"
+    )
 
     def __init__(self, output: str, value: float) -> None:
         self.output = output
         self.value = value
         super().__init__(f"ONNX output {output!r} holds {value:g}, beyond float16's +-{FP16_MAX:g}")
+
+
+class NaNInput(UntrustedRun):
+    """A float input of a QNN call holds NaN: not run on QNN."""
+
+    why = (
+        "HTP holds no NaN and reads it as an ordinary number (131008), so the results would be finite where eager "
+        "PyTorch propagates NaN"
+    )
+
+    def __init__(self, name: str) -> None:
+        self.input = name
+        super().__init__(f"ONNX input {name!r} holds NaN")
 
 
 def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
@@ -61,6 +85,16 @@ def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
             continue
         worst = float(high) if np.isnan(high) or high > FP16_MAX else float(low)
         raise BeyondHalfRange(name, worst)
+
+
+def check_no_nan(names: Sequence[str], feed: Mapping[str, Any]) -> None:
+    """Raise :class:`NaNInput` for the first of ``names`` whose array in ``feed`` holds a NaN (one pass over each:
+    NaN propagates through the maximum). Infinities pass: HTP reads them as its largest numbers, which masks rely
+    on."""
+    for name in names:
+        array = feed.get(name)
+        if array is not None and array.size and np.isnan(array.max()):
+            raise NaNInput(name)
 
 
 @attrs.frozen
@@ -216,8 +250,9 @@ def output_dtypes(gm: torch.fx.GraphModule) -> tuple[torch.dtype | None, ...]:
 class QnnProgram:
     """An ORT session on a QNN device plus what is needed to call it with Dynamo's arguments.
 
-    :meth:`run` raises :class:`BeyondHalfRange` when the device returns a float no float16 computation can give
-    (HTP's stand-in for NaN and infinities), before writing into any argument.
+    :meth:`run` raises :class:`NaNInput` before running a call whose float input holds NaN, and
+    :class:`BeyondHalfRange` when the device returns a float no float16 computation can give (HTP's stand-in for NaN
+    and infinities), before writing into any argument.
     """
 
     checks_half_range = True
@@ -274,12 +309,21 @@ class QnnProgram:
         self._row_writebacks = tuple(signature.row_writebacks)
         if signature.writes:  # the general call path, then the writes: never the shortcuts below
             self._direct_in = None
+        # The float inputs checked for NaN on each call. Not the state the graph writes into (a KV cache): its
+        # values are this graph's own outputs, which the output check has seen, and it is the largest input.
+        written = {arg for _, arg in self._writebacks} | {row.arg_index for row in self._row_writebacks}
+        floats = {name for name, want in zip(self._input_names, self._input_types) if want in (np.float32, np.float16)}
+        self._nan_checked = tuple(
+            spec.name for spec in signature.inputs if spec.name in floats and spec.arg_index not in written
+        )
 
     def run(self, args: Sequence[object]) -> Any:
         """Run on QNN; torch tensors in, torch tensors out, in the graph's output structure."""
         feed = _direct_feed(self._direct_in, args) if self._direct_in is not None else None
         if feed is None:
             return self._run_converting(args)
+        if self.checks_half_range:
+            check_no_nan(self._nan_checked, feed)
         outs = self.session.run(self._output_names, feed)
         if self.checks_half_range:
             check_half_range(self._output_names, outs)
@@ -308,6 +352,8 @@ class QnnProgram:
             if want is not None and array.dtype != want:
                 array = array.astype(want)
             feed[name] = array
+        if self.checks_half_range:
+            check_no_nan(self._nan_checked, feed)
         outs = self.session.run(self._output_names, feed)
         if self.checks_half_range:
             check_half_range(self._output_names, outs)

@@ -23,7 +23,7 @@ from qnnx_backend import _report
 from qnnx_backend._calibrate import Calibration
 from qnnx_backend._compare import EagerReference, mismatch, run_eager
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._program import BeyondHalfRange, Program, recreate_and_run
+from qnnx_backend._program import Program, UntrustedRun, recreate_and_run
 from qnnx_backend._trace import compiling
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
@@ -200,8 +200,8 @@ class QnnVariant:
             before = {i: cast(torch.Tensor, args[i]).clone() for i in self._written()}
         try:
             out = self._program.run(args)
-        except BeyondHalfRange as beyond:
-            return self._beyond_half_range(args, beyond)
+        except UntrustedRun as untrusted:
+            return self._untrusted(args, untrusted)
         except Exception as exc:  # a run-time failure of the EP (e.g. an NPU subsystem restart)
             out = self._recover(args, exc)
             if out is _FELL_BACK:
@@ -214,20 +214,17 @@ class QnnVariant:
                 return self._reject(args, problem)
         return out
 
-    def _beyond_half_range(self, args: Sequence[object], beyond: BeyondHalfRange) -> Any:
-        """A call whose QNN result holds HTP's stand-in for NaN or an infinity: this call is computed in PyTorch (the
-        arguments are untouched, the run raised before any write), later calls run on the device again."""
+    def _untrusted(self, args: Sequence[object], untrusted: UntrustedRun) -> Any:
+        """A call with a NaN input, or whose QNN result holds HTP's stand-in for NaN or an infinity: this call is
+        computed in PyTorch (the arguments are untouched: nothing was written), later calls run on the device again."""
         self.range_recomputed += 1
-        cause = (
-            f"{beyond}; HTP holds no NaN or infinity and returns such a number where eager PyTorch has NaN, an "
-            "infinity or a value beyond float16's range"
-        )
+        cause = f"{untrusted}; {untrusted.why}"
         if self._options.strict:
             raise QnnRuntimeError(
                 f"qnn backend: graph {self.report.graph_id} on {self.report.device}: {cause}. The arguments are "
                 "unchanged. Fix: device='auto' (such calls are then computed in PyTorch), or keep the graph's "
-                "values within +-65504."
-            ) from beyond
+                "values finite and within +-65504."
+            ) from untrusted
         if self.range_recomputed == 1:
             warnings.warn(
                 f"qnn backend: graph {self.report.graph_id} on {self.report.device}: {cause}; this call, and any "
@@ -235,7 +232,7 @@ class QnnVariant:
                 QnnFallbackWarning,
                 stacklevel=4,
             )
-        logger.info("qnn backend: graph %d: call computed in PyTorch: %s", self.report.graph_id, beyond)
+        logger.info("qnn backend: graph %d: call computed in PyTorch: %s", self.report.graph_id, untrusted)
         with torch.no_grad():
             return self._gm(*args)
 

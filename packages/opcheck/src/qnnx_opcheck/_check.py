@@ -37,6 +37,7 @@ def check_model(
     soc_model: int | None = None,
     free_dims: Mapping[str, int] | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    outputs_range_checked: bool = False,
 ) -> OpCheckReport:
     """Check, node by node, whether a QNN backend can run an ONNX model.
 
@@ -67,6 +68,10 @@ def check_model(
         qnnx_opcheck.errors.InvalidShapeError: A ``free_dims`` name is not a dimension name of the graph inputs,
             an ``input_shapes`` name is not a graph input, or a size is not a positive integer, has the wrong rank
             or contradicts a fixed dimension.
+        outputs_range_checked: The caller checks every float output of every run for values beyond float16's
+            +-65504 and does not trust such a run (qnnx's backend does). An infinity or NaN then needs no refusal
+            where it reaches an output: HTP writes them there as 65536 and 98304, which that check sees. A
+            comparison with one is still refused (HTP's comparison is never true, and nothing downstream shows it).
     """
     backend = normalize_backend(backend)
     requested = onnxruntime_qnn if onnxruntime_qnn is not None else installed_onnxruntime_qnn()
@@ -74,7 +79,7 @@ def check_model(
     proto, source, load_notes = load_model(model)
     proto, prepared = _prepare(proto, proto is model, free_dims, input_shapes)
     facts = read_facts(proto, load_notes, source)
-    verdicts = tuple(Checker(table, facts).verdicts())
+    verdicts = tuple(Checker(table, facts, outputs_range_checked=outputs_range_checked).verdicts())
     notes = list(table_notes) + prepared + list(facts.notes) + list(table.notes)
     for name, dims in facts.symbolic_inputs.items():
         if "dynamic_shape" in table.patterns:

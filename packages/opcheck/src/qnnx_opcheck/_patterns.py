@@ -95,9 +95,11 @@ class Patterns:
     """The matchers of the table's patterns (``(index, node) -> bool``, the registered rules) and the other pattern
     tests the checker makes, on one graph."""
 
-    def __init__(self, view: GraphView, values: ValueAnalysis) -> None:
+    def __init__(self, view: GraphView, values: ValueAnalysis, outputs_range_checked: bool = False) -> None:
         self.view = view
         self.values = values
+        # The caller sees HTP's stand-ins for inf and NaN (65536, 98304) in the outputs (check_model's option).
+        self.outputs_range_checked = outputs_range_checked
 
     def dynamic_value(self, node: NodeView) -> tuple[str, tuple[Any, ...]] | None:
         for name in list(node.input) + list(node.output):
@@ -458,8 +460,8 @@ class Patterns:
     @rule("nonfinite_constant")
     def _uses_nonfinite_constant(self, index: int, node: NodeView) -> bool:
         """A constant holding inf or NaN that is compared against, or that can reach a graph output unchanged:
-        HTP has no infinities (-inf saturates near -65504), so the comparison is never true and the output is
-        finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
+        HTP has no infinities (an inf constant reads as 65536, NaN as 98304), so the comparison is never true and the
+        output is finite where PyTorch's is not. A -inf mask added before a Softmax is fine and is not matched."""
         nonfinite = [name for name in node.input if name and self.values.from_nonfinite_constant(name)]
         if not nonfinite:
             return False
@@ -474,8 +476,15 @@ class Patterns:
                 # Max/Min/Clip return one of their inputs, and saturation keeps the order: HTP's result is PyTorch's
                 # saturated, which differs only where an infinity reaches an output (a comparison after it is
                 # checked at that comparison). Phi-MoE's clamp(|scores|, min=max(masked scores)) feeds a Div.
-                return any(self.values.reaches_output_unabsorbed(o) for o in node.output if o)
+                return self._nonfinite_reaches_output(node)
             return True
+        return self._nonfinite_reaches_output(node)
+
+    def _nonfinite_reaches_output(self, node: NodeView) -> bool:
+        """Whether an infinity out of ``node`` can reach a graph output where nobody sees it: not when the caller
+        checks the outputs' range, since HTP writes an inf or NaN constant there as 65536 or 98304."""
+        if self.outputs_range_checked:
+            return False
         return any(self.values.reaches_output_unabsorbed(o) for o in node.output if o)
 
     @rule("partial_weight_block")

@@ -33,11 +33,11 @@ _log = logging.getLogger("qnnx_opcheck._check")  # the checker's warnings keep t
 class Checker:
     """The verdicts of one graph's nodes against one table, with the rules of each theme in a collaborator."""
 
-    def __init__(self, table: OpTable, facts: GraphFacts) -> None:
+    def __init__(self, table: OpTable, facts: GraphFacts, *, outputs_range_checked: bool = False) -> None:
         self.view = GraphView(table, facts)
         self.t = table
         self.f = facts
-        self.patterns = Patterns(self.view, ValueAnalysis(self.view))
+        self.patterns = Patterns(self.view, ValueAnalysis(self.view), outputs_range_checked)
         self.conditions = Conditions(self.view)
         self.qdq = QdqRules(self.view)
         self._table_dtypes: frozenset[str] | None = None  # every dtype some cell of the table holds, on first use

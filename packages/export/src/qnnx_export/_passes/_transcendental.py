@@ -12,7 +12,7 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["ErfAsPolynomial", "SinhCoshFromExp"]
+__all__ = ["DivByZeroEdges", "ErfAsPolynomial", "LogDomainEdges", "SinhCoshFromExp"]
 
 
 # ------------------------------------------------------------------------------------------ Erf, written out
@@ -167,3 +167,182 @@ class SinhCoshFromExp(QnnPass):
             return b.finish("Where", near, series, far)
 
         return self.replace_matched(graph, "qnnx_sinh_cosh", written_out)
+
+
+# ------------------------------------------------------------------- Log and Div at the edges of their domains
+
+# Ops whose output is never negative, for any input.
+_NONNEGATIVE = frozenset({"Abs", "Exp", "Relu", "ReduceSumSquare", "Sigmoid", "Softmax", "Softplus", "Sqrt"})
+
+
+def _const_above(value: ir.Value | None, floor: float) -> bool:
+    """A constant whose every element is above ``floor`` in float16 (HTP's arithmetic)."""
+    array = _graph.const_array(value)
+    return array is not None and array.size > 0 and bool(np.all(array.astype(np.float16) > floor))
+
+
+def _nonnegative(value: ir.Value | None) -> bool:
+    node = value.producer() if value is not None else None
+    if node is None:
+        array = _graph.const_array(value)
+        return array is not None and bool(np.all(array >= 0))
+    if node.op_type in _NONNEGATIVE:
+        return True
+    if node.op_type == "Mul" and len(node.inputs) == 2 and node.inputs[0] is node.inputs[1]:
+        return True  # a square
+    return node.op_type in ("ReduceMean", "ReduceSum") and _nonnegative(node.inputs[0])
+
+
+def _above(value: ir.Value | None, floor: float = 0.0) -> bool:
+    """Whether ``value`` is above ``floor`` (>= 0) wherever it is computed in float16, by its producer's form alone:
+    a constant above it; a non-negative value plus a constant above it (``var + eps``); the square root of a value
+    above ``floor**2``; ``max(x, c)`` or ``clip(x, c, ...)`` with ``c`` above it; a softmax denominator
+    ``sum(exp(x - max(x)))`` (at least 1). Anything else (a bare ``exp``, which underflows to 0) is not known to be."""
+    node = value.producer() if value is not None else None
+    if node is None:
+        return _const_above(value, floor)
+    ins = list(node.inputs)
+    if node.op_type == "Add" and len(ins) == 2:
+        return any(_const_above(v, floor) for v in ins) and all(_nonnegative(v) for v in ins)
+    if node.op_type == "Sqrt":
+        return _above(ins[0], floor * floor)
+    if node.op_type == "Max":
+        return any(_const_above(v, floor) for v in ins)
+    if node.op_type == "Clip":
+        return len(ins) > 1 and _const_above(ins[1], floor)
+    if node.op_type == "ReduceSum" and ins and ins[0] is not None and floor < 1.0:
+        exp = ins[0].producer()
+        shift = _graph.input_producer(exp) if exp is not None and _graph.is_op(exp, "Exp") else None
+        top = _graph.input_producer(shift, 1) if shift is not None and _graph.is_op(shift, "Sub") else None
+        return (
+            top is not None
+            and shift is not None
+            and _graph.is_op(top, "ReduceMax")
+            and top.inputs[0] is shift.inputs[0]
+        )
+    return False
+
+
+_GUARDED = "qnnx_log_edges"  # the prefix of the names this pass writes
+
+
+@register(order=137)
+class LogDomainEdges(QnnPass):
+    """Compute ``Log(x)`` as ``Where(x < 0, NaN, Where(x > 0, Log(x), -inf))``: ``-inf`` at 0 and NaN below, as
+    IEEE arithmetic (and PyTorch) gives.
+
+    QNN HTP's Log returns ordinary numbers there: ``log(0)`` is -7.625 (``ln 2^-11``), ``log2(0)`` -11, ``log1p(-1)``
+    -7.625, and the log of a negative number a finite number such as -9.4 or -19 (onnxruntime-qnn 2.7.0, soc 60).
+    A binary cross-entropy with a prediction of 0 came back 7.625 where PyTorch clamps the log to -100 and gives 100,
+    and ``p * log(p)`` gave -0 at p = 0 where PyTorch gives NaN; a square that underflows float16 (``(1e-4)^2``) fed
+    Log a 0 and read -7.6 for -18.4. HTP keeps an infinite or NaN constant through ``Where``: the edge values are
+    exact, later ops treat ``-inf`` as PyTorch does (a clamp to -100 gives -100), and one that reaches an output is
+    caught by the backend's per-call check, which recomputes the call in PyTorch. Positive inputs get ``Log(x)``
+    itself. A Log of a value known to be positive (``1 + exp(..)``, ``sum(exp(x - max))``) is left alone. Shape
+    classes: ranks 0-5 (a rank-5 input is computed on its flat view).
+    """
+
+    name = "log_domain_edges"
+    defect = "QNN HTP's Log gives finite numbers (-7.6 for log(0)) where PyTorch gives -inf or NaN (silent)"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The float input of a Log whose input is not known to be positive and that this pass did not write, or
+        None."""
+        x = _float_input(node, "Log")
+        if x is None or _above(x) or (node.outputs[0].name or "").startswith(_GUARDED):
+            return None
+        return x
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def guarded(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            b = _Elementwise(graph, names, node, x)
+            zero = b.const(0.0)
+            positive = b.op("Greater", b.x, zero, out_dtype=ir.DataType.BOOL)
+            # Each Where picks between a computed value and one constant: HTP then passes the constant's infinity
+            # or NaN through exactly (a Where of two such constants gave 98304 for NaN).
+            edge = b.op("Where", positive, b.op("Log", b.x), b.const(-math.inf))
+            return b.finish("Where", b.op("Less", b.x, zero, out_dtype=ir.DataType.BOOL), b.const(math.nan), edge)
+
+        return self.replace_matched(graph, _GUARDED, guarded)
+
+
+_DIV_GUARDED = "qnnx_div_edges"  # the prefix of the names this pass writes
+# HTP divides as a * (1 / b), and 1 / b saturates at 65504 below |b| = 1 / 65504: the quotient is then wrong
+# (1e-6 / 1e-6 gave 0.066). Below 2^-16 both operands are scaled by 2^14 first, which keeps every float16 divisor
+# (down to its smallest subnormal, 6e-8) above 9.8e-4; a dividend that overflows then has a quotient beyond
+# float16's range anyway.
+_SMALL_DIVISOR = 2.0**-16
+_DIVISOR_SCALE = 2.0**14
+
+
+@register(order=162)
+class DivByZeroEdges(QnnPass):
+    """Compute ``a / b`` with a divisor that may be 0 or tiny as ``Where(b == 0, e, q)``: ``e`` is NaN for ``a == 0``
+    and ``+-inf`` with ``a``'s sign otherwise, as IEEE arithmetic (and PyTorch) gives, and ``q`` is ``a / b``, or
+    ``(a * 2^14) / (b * 2^14)`` where ``|b| < 2^-16``.
+
+    QNN HTP divides as ``a * (1 / b)`` with the reciprocal saturated at 65504: ``0 / 0`` gives 0 where PyTorch gives
+    NaN (a masked mean over an all-zero mask came back 0), ``a / 0`` about +-65504, and any divisor below
+    ``1 / 65504`` in magnitude a wrong quotient (``1e-6 / 1e-6`` gave 0.066, ``1e-3 / 1e-6`` 65.5 for 1000)
+    (onnxruntime-qnn 2.7.0, soc 60). HTP keeps an infinite or NaN constant through ``Where`` (or writes it beyond
+    float16's range): a NaN or infinity that reaches an output is caught by the backend's per-call check, which
+    recomputes the call in PyTorch. A divisor of -0 gives ``a``'s sign, not the opposite one. Divisors known to stay
+    at or above ``2^-16`` in magnitude are left alone: such constants, ``sqrt(var + eps)``, ``max(norm, eps)``, a
+    softmax denominator; a constant divisor with small but no zero elements is scaled and nothing else. Shape
+    classes: ranks 0-4 with broadcasting; a rank-5 Div is left as it is (QNN fails to finalize comparisons at rank
+    5).
+    """
+
+    name = "div_by_zero_edges"
+    defect = "QNN HTP's Div gives 0 for 0 / 0, +-65504 for a / 0 and wrong quotients below |b| = 1/65504 (silent)"
+
+    def match(self, node: ir.Node) -> tuple[ir.Value, ir.Value, bool] | None:
+        """The float dividend and divisor of a Div whose divisor may be 0 or below ``2^-16`` in magnitude, that
+        this pass did not write, of rank at most 4, and whether the divisor is a constant without zeros; or None."""
+        a = _float_input(node, "Div")
+        if a is None or len(node.inputs) != 2 or (node.outputs[0].name or "").startswith(_DIV_GUARDED):
+            return None
+        b = node.inputs[1]
+        divisor = _graph.const_array(b)
+        if b is None or _above(b, _SMALL_DIVISOR):
+            return None
+        magnitude = None if divisor is None else np.abs(divisor.astype(np.float16))
+        if magnitude is not None and magnitude.size and bool(np.all(magnitude >= _SMALL_DIVISOR)):
+            return None
+        shape = node.outputs[0].shape
+        if shape is None or len(shape) > 4:
+            return None
+        return a, b, magnitude is not None and bool(np.all(magnitude > 0))
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def guarded(
+            names: UniqueNames, node: ir.Node, found: tuple[ir.Value, ir.Value, bool]
+        ) -> tuple[list[ir.Node], ir.Value]:
+            a, b, const_nonzero = found
+            dtype = cast(ir.DataType, a.dtype)
+            nodes: list[ir.Node] = []
+
+            def const(value: float | np.ndarray) -> ir.Value:
+                return _graph.add_initializer(graph, names("c"), np.asarray(value, dtype=dtype.numpy()))
+
+            def op(op_type: str, like: ir.Value, *inputs: ir.Value, out_dtype: ir.DataType | None = None) -> ir.Value:
+                out = _graph.new_value(names(op_type.lower()), out_dtype or dtype, _graph.static_shape(like))
+                nodes.append(ir.Node("", op_type, list(inputs), outputs=[out]))
+                return out
+
+            if const_nonzero:  # a constant divisor with small elements: scale both, nothing can be 0
+                divisor = cast(np.ndarray, _graph.const_array(b)).astype(np.float64) * _DIVISOR_SCALE
+                scaled = op("Mul", a, a, const(_DIVISOR_SCALE))
+                last, out = _graph.one_node_like(names, "out", node, "Div", [scaled, const(divisor)])
+                return [*nodes, *last], out
+            zero, boolean, scale = const(0.0), ir.DataType.BOOL, const(_DIVISOR_SCALE)
+            small = op("Less", b, op("Abs", b, b), const(_SMALL_DIVISOR), out_dtype=boolean)
+            rescaled = op("Div", node.outputs[0], op("Mul", a, a, scale), op("Mul", b, b, scale))
+            quotient = op("Where", node.outputs[0], small, rescaled, op("Div", node.outputs[0], a, b))
+            signed = op("Where", a, op("Less", a, a, zero, out_dtype=boolean), const(-math.inf), const(math.inf))
+            edge = op("Where", a, op("Equal", a, a, zero, out_dtype=boolean), const(math.nan), signed)
+            at_zero = op("Equal", b, b, zero, out_dtype=boolean)
+            last, out = _graph.one_node_like(names, "out", node, "Where", [at_zero, edge, quotient])
+            return [*nodes, *last], out
+
+        return self.replace_matched(graph, _DIV_GUARDED, guarded)
