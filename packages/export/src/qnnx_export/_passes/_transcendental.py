@@ -238,32 +238,71 @@ class LogDomainEdges(QnnPass):
     Log a 0 and read -7.6 for -18.4. HTP keeps an infinite or NaN constant through ``Where``: the edge values are
     exact, later ops treat ``-inf`` as PyTorch does (a clamp to -100 gives -100), and one that reaches an output is
     caught by the backend's per-call check, which recomputes the call in PyTorch. Positive inputs get ``Log(x)``
-    itself. A Log of a value known to be positive (``1 + exp(..)``, ``sum(exp(x - max))``) is left alone. Shape
+    itself. A Log read only by a Mul or Div by a positive scalar constant (``log10``, ``log2``) gets its edges after
+    that scaling, which would otherwise bring HTP's stand-ins back within float16's range (``log10(0)`` read -28464).
+    A Log of a value known to be positive (``1 + exp(..)``, ``sum(exp(x - max))``) is left alone. Shape
     classes: ranks 0-5 (a rank-5 input is computed on its flat view).
     """
 
     name = "log_domain_edges"
     defect = "QNN HTP's Log gives finite numbers (-7.6 for log(0)) where PyTorch gives -inf or NaN (silent)"
 
-    def match(self, node: ir.Node) -> ir.Value | None:
-        """The float input of a Log whose input is not known to be positive and that this pass did not write, or
+    def match(self, node: ir.Node) -> tuple[ir.Value, str, ir.Value | None] | None:
+        """For a Log whose input is not known to be positive and that this pass did not write: its float input and
+        how its value is scaled, ``("", None)`` or, when the Log's one reader is a Mul or Div of it by a positive
+        scalar constant (``log10``, ``log2``), that node's op and constant, matched on that node instead; or
         None."""
+        if node.op_type in ("Mul", "Div") and len(node.inputs) == 2:
+            log = node.inputs[0].producer() if node.inputs[0] is not None else None
+            if log is None or _scale_of(log) is not node:
+                return None
+            found = self._unguarded(log)
+            return None if found is None else (found, node.op_type, node.inputs[1])
+        found = self._unguarded(node)
+        if found is None or _scale_of(node) is not None:
+            return None
+        return found, "", None
+
+    @staticmethod
+    def _unguarded(node: ir.Node) -> ir.Value | None:
         x = _float_input(node, "Log")
         if x is None or _above(x) or (node.outputs[0].name or "").startswith(_GUARDED):
             return None
         return x
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        def guarded(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+        def guarded(
+            names: UniqueNames, node: ir.Node, found: tuple[ir.Value, str, ir.Value | None]
+        ) -> tuple[list[ir.Node], ir.Value]:
+            x, scale_op, scale = found
             b = _Elementwise(graph, names, node, x)
             zero = b.const(0.0)
             positive = b.op("Greater", b.x, zero, out_dtype=ir.DataType.BOOL)
+            log = b.op("Log", b.x)
+            if scale is not None:
+                # The edges go after the scaling: a division by ln(10) would bring HTP's stand-ins for -inf and NaN
+                # (65536, 98304) back within float16's range, where no check sees them.
+                log = b.op(scale_op, log, scale)
             # Each Where picks between a computed value and one constant: HTP then passes the constant's infinity
             # or NaN through exactly (a Where of two such constants gave 98304 for NaN).
-            edge = b.op("Where", positive, b.op("Log", b.x), b.const(-math.inf))
+            edge = b.op("Where", positive, log, b.const(-math.inf))
             return b.finish("Where", b.op("Less", b.x, zero, out_dtype=ir.DataType.BOOL), b.const(math.nan), edge)
 
         return self.replace_matched(graph, _GUARDED, guarded)
+
+
+def _scale_of(log: ir.Node) -> ir.Node | None:
+    """The one reader of ``log``'s output when it is a Mul or Div of it (first operand) by a positive scalar constant
+    (the Log stays a graph output otherwise, so the edges cannot move past the scaling)."""
+    out = log.outputs[0]
+    uses = list(out.uses())
+    if len(uses) != 1 or out.is_graph_output():
+        return None
+    reader = uses[0].node
+    if reader.op_type not in ("Mul", "Div") or len(reader.inputs) != 2 or reader.inputs[0] is not out:
+        return None
+    c = _graph.const_array(reader.inputs[1])
+    return reader if c is not None and c.size == 1 and bool(np.all(c > 0)) else None
 
 
 _DIV_GUARDED = "qnnx_div_edges"  # the prefix of the names this pass writes
