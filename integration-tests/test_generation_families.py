@@ -78,3 +78,47 @@ def test_family_generates_eagers_tokens_wholly_on_qnn(build: Callable[[], torch.
     options = {"device": "npu", "strict": True, "soc_model": 60}
     out, reference = generate_wholly_on_qnn(model, prompt, 64, options, eager_cache="static", **kwargs)
     assert torch.equal(out, reference), (out.tolist(), reference.tolist())
+
+
+def _roformer() -> torch.nn.Module:
+    """RoFormer as a decoder: its sinusoidal positions are ``torch.arange(cache_length, cache_length + n)`` with the
+    cache's length read as a number, which Dynamo cannot capture in one graph once the cache holds tokens."""
+    config = transformers.RoFormerConfig(
+        vocab_size=100,
+        hidden_size=32,
+        embedding_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        is_decoder=True,
+    )
+    return transformers.RoFormerForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_forward_dynamo_cannot_trace_generates_in_pytorch_with_one_warning(strict: bool) -> None:
+    """A decode step Dynamo fails to trace (``PendingUnbackedSymbolNotFound``) runs in PyTorch with one warning that
+    names Dynamo's error, and generation gives eager's tokens; the prefill, which traces, still runs on QNN. Under
+    ``strict`` the error is raised."""
+    import qnnx_backend
+    from qnnx_backend.errors import QnnFallbackWarning
+    from qnnx_backend.hf import compile_for_generation
+
+    torch.manual_seed(0)
+    model = _roformer()
+    prompt = torch.randint(3, 100, (1, 6))
+    with torch.no_grad():
+        ref = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    qnnx_backend.clear_compile_reports()
+    compile_for_generation(model, max_cache_len=32, options={"soc_model": 60, "strict": strict})
+    if strict:
+        with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError), torch.no_grad():
+            model.generate(prompt, max_new_tokens=4, do_sample=False)
+        return
+    with pytest.warns(QnnFallbackWarning, match="Dynamo cannot trace") as caught, torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert sum("Dynamo cannot trace" in str(w.message) for w in caught) == 1
+    assert torch.equal(out, ref)
+    (prefill,) = qnnx_backend.compile_reports()
+    assert prefill.device == "npu"

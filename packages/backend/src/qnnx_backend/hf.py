@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from qnnx_backend._export import first_line
 from qnnx_backend._hf_memory import GenerationMemoryReport, generation_memory, weight_sharing
 from qnnx_backend._hf_prompts import BucketedGenerate, prompt_buckets_option
 from qnnx_backend._hf_rope import RotaryTables
@@ -23,7 +25,7 @@ from qnnx_backend._hf_saved import attention_mask_4d as attention_mask_4d
 from qnnx_backend._hf_saved import prompt_bucket as prompt_bucket
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._report import CompileReport, collecting
-from qnnx_backend.errors import InvalidOptionsError
+from qnnx_backend.errors import InvalidOptionsError, QnnFallbackWarning
 
 __all__ = [
     "GenerationMemoryReport",
@@ -119,14 +121,22 @@ def compile_for_generation(
 
     windows = _SlidingWindows(model)
     rotary = RotaryTables(model)
+    untraceable = _Untraceable(BackendOptions.from_mapping(options).strict)
 
     @functools.wraps(eager_forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
+        shapes = untraceable.shapes(args, kwargs)
+        if shapes in untraceable.failed:
+            return eager_forward(*args, **kwargs)
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
         windows.unslide(cache)
         rotary.cover(cache, kwargs.get("cache_position"), max_cache_len)
-        with collecting(graphs):
-            return compiled(*args, **kwargs)
+        try:
+            with collecting(graphs):
+                return compiled(*args, **kwargs)
+        except Exception as exc:
+            untraceable.check(exc, shapes)
+        return eager_forward(*args, **kwargs)
 
     model.forward = forward
     model._qnnx_graphs = graphs
@@ -135,6 +145,45 @@ def compile_for_generation(
     if ladder is not None and max_cache_len is not None and not getattr(model.config, "is_encoder_decoder", False):
         model.generate = BucketedGenerate(model, model.generate, eager_forward, ladder, max_cache_len)
     return model
+
+
+class _Untraceable:
+    """The calls whose forward Dynamo could not trace, by the shapes of their tensor arguments: such calls run in
+    PyTorch.
+
+    Model code Dynamo cannot capture as one graph (``fullgraph=True``), such as positions made by ``torch.arange``
+    from the cache's length read as a number (``PendingUnbackedSymbolNotFound`` in a decode step), fails while
+    tracing, before any graph runs, so nothing was computed or written: eager PyTorch computes the call, and every
+    later call of the same shapes, with one ``QnnFallbackWarning``; calls of other shapes (a prefill) still compile.
+    Under ``strict`` the error is raised. A failure of the backend itself, or of the model's code on its inputs, is
+    raised as it is."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.failed: dict[tuple[Any, ...], str] = {}
+
+    @staticmethod
+    def shapes(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+        tensors = [*enumerate(args), *sorted(kwargs.items())]
+        return tuple((k, tuple(v.shape)) for k, v in tensors if isinstance(v, torch.Tensor))
+
+    def check(self, exc: Exception, shapes: tuple[Any, ...]) -> None:
+        """Record ``exc`` as Dynamo's failure to trace calls of ``shapes``, or raise it."""
+        from torch._dynamo import exc as dynamo_exc
+
+        traced = isinstance(exc, (dynamo_exc.Unsupported, dynamo_exc.InternalTorchDynamoError, dynamo_exc.UserError))
+        if self.strict or not traced:
+            raise exc
+        why = f"{type(exc).__name__}: {first_line(exc)}"
+        if not self.failed:
+            warnings.warn(
+                f"qnn backend: compile_for_generation: Dynamo cannot trace this model's forward as one graph ({why}); "
+                "such calls (and later calls of the same shapes) run in PyTorch. Fix: a model that reads positions "
+                "or lengths as tensors, without converting them to Python numbers; strict=True raises instead.",
+                QnnFallbackWarning,
+                stacklevel=4,
+            )
+        self.failed[shapes] = why
 
 
 class _SlidingWindows:
