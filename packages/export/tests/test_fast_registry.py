@@ -182,6 +182,9 @@ EXAMPLES: dict[str, _Example] = {
     "aten.amin.default": _ex(lambda i: aten.amin.default(i, [0], True), _ints(2, 3, 4)),
     "aten._softmax.default": _ex(lambda x: aten._softmax.default(x, 1, False), (2, 3, 4)),
     "aten._log_softmax.default": _ex(lambda x: aten._log_softmax.default(x, -1, False), (2, 3, 4)),
+    "aten.logsumexp.default": _ex(
+        lambda x: (aten.logsumexp.default(x, [1]), aten.logsumexp.default(x, [0, -1], True)), (2, 3, 4)
+    ),
     "aten._safe_softmax.default": _ex(
         lambda x, m: aten._safe_softmax.default(aten.masked_fill.Scalar(x, m, float("-inf")), -1),
         (2, 3, 4),

@@ -162,3 +162,42 @@ def _aminmax(
         for op in ("ReduceMin", "ReduceMax")
     )
     return pair[0], pair[1]
+
+
+@handles(aten.logsumexp.default)
+def _logsumexp(t: Translator, node: Node, x: Node, dim: Sequence[int], keepdim: bool = False) -> ir.Value:
+    """``torch.logsumexp`` as eager computes it: ``log(sum(exp(x - m))) + m`` with ``m`` the maximum over the axes,
+    set to 0 where it is infinite (a row of -inf gives ``log(0) + 0 = -inf``, a row holding +inf gives +inf).
+
+    The -inf test reads ``Equal(ReduceMax(x), -inf)`` and selects with ``Where``, the form ``safe_softmax_without_inf``
+    rewrites for HTP (which has no infinities) into ``ReduceMax(x) <= -32768``. There a row of -inf stand-ins gives
+    the -inf constant, which HTP holds as a number beyond float16's range, so the backend computes that call in
+    PyTorch rather than return a finite number. Every exponent is at most 0 and the sum at least 1."""
+    val = node.meta["val"]
+    dtype = val.dtype
+    if not dtype.is_floating_point:
+        raise Declined(f"logsumexp to {dtype}")
+    in_shape = tuple(int(s) for s in fake(x).shape)
+    if 0 in in_shape:
+        raise Declined("logsumexp of an empty tensor")
+    rank = len(in_shape)
+    xv = t.operand(x, dtype)
+    if rank == 0:
+        return xv
+    axes = sorted({onnx_axis(d, rank) for d in dim}) or list(range(rank))
+    kept = tuple(1 if i in axes else s for i, s in enumerate(in_shape))
+    axes_value = t.ints(axes, "axes")
+
+    def emit(op: str, inputs: list[ir.Value], shape: tuple[int, ...] = kept, **attrs: int) -> ir.Value:
+        return t.emit1(op, inputs, attrs, dtype=dtype, shape=shape)
+
+    top = emit("ReduceMax", [xv, axes_value], keepdims=1)
+    ninf, pinf, zero = (t.scalar(v, dtype) for v in (float("-inf"), float("inf"), 0.0))
+    empty_row = t.emit1("Equal", [top, ninf], dtype=torch.bool, shape=kept)
+    infinite_top = t.emit1("Equal", [top, pinf], dtype=torch.bool, shape=kept)
+    shift = emit("Where", [infinite_top, zero, emit("Where", [empty_row, zero, top])])
+    exp = emit("Exp", [emit("Sub", [xv, shift], in_shape)], in_shape)
+    total = emit("Add", [emit("Log", [emit("ReduceSum", [exp, axes_value], keepdims=1)]), shift])
+    out = emit("Where", [empty_row, ninf, total])
+    shape = tuple(int(s) for s in val.shape)
+    return out if shape == kept else t.emit1("Reshape", [out, t.ints(shape)], dtype=dtype, shape=shape)
