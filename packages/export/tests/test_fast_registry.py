@@ -173,6 +173,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.hardswish.default": _ex(lambda x: aten.hardswish.default(x), _wide(3, 4)),
     "aten.elu.default": _ex(lambda x: aten.elu.default(x, 0.7), _X),
     "aten.celu.default": _ex(lambda x: aten.celu.default(x, 0.6), _X),
+    "aten.log_sigmoid_forward.default": _ex(lambda x: aten.log_sigmoid_forward.default(x)[0], _wide(3, 4)),
     # reductions
     "aten.mean.dim": _ex(lambda x: aten.mean.dim(x, [-1], True), (2, 3, 4)),
     "aten.mean.default": _ex(lambda x: aten.mean.default(x), (2, 3, 4)),
