@@ -1,5 +1,5 @@
-"""The translator's logsumexp and logsigmoid: on the HTP simulator against eager, and the rows PyTorch gives an
-infinity for on ONNX Runtime's CPU EP."""
+"""The translator's logsumexp, logsigmoid and vector norms: on the HTP simulator against eager, and the rows
+PyTorch gives an infinity for on ONNX Runtime's CPU EP."""
 
 from __future__ import annotations
 
@@ -84,3 +84,35 @@ def test_log_sigmoid_on_qnn(shape: list[int], spread: float, seed: int) -> None:
     carries float16's absolute error at 1 (about 5e-4), whatever the output's scale."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * spread
     _close_on_qnn(torch.nn.functional.logsigmoid, x, atol=1e-3)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    shape=shapes(min_rank=1, max_rank=5, max_side=4),
+    ord=st.sampled_from([2, 1, float("inf"), float("-inf"), 0, 3, 0.5, 1.5]),
+    data=st.data(),
+    scale=st.sampled_from([1e-3, 1.0, 300.0]),
+    keepdim=st.booleans(),
+    seed=seeds(),
+)
+def test_vector_norm_on_qnn(
+    shape: list[int], ord: float, data: st.DataObject, scale: float, keepdim: bool, seed: int
+) -> None:
+    """linalg.vector_norm of every order taken (2, 1, +-inf, 0, other positive p) over every axis or a set of
+    them, keepdim or not, ranks 1-5, runs wholly on the HTP simulator within float16 rounding of eager's scale, for
+    elements of 1e-3 to 300 (whose squares and cubes leave float16's range) and with rows of zeros. A norm beyond
+    float16's range comes back beyond it too (the backend then computes the call in PyTorch), never finite."""
+    rank = len(shape)
+    dims = data.draw(st.none() | st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
+    x[0] = 0  # a zero row for most axis sets
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.vector_norm(t, ord, dims, keepdim)
+
+    if float(fn(x).max()) <= 60000:
+        _close_on_qnn(fn, x, tol=2e-3)
+        return
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(fn, (x,), backend)
+    assert backend.exported[0].fast_path_declined is None and float(out.max()) > 65504

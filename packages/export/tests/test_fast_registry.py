@@ -181,6 +181,19 @@ EXAMPLES: dict[str, _Example] = {
     "aten.sum.default": _ex(lambda i: aten.sum.default(i), _ints(2, 3, 4)),
     "aten.amax.default": _ex(lambda x: aten.amax.default(x, [1]), (2, 3, 4)),
     "aten.amin.default": _ex(lambda i: aten.amin.default(i, [0], True), _ints(2, 3, 4)),
+    "aten.linalg_vector_norm.default": _ex(
+        lambda x, z: (
+            aten.linalg_vector_norm.default(x),
+            aten.linalg_vector_norm.default(x, 1, [1], True),
+            aten.linalg_vector_norm.default(x, float("inf"), [0, 2]),
+            aten.linalg_vector_norm.default(x, float("-inf"), [-1]),
+            aten.linalg_vector_norm.default(z, 0, [1]),
+            aten.linalg_vector_norm.default(z, 3.5, [1, 2], dtype=torch.float32),
+            aten.linalg_vector_norm.default(aten.unsqueeze.default(aten.unsqueeze.default(x, 1), 3), 2, [2, 4]),
+        ),
+        (2, 3, 4),
+        lambda: torch.randn(2, 3, 4) * (torch.arange(3) != 1)[None, :, None],
+    ),
     "aten._softmax.default": _ex(lambda x: aten._softmax.default(x, 1, False), (2, 3, 4)),
     "aten._log_softmax.default": _ex(lambda x: aten._log_softmax.default(x, -1, False), (2, 3, 4)),
     "aten.logsumexp.default": _ex(
