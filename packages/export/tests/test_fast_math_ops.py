@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from export_capture import capture, only
-from export_qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session
+from export_qnn_helpers import Capture, close_on_qnn_fast, compile_and_run, cpu_session, qnn_session
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,21 +16,6 @@ import qnnx_export as qe
 from qnnx_testkit.strategies import seeds, shapes
 
 FAST = qe.ExportOptions(exporter="fast")
-
-
-def _close_on_qnn(
-    fn: Callable[..., torch.Tensor], *inputs: torch.Tensor, tol: float = 1e-3, atol: float = 1e-6
-) -> torch.Tensor:
-    """Run ``fn`` through the translator on the HTP simulator (CPU fallback off): eager's shape, and its values to
-    ``tol`` of the output's scale plus ``atol``. Returns the simulator's output."""
-    ref = fn(*inputs)
-    backend = Capture(qnn_session, FAST)
-    out = compile_and_run(fn, inputs, backend)
-    (exported,) = backend.exported
-    assert exported.exporter == "fast" and exported.fast_path_declined is None
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    assert float((out - ref).abs().max()) <= tol * float(ref.abs().max()) + atol
-    return out
 
 
 def _on_cpu_ep(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
@@ -58,7 +43,7 @@ def test_logsumexp_on_qnn(shape: list[int], data: st.DataObject, spread: float, 
     rank = len(shape)
     dims = data.draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda d: d % rank))
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * spread
-    _close_on_qnn(lambda t: torch.logsumexp(t, dims, keepdim=keepdim), x)
+    close_on_qnn_fast(lambda t: torch.logsumexp(t, dims, keepdim=keepdim), x)
 
 
 def test_logsumexp_of_infinite_rows_as_eager() -> None:
@@ -83,7 +68,7 @@ def test_log_sigmoid_on_qnn(shape: list[int], spread: float, seed: int) -> None:
     several thousand (where log(sigmoid(x)) would overflow to -inf) as for small ones. The logarithm of ``1 + e``
     carries float16's absolute error at 1 (about 5e-4), whatever the output's scale."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * spread
-    _close_on_qnn(torch.nn.functional.logsigmoid, x, atol=1e-3)
+    close_on_qnn_fast(torch.nn.functional.logsigmoid, x, atol=1e-3)
 
 
 @settings(max_examples=8, deadline=None)
@@ -111,7 +96,7 @@ def test_vector_norm_on_qnn(
         return torch.linalg.vector_norm(t, ord, dims, keepdim)
 
     if float(fn(x).max()) <= 60000:
-        _close_on_qnn(fn, x, tol=2e-3)
+        close_on_qnn_fast(fn, x, tol=2e-3)
         return
     backend = Capture(qnn_session, FAST)
     out = compile_and_run(fn, (x,), backend)

@@ -327,7 +327,20 @@ EXAMPLES: dict[str, _Example] = {
         lambda x: aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[0], _NCHW
     ),
     "aten.max_pool2d.default": _ex(lambda x: aten.max_pool2d.default(x, [2, 2]), _NCHW),
-    "aten.avg_pool2d.default": _ex(lambda x: aten.avg_pool2d.default(x, [3, 3], [2, 2], [1, 1], False, False), _NCHW),
+    "aten.avg_pool2d.default": _ex(
+        lambda x: (
+            aten.avg_pool2d.default(x, [3, 3], [2, 2], [1, 1], False, False),
+            aten.avg_pool2d.default(x, [4, 4], [2, 3], [1, 1], True, False, 2),
+        ),
+        _NCHW,
+    ),
+    "aten.avg_pool3d.default": _ex(
+        lambda x: (
+            aten.avg_pool3d.default(x, [2, 3, 2], [1, 2, 2], [0, 1, 1], True, True),
+            aten.avg_pool3d.default(x, [2, 2, 2], [], 0, False, True, 3),
+        ),
+        (1, 2, 4, 5, 5),
+    ),
     "aten._adaptive_avg_pool2d.default": _ex(
         lambda x: (aten._adaptive_avg_pool2d.default(x, [2, 3]), aten._adaptive_avg_pool2d.default(x, [3, 4])), _NCHW
     ),

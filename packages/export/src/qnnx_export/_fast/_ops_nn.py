@@ -234,15 +234,27 @@ def _pool_window(x: Node, kernel: Ints, stride: Ints, padding: Ints) -> dict[str
     return {"kernel_shape": k, "strides": _ntuple(stride, rank) if stride else k, "pads": _ntuple(padding, rank) * 2}
 
 
-@handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default, aten.avg_pool2d.default)
+# The spatial dims of each pool: a tensor of another rank (an unbatched [C, *spatial] one) would be read with C as
+# a spatial dim, so it declines.
+_POOL_DIMS = {
+    aten.max_pool2d_with_indices.default: 2,
+    aten.max_pool2d.default: 2,
+    aten.avg_pool2d.default: 2,
+    aten.avg_pool3d.default: 3,
+}
+
+
+@handles(*_POOL_DIMS)
 def _pool(
     t: Translator, node: Node, x: Node, kernel: Ints, stride: Ints = (), padding: Ints = 0, *rest: Any, **kwargs: Any
 ) -> ir.Value | tuple[ir.Value, None]:
     """The ATen pools begin with the same window (``kernel_size, stride, padding``); each op's own arguments follow
     (``rest`` and ``kwargs``)."""
+    if fake(x).dim() != 2 + _POOL_DIMS[node.target]:  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
+        raise Declined(f"{node.target} of an unbatched {fake(x).dim()}-d tensor")
     window = _pool_window(x, kernel, stride, padding)
-    if node.target is aten.avg_pool2d.default:
-        return _avg_pool(t, x, window, *rest, **kwargs)
+    if node.target in (aten.avg_pool2d.default, aten.avg_pool3d.default):
+        return _avg_pool(t, node, x, window, *rest, **kwargs)
     return _max_pool(t, node, x, window, *rest, **kwargs)
 
 
@@ -273,19 +285,39 @@ def _max_pool(
 
 def _avg_pool(
     t: Translator,
+    node: Node,
     x: Node,
-    window: Attrs,
+    window: dict[str, list[int]],
     ceil_mode: bool = False,
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> ir.Value:
     """ONNX's AveragePool with PyTorch's arguments, ``ceil_mode`` too: ONNX Runtime drops a ceil window that would
     start in the end padding as PyTorch does, and divides by the same counts (qnnx-export's avgpool_whole_windows
-    then writes the windows HTP gets wrong as whole ones)."""
-    if divisor_override is not None:
-        raise Declined("avg pool with divisor_override")
+    then writes the windows HTP gets wrong as whole ones).
+
+    With ``divisor_override``, or without count_include_pad over three spatial dims, the pool is written with the
+    divisor ONNX Runtime uses for count_include_pad (the window inside the padded input) and multiplied by a
+    constant: that divisor over PyTorch's, both counted on the host by PyTorch's own pool of ones. The padding holds
+    zeros, so the sum is over the input elements whatever the padding and ceil_mode. HTP averaged a rank-5 pool
+    without count_include_pad and with padding of the first spatial axis alone 0.25-0.33 of the scale off (kernel
+    ``[3, 2, 2]``, padding ``[1, 0, 0]``); with count_include_pad avgpool_whole_windows rewrites every rank-5 pool."""
     ceil: Attrs = {"ceil_mode": 1} if ceil_mode else {}
-    return t.out("AveragePool", [t.value(x)], {**window, "count_include_pad": int(bool(count_include_pad)), **ceil})
+    spatial = len(window["kernel_shape"])
+    if divisor_override is None and (count_include_pad or spatial < 3):
+        return t.out("AveragePool", [t.value(x)], {**window, "count_include_pad": int(bool(count_include_pad)), **ceil})
+    if divisor_override == 0:
+        raise Declined("avg pool with divisor_override=0")
+    val = node.meta["val"]
+    pool = aten.avg_pool3d.default if spatial == 3 else aten.avg_pool2d.default
+    ones = torch.ones((1, 1, *fake(x).shape[2:]), dtype=torch.float64)
+    args = (window["kernel_shape"], window["strides"], window["pads"][:spatial], ceil_mode)
+    inputs = pool(ones, *args, False, 1)  # the input elements in each window
+    padded = inputs / pool(ones, *args, True)  # the window inside the padded input
+    divisor = divisor_override or (padded if count_include_pad else inputs)
+    attrs: Attrs = {**window, "count_include_pad": 1, **ceil}
+    mean = t.emit1("AveragePool", [t.value(x)], attrs, dtype=val.dtype, shape=tuple(val.shape))
+    return t.out("Mul", [mean, t.initializer((padded / divisor).to(val.dtype), "pool_divisor")])
 
 
 @handles(aten._adaptive_avg_pool2d.default)
