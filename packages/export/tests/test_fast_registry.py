@@ -344,6 +344,27 @@ EXAMPLES: dict[str, _Example] = {
     "aten._adaptive_avg_pool2d.default": _ex(
         lambda x: (aten._adaptive_avg_pool2d.default(x, [2, 3]), aten._adaptive_avg_pool2d.default(x, [3, 4])), _NCHW
     ),
+    "aten._adaptive_avg_pool3d.default": _ex(
+        lambda x: (aten._adaptive_avg_pool3d.default(x, [2, 3, 1]), aten._adaptive_avg_pool3d.default(x, [1, 1, 1])),
+        (2, 3, 5, 4, 3),
+    ),
+    "aten.upsample_trilinear3d.default": _ex(
+        lambda x: (
+            aten.upsample_trilinear3d.default(x, [4, 3, 5], False),
+            aten.upsample_trilinear3d.default(x, [6, 2, 4], True, 2.0, 0.5, 1.7),
+        ),
+        (1, 2, 3, 4, 2),
+    ),
+    "aten._upsample_bilinear2d_aa.default": _ex(
+        lambda x: (
+            aten._upsample_bilinear2d_aa.default(x, [3, 4], False),
+            aten._upsample_bilinear2d_aa.default(x, [7, 2], True, 1.2, 0.3),
+        ),
+        (1, 2, 6, 9),
+    ),
+    "aten.upsample_nearest1d.default": _ex(
+        lambda x: (aten.upsample_nearest1d.default(x, [7]), aten.upsample_nearest1d.default(x, [3], 0.7)), (2, 3, 5)
+    ),
     # copies, casts, constants
     "aten.clone.default": _ex(lambda x: aten.clone.default(x), _X),
     "aten.alias.default": _ex(lambda x: aten.alias.default(x), _X),

@@ -1,4 +1,5 @@
-"""The translator's pools on the HTP simulator against eager: avg_pool2d/3d (with divisor_override)."""
+"""The translator's pools and resampling on the HTP simulator against eager: avg_pool2d/3d (with divisor_override),
+adaptive_avg_pool3d, and F.interpolate's trilinear, antialiased bilinear and 1-d nearest modes."""
 
 from __future__ import annotations
 
@@ -37,3 +38,48 @@ def test_avg_pool_on_qnn(spatial: int, data: st.DataObject, seed: int) -> None:
         return pool(t, kernel, stride, padding, ceil_mode, count_include_pad, divisor)  # type: ignore[operator]  # F's pools take these positionally
 
     _close_on_qnn(fn, x)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    sides=st.tuples(*(st.integers(1, 6),) * 3),
+    out=st.tuples(*(st.integers(1, 5),) * 3),
+    batched=st.booleans(),
+    seed=seeds(),
+)
+def test_adaptive_avg_pool3d_on_qnn(
+    sides: tuple[int, int, int], out: tuple[int, int, int], batched: bool, seed: int
+) -> None:
+    """adaptive_avg_pool3d over even, uneven, overlapping and repeated windows, batched or not, runs wholly on the
+    HTP simulator within float16 rounding of eager."""
+    x = torch.randn((2, 3, *sides) if batched else (3, *sides), generator=torch.Generator().manual_seed(seed))
+    _close_on_qnn(lambda t: F.adaptive_avg_pool3d(t, out), x)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    mode=st.sampled_from(["trilinear", "bilinear-aa", "nearest-1d"]),
+    data=st.data(),
+    align_corners=st.booleans(),
+    by_scale=st.booleans(),
+    seed=seeds(),
+)
+def test_interpolate_on_qnn(mode: str, data: st.DataObject, align_corners: bool, by_scale: bool, seed: int) -> None:
+    """F.interpolate, trilinear, antialiased bilinear and 1-d nearest, up and down, to a size or by a scale factor
+    (align_corners both ways for the linear modes), runs wholly on the HTP simulator within float16 rounding of
+    eager: each output the same weighted sum of the same inputs."""
+    spatial = {"trilinear": 3, "bilinear-aa": 2, "nearest-1d": 1}[mode]
+    sides = data.draw(st.lists(st.integers(2 if by_scale else 1, 7), min_size=spatial, max_size=spatial))
+    x = torch.randn((2, 3, *sides), generator=torch.Generator().manual_seed(seed))
+    if by_scale:
+        factors = data.draw(st.lists(st.sampled_from([0.5, 0.7, 1.5, 2.0, 2.5]), min_size=spatial, max_size=spatial))
+        size = None
+    else:
+        factors, size = None, data.draw(st.lists(st.integers(1, 9), min_size=spatial, max_size=spatial))
+    kwargs = {"size": size, "scale_factor": factors}
+    if mode == "nearest-1d":
+        kwargs["mode"] = "nearest"
+    else:
+        kwargs.update(mode="trilinear" if spatial == 3 else "bilinear", align_corners=align_corners)
+        kwargs["antialias"] = mode == "bilinear-aa"
+    _close_on_qnn(lambda t: F.interpolate(t, **kwargs), x)  # type: ignore[arg-type]  # kwargs of mixed types

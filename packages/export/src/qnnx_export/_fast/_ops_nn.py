@@ -363,7 +363,7 @@ def _adaptive_max_pool(t: Translator, node: Node, x: Node, output_size: Sequence
     return (out, None)
 
 
-def _window_means(size: int, out: int, dtype: torch.dtype) -> torch.Tensor:
+def window_means(size: int, out: int, dtype: torch.dtype) -> torch.Tensor:
     """``[out, size]``: row ``i`` averages PyTorch's adaptive window ``[floor(i*size/out), ceil((i+1)*size/out))``."""
     m = torch.zeros(out, size, dtype=torch.float64)
     for i in range(out):
@@ -381,8 +381,8 @@ def _adaptive_avg_pool_2d_as_matmuls(
     dtype = node.meta["val"].dtype
     if not dtype.is_floating_point:
         raise Declined(f"adaptive average pool on {dtype}")
-    cols = t.initializer(_window_means(w, ow, dtype).T.contiguous(), "adaptive_cols")
-    rows = t.initializer(_window_means(h, oh, dtype), "adaptive_rows")
+    cols = t.initializer(window_means(w, ow, dtype).T.contiguous(), "adaptive_cols")
+    rows = t.initializer(window_means(h, oh, dtype), "adaptive_rows")
     lead = tuple(fake(x).shape)[:-2]
     across = t.emit1("MatMul", [t.value(x), cols], dtype=dtype, shape=(*lead, h, ow))
     return t.out("MatMul", [rows, across])
