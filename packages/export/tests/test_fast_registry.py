@@ -219,6 +219,16 @@ EXAMPLES: dict[str, _Example] = {
     "aten.expand.default": _ex(lambda x: aten.expand.default(x, [3, 4, 5]), (1, 4, 1)),
     "aten.repeat.default": _ex(lambda x: aten.repeat.default(x, [2, 1, 3, 2]), (3, 1, 4)),
     "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
+    "aten.unfold.default": _ex(
+        lambda x, i: (
+            aten.unfold.default(x, 1, 3, 2),
+            aten.unfold.default(x, -1, 2, 1),
+            aten.unfold.default(i, 0, 2, 3),
+        ),
+        (2, 7, 4),
+        _ints(8, 2),
+    ),
+    "aten.unfold_copy.default": _ex(lambda x: aten.unfold_copy.default(x, 0, 2, 2), (5, 3)),
     "aten.roll.default": _ex(lambda x: aten.roll.default(x, [1, -3], [0, 1]), _X),
     "aten.cat.default": _ex(lambda x, i: aten.cat.default([x, i, x], 1), (2, 3), _ints(2, 4)),
     "aten.stack.default": _ex(lambda x, y: aten.stack.default([x, y, x], -2), (2, 3), (2, 3)),

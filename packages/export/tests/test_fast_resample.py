@@ -1,5 +1,6 @@
 """The translator's pools and resampling on the HTP simulator against eager: avg_pool2d/3d (with divisor_override),
-adaptive_avg_pool3d, and F.interpolate's trilinear, antialiased bilinear and 1-d nearest modes."""
+adaptive_avg_pool3d, F.interpolate's trilinear, antialiased bilinear and 1-d nearest modes, and Tensor.unfold's
+sliding windows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from export_qnn_helpers import close_on_qnn_fast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qnnx_testkit.strategies import seeds
+from qnnx_testkit.strategies import seeds, shapes
 
 
 def _close_on_qnn(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> None:
@@ -83,3 +84,16 @@ def test_interpolate_on_qnn(mode: str, data: st.DataObject, align_corners: bool,
         kwargs.update(mode="trilinear" if spatial == 3 else "bilinear", align_corners=align_corners)
         kwargs["antialias"] = mode == "bilinear-aa"
     _close_on_qnn(lambda t: F.interpolate(t, **kwargs), x)  # type: ignore[arg-type]  # kwargs of mixed types
+
+
+@settings(max_examples=8, deadline=None)
+@given(shape=shapes(min_rank=1, max_rank=4, max_side=6), data=st.data(), seed=seeds())
+def test_unfold_on_qnn(shape: list[int], data: st.DataObject, seed: int) -> None:
+    """Tensor.unfold along any dim, with any window size and step (overlapping, adjacent or with gaps), runs wholly
+    on the HTP simulator and returns eager's windows."""
+    rank = len(shape)
+    dim = data.draw(st.integers(-rank, rank - 1))
+    size = data.draw(st.integers(1, shape[dim]))
+    step = data.draw(st.integers(1, 4))
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 100
+    _close_on_qnn(lambda t: t.unfold(dim, size, step), x)
