@@ -1,4 +1,4 @@
-"""The translator's logsumexp, logsigmoid and vector norms: on the HTP simulator against eager, and the rows
+"""The translator's logsumexp, logsigmoid, vector norms and nll_loss: on the HTP simulator against eager, and the rows
 PyTorch gives an infinity for on ONNX Runtime's CPU EP."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from export_capture import capture, only
 from export_qnn_helpers import Capture, close_on_qnn_fast, compile_and_run, cpu_session, qnn_session
 from hypothesis import given, settings
@@ -101,3 +102,45 @@ def test_vector_norm_on_qnn(
     backend = Capture(qnn_session, FAST)
     out = compile_and_run(fn, (x,), backend)
     assert backend.exported[0].fast_path_declined is None and float(out.max()) > 65504
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    rows=st.sampled_from([(), (5,), (2, 3, 4)]),
+    classes=st.integers(1, 6),
+    weighted=st.booleans(),
+    reduction=st.sampled_from(["none", "mean", "sum"]),
+    ignore=st.sampled_from([-100, 0, 2]),
+    seed=seeds(),
+)
+def test_nll_loss_on_qnn(
+    rows: tuple[int, ...], classes: int, weighted: bool, reduction: str, ignore: int, seed: int
+) -> None:
+    """nll_loss of 1-d, 2-d and image ([N, C, H, W]) inputs, with or without class weights, every reduction and an
+    ignore_index inside or outside the classes (targets hitting it included), runs wholly on the HTP simulator
+    within float16 rounding of eager."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (classes,) if not rows else (rows[0], classes, *rows[1:])
+    x = torch.randn(shape, generator=g) * 3
+    target = torch.randint(0, classes, rows, generator=g)
+    if rows:
+        target.view(-1)[0] = ignore  # an ignored row (or one of class `ignore`, when that is a class)
+    w = torch.rand(classes, generator=g) + 0.5
+    if reduction == "mean" and bool((torch.where(target == ignore, 0, 1)).sum() == 0):
+        return  # every target ignored: eager's NaN (tested on the CPU EP by the registry)
+
+    def fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return F.nll_loss(a, b, c if weighted else None, ignore_index=ignore, reduction=reduction)
+
+    close_on_qnn_fast(fn, x, target, w, atol=1e-3)
+
+
+def test_nll_loss_mean_of_only_ignored_targets_is_nan() -> None:
+    """A mean nll_loss whose every target is ignored is NaN, as in eager, on the CPU EP; on the simulator it is a
+    number beyond float16's range (the backend then computes that call in PyTorch), never a finite one."""
+    x, target = torch.randn(3, 4), torch.full((3,), -100)
+    assert bool(_on_cpu_ep(F.nll_loss, x, target).isnan())
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(F.nll_loss, (x, target), backend)
+    assert backend.exported[0].fast_path_declined is None
+    assert not -65504 <= float(out) <= 65504

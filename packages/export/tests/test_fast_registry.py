@@ -331,6 +331,25 @@ EXAMPLES: dict[str, _Example] = {
     "aten.native_group_norm.default": _ex(
         lambda x, w, b: aten.native_group_norm.default(x, w, b, 2, 6, 15, 3, 1e-5)[0], (2, 6, 3, 5), params=[(6,), (6,)]
     ),
+    "aten.nll_loss_forward.default": _ex(
+        lambda x, i, w: (
+            aten.nll_loss_forward.default(x, i, None, 1, -100)[0],
+            aten.nll_loss_forward.default(x, i, w, 0, 2)[0],
+            aten.nll_loss_forward.default(x, i, w, 2, -100)[0],
+            aten.nll_loss_forward.default(aten.select.int(x, 0, 0), aten.select.int(i, 0, 1), w, 1, -100)[0],
+        ),
+        _X,
+        _ints(3),
+        params=[_positive(4)],
+    ),
+    "aten.nll_loss2d_forward.default": _ex(
+        lambda x, i: (
+            aten.nll_loss2d_forward.default(x, i, None, 0, 1)[0],
+            aten.nll_loss2d_forward.default(x, i, None, 1, -100)[0],
+        ),
+        (2, 3, 4, 5),
+        _ints(2, 4, 5, high=3),
+    ),
     "aten.im2col.default": _ex(lambda x: aten.im2col.default(x, [2, 3], [1, 1], [0, 0], [2, 3]), (2, 3, 4, 9)),
     "aten.col2im.default": _ex(lambda x: aten.col2im.default(x, [4, 9], [2, 3], [1, 1], [0, 0], [2, 3]), (2, 18, 6)),
     "aten.max_pool2d_with_indices.default": _ex(

@@ -386,3 +386,60 @@ def _adaptive_avg_pool_2d_as_matmuls(
     lead = tuple(fake(x).shape)[:-2]
     across = t.emit1("MatMul", [t.value(x), cols], dtype=dtype, shape=(*lead, h, ow))
     return t.out("MatMul", [rows, across])
+
+
+@handles(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss(
+    t: Translator, node: Node, x: Node, target: Node, weight: Node | None, reduction: int, ignore_index: int
+) -> tuple[ir.Value, None]:
+    """``nll_loss`` (its output; ``total_weight`` unused) without a gather of runtime indices: the class axis
+    compared with the target gives a one-hot mask, and ``-x[t] * w[t]`` is the masked sum over it (0 for an
+    ignored target, which matches no class or is zeroed). ``reduction``: none, sum, or mean (the sum over the sum
+    of the picked weights; NaN where every target is ignored, as in eager, written as a NaN constant that HTP holds
+    beyond float16's range, so the backend computes that call in PyTorch)."""
+    if not only_first_output_used(node):
+        raise Declined(f"{node.target} with total_weight used")
+    val = node.meta["val"][0]
+    dtype = val.dtype
+    shape = tuple(int(s) for s in fake(x).shape)
+    if dtype not in (torch.float32, torch.float16) or fake(x).dtype != dtype or 0 in shape:
+        raise Declined(f"{node.target} of {fake(x).dtype}{list(shape)}")
+    if reduction not in (0, 1, 2):
+        raise Declined(f"{node.target} with reduction {reduction}")
+    axis = 0 if len(shape) == 1 else 1
+    classes = shape[axis]
+    rows = shape[:axis] + shape[axis + 1 :]  # the target's shape
+    kept = tuple(1 if i == axis else s for i, s in enumerate(shape))
+    on_axis = tuple(classes if i == axis else 1 for i in range(len(shape)))
+    labels = t.emit1("Unsqueeze", [t.value(target), t.ints([axis], "axes")], dtype=fake(target).dtype, shape=kept)
+    ids = t.initializer(torch.arange(classes, dtype=fake(target).dtype).reshape(on_axis), "nll_classes")
+    hot = t.emit1("Equal", [labels, ids], dtype=torch.bool, shape=shape)
+    zero = t.scalar(0.0, dtype)
+    axes = t.ints([axis], "axes")
+
+    def picked(values: ir.Value) -> ir.Value:
+        masked = t.emit1("Where", [hot, values, zero], dtype=dtype, shape=shape)
+        return t.emit1("ReduceSum", [masked, axes], {"keepdims": 0}, dtype=dtype, shape=rows)
+
+    if weight is None:
+        w_row = picked(t.scalar(1.0, dtype))
+    else:
+        w_row = picked(t.emit1("Reshape", [t.value(weight), t.ints(on_axis)], dtype=dtype, shape=on_axis))
+    if 0 <= ignore_index < classes:  # an ignored class matches the mask: zero its rows
+        ignored = t.emit1(
+            "Equal", [t.value(target), t.scalar(ignore_index, fake(target).dtype)], dtype=torch.bool, shape=rows
+        )
+        w_row = t.emit1("Where", [ignored, zero, w_row], dtype=dtype, shape=rows)
+    losses = t.emit1(
+        "Neg", [t.emit1("Mul", [picked(t.value(x)), w_row], dtype=dtype, shape=rows)], dtype=dtype, shape=rows
+    )
+    if reduction == 0:
+        return (losses, None)
+    every = t.ints(list(range(len(rows))), "axes")
+    total = t.emit1("ReduceSum", [losses, every], {"keepdims": 0}, dtype=dtype, shape=()) if rows else losses
+    if reduction == 2:
+        return (total, None)
+    count = t.emit1("ReduceSum", [w_row, every], {"keepdims": 0}, dtype=dtype, shape=()) if rows else w_row
+    none = t.emit1("Equal", [count, zero], dtype=torch.bool, shape=())
+    mean = t.emit1("Div", [total, count], dtype=dtype, shape=())
+    return (t.emit1("Where", [none, t.scalar(float("nan"), dtype), mean], dtype=dtype, shape=()), None)
