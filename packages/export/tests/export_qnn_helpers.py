@@ -89,6 +89,21 @@ def compile_and_run(model: torch.nn.Module, inputs: Sequence[Any], backend: Capt
         return torch.compile(model, backend=backend, dynamic=False)(*inputs)
 
 
+def close_on_qnn_fast(
+    fn: Callable[..., Any], *inputs: torch.Tensor, tol: float = 1e-3, atol: float = 1e-6
+) -> torch.Tensor:
+    """Run ``fn`` through the direct translator (which must not decline) on the HTP simulator, CPU fallback off, and
+    check eager's dtype, shape and values to ``tol`` of the output's scale plus ``atol``; return the output."""
+    ref = fn(*inputs)
+    backend = Capture(qnn_session, qe.ExportOptions(exporter="fast"))
+    out = compile_and_run(fn, inputs, backend)
+    (exported,) = backend.exported
+    assert exported.exporter == "fast" and exported.fast_path_declined is None
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert float((out - ref).abs().max()) <= tol * float(ref.abs().max()) + atol
+    return out
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max|out - ref| / max|ref|."""
     ref = ref.detach().float()

@@ -380,14 +380,16 @@ def test_maxpool_ceil_mode_equals_eager_on_qnn(
     assert float((out - ref).abs().max()) <= 4e-3 * float(ref.abs().max())
 
 
-def test_avgpool_divisor_override_declines() -> None:
-    """AvgPool2d(divisor_override=...) has no ONNX attribute: the fast path declines it, naming it. (torch.onnx then
-    drops the override, 0.56 of the scale off here, and the backend's check against eager refuses that model.)"""
-    cap = only(
-        capture(nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, divisor_override=4), torch.randn(1, 2, 8, 8))[0]
-    )
-    with pytest.raises(ExportError, match="divisor_override"):
-        qe.export(cap.gm, cap.example_inputs, options=FAST)
+def test_avgpool_divisor_override_matches_eager() -> None:
+    """AvgPool2d(divisor_override=...) has no ONNX attribute: the fast path writes the pool with count_include_pad
+    and a constant factor, equal to eager on the CPU EP. (torch.onnx drops the override, 0.56 of the scale off
+    here, and the backend's check against eager refuses that model.)"""
+    pool = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, divisor_override=4)
+    x = torch.randn(1, 2, 8, 8)
+    backend = Capture(cpu_session, FAST)
+    out = compile_and_run(pool, (x,), backend)
+    assert backend.exported[0].exporter == "fast" and backend.exported[0].fast_path_declined is None
+    assert rel_err(out, pool(x)) <= 1e-6
 
 
 _INDEX_DECLINES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], str]] = {

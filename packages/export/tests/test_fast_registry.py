@@ -173,6 +173,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.hardswish.default": _ex(lambda x: aten.hardswish.default(x), _wide(3, 4)),
     "aten.elu.default": _ex(lambda x: aten.elu.default(x, 0.7), _X),
     "aten.celu.default": _ex(lambda x: aten.celu.default(x, 0.6), _X),
+    "aten.log_sigmoid_forward.default": _ex(lambda x: aten.log_sigmoid_forward.default(x)[0], _wide(3, 4)),
     # reductions
     "aten.mean.dim": _ex(lambda x: aten.mean.dim(x, [-1], True), (2, 3, 4)),
     "aten.mean.default": _ex(lambda x: aten.mean.default(x), (2, 3, 4)),
@@ -180,8 +181,24 @@ EXAMPLES: dict[str, _Example] = {
     "aten.sum.default": _ex(lambda i: aten.sum.default(i), _ints(2, 3, 4)),
     "aten.amax.default": _ex(lambda x: aten.amax.default(x, [1]), (2, 3, 4)),
     "aten.amin.default": _ex(lambda i: aten.amin.default(i, [0], True), _ints(2, 3, 4)),
+    "aten.linalg_vector_norm.default": _ex(
+        lambda x, z: (
+            aten.linalg_vector_norm.default(x),
+            aten.linalg_vector_norm.default(x, 1, [1], True),
+            aten.linalg_vector_norm.default(x, float("inf"), [0, 2]),
+            aten.linalg_vector_norm.default(x, float("-inf"), [-1]),
+            aten.linalg_vector_norm.default(z, 0, [1]),
+            aten.linalg_vector_norm.default(z, 3.5, [1, 2], dtype=torch.float32),
+            aten.linalg_vector_norm.default(aten.unsqueeze.default(aten.unsqueeze.default(x, 1), 3), 2, [2, 4]),
+        ),
+        (2, 3, 4),
+        lambda: torch.randn(2, 3, 4) * (torch.arange(3) != 1)[None, :, None],
+    ),
     "aten._softmax.default": _ex(lambda x: aten._softmax.default(x, 1, False), (2, 3, 4)),
     "aten._log_softmax.default": _ex(lambda x: aten._log_softmax.default(x, -1, False), (2, 3, 4)),
+    "aten.logsumexp.default": _ex(
+        lambda x: (aten.logsumexp.default(x, [1]), aten.logsumexp.default(x, [0, -1], True)), (2, 3, 4)
+    ),
     "aten._safe_softmax.default": _ex(
         lambda x, m: aten._safe_softmax.default(aten.masked_fill.Scalar(x, m, float("-inf")), -1),
         (2, 3, 4),
@@ -202,6 +219,16 @@ EXAMPLES: dict[str, _Example] = {
     "aten.expand.default": _ex(lambda x: aten.expand.default(x, [3, 4, 5]), (1, 4, 1)),
     "aten.repeat.default": _ex(lambda x: aten.repeat.default(x, [2, 1, 3, 2]), (3, 1, 4)),
     "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
+    "aten.unfold.default": _ex(
+        lambda x, i: (
+            aten.unfold.default(x, 1, 3, 2),
+            aten.unfold.default(x, -1, 2, 1),
+            aten.unfold.default(i, 0, 2, 3),
+        ),
+        (2, 7, 4),
+        _ints(8, 2),
+    ),
+    "aten.unfold_copy.default": _ex(lambda x: aten.unfold_copy.default(x, 0, 2, 2), (5, 3)),
     "aten.roll.default": _ex(lambda x: aten.roll.default(x, [1, -3], [0, 1]), _X),
     "aten.cat.default": _ex(lambda x, i: aten.cat.default([x, i, x], 1), (2, 3), _ints(2, 4)),
     "aten.stack.default": _ex(lambda x, y: aten.stack.default([x, y, x], -2), (2, 3), (2, 3)),
@@ -304,15 +331,68 @@ EXAMPLES: dict[str, _Example] = {
     "aten.native_group_norm.default": _ex(
         lambda x, w, b: aten.native_group_norm.default(x, w, b, 2, 6, 15, 3, 1e-5)[0], (2, 6, 3, 5), params=[(6,), (6,)]
     ),
+    "aten.nll_loss_forward.default": _ex(
+        lambda x, i, w: (
+            aten.nll_loss_forward.default(x, i, None, 1, -100)[0],
+            aten.nll_loss_forward.default(x, i, w, 0, 2)[0],
+            aten.nll_loss_forward.default(x, i, w, 2, -100)[0],
+            aten.nll_loss_forward.default(aten.select.int(x, 0, 0), aten.select.int(i, 0, 1), w, 1, -100)[0],
+        ),
+        _X,
+        _ints(3),
+        params=[_positive(4)],
+    ),
+    "aten.nll_loss2d_forward.default": _ex(
+        lambda x, i: (
+            aten.nll_loss2d_forward.default(x, i, None, 0, 1)[0],
+            aten.nll_loss2d_forward.default(x, i, None, 1, -100)[0],
+        ),
+        (2, 3, 4, 5),
+        _ints(2, 4, 5, high=3),
+    ),
     "aten.im2col.default": _ex(lambda x: aten.im2col.default(x, [2, 3], [1, 1], [0, 0], [2, 3]), (2, 3, 4, 9)),
     "aten.col2im.default": _ex(lambda x: aten.col2im.default(x, [4, 9], [2, 3], [1, 1], [0, 0], [2, 3]), (2, 18, 6)),
     "aten.max_pool2d_with_indices.default": _ex(
         lambda x: aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[0], _NCHW
     ),
     "aten.max_pool2d.default": _ex(lambda x: aten.max_pool2d.default(x, [2, 2]), _NCHW),
-    "aten.avg_pool2d.default": _ex(lambda x: aten.avg_pool2d.default(x, [3, 3], [2, 2], [1, 1], False, False), _NCHW),
+    "aten.avg_pool2d.default": _ex(
+        lambda x: (
+            aten.avg_pool2d.default(x, [3, 3], [2, 2], [1, 1], False, False),
+            aten.avg_pool2d.default(x, [4, 4], [2, 3], [1, 1], True, False, 2),
+        ),
+        _NCHW,
+    ),
+    "aten.avg_pool3d.default": _ex(
+        lambda x: (
+            aten.avg_pool3d.default(x, [2, 3, 2], [1, 2, 2], [0, 1, 1], True, True),
+            aten.avg_pool3d.default(x, [2, 2, 2], [], 0, False, True, 3),
+        ),
+        (1, 2, 4, 5, 5),
+    ),
     "aten._adaptive_avg_pool2d.default": _ex(
         lambda x: (aten._adaptive_avg_pool2d.default(x, [2, 3]), aten._adaptive_avg_pool2d.default(x, [3, 4])), _NCHW
+    ),
+    "aten._adaptive_avg_pool3d.default": _ex(
+        lambda x: (aten._adaptive_avg_pool3d.default(x, [2, 3, 1]), aten._adaptive_avg_pool3d.default(x, [1, 1, 1])),
+        (2, 3, 5, 4, 3),
+    ),
+    "aten.upsample_trilinear3d.default": _ex(
+        lambda x: (
+            aten.upsample_trilinear3d.default(x, [4, 3, 5], False),
+            aten.upsample_trilinear3d.default(x, [6, 2, 4], True, 2.0, 0.5, 1.7),
+        ),
+        (1, 2, 3, 4, 2),
+    ),
+    "aten._upsample_bilinear2d_aa.default": _ex(
+        lambda x: (
+            aten._upsample_bilinear2d_aa.default(x, [3, 4], False),
+            aten._upsample_bilinear2d_aa.default(x, [7, 2], True, 1.2, 0.3),
+        ),
+        (1, 2, 6, 9),
+    ),
+    "aten.upsample_nearest1d.default": _ex(
+        lambda x: (aten.upsample_nearest1d.default(x, [7]), aten.upsample_nearest1d.default(x, [3], 0.7)), (2, 3, 5)
     ),
     # copies, casts, constants
     "aten.clone.default": _ex(lambda x: aten.clone.default(x), _X),

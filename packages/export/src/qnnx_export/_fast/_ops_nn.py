@@ -234,15 +234,27 @@ def _pool_window(x: Node, kernel: Ints, stride: Ints, padding: Ints) -> dict[str
     return {"kernel_shape": k, "strides": _ntuple(stride, rank) if stride else k, "pads": _ntuple(padding, rank) * 2}
 
 
-@handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default, aten.avg_pool2d.default)
+# The spatial dims of each pool: a tensor of another rank (an unbatched [C, *spatial] one) would be read with C as
+# a spatial dim, so it declines.
+_POOL_DIMS = {
+    aten.max_pool2d_with_indices.default: 2,
+    aten.max_pool2d.default: 2,
+    aten.avg_pool2d.default: 2,
+    aten.avg_pool3d.default: 3,
+}
+
+
+@handles(*_POOL_DIMS)
 def _pool(
     t: Translator, node: Node, x: Node, kernel: Ints, stride: Ints = (), padding: Ints = 0, *rest: Any, **kwargs: Any
 ) -> ir.Value | tuple[ir.Value, None]:
     """The ATen pools begin with the same window (``kernel_size, stride, padding``); each op's own arguments follow
     (``rest`` and ``kwargs``)."""
+    if fake(x).dim() != 2 + _POOL_DIMS[node.target]:  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
+        raise Declined(f"{node.target} of an unbatched {fake(x).dim()}-d tensor")
     window = _pool_window(x, kernel, stride, padding)
-    if node.target is aten.avg_pool2d.default:
-        return _avg_pool(t, x, window, *rest, **kwargs)
+    if node.target in (aten.avg_pool2d.default, aten.avg_pool3d.default):
+        return _avg_pool(t, node, x, window, *rest, **kwargs)
     return _max_pool(t, node, x, window, *rest, **kwargs)
 
 
@@ -273,19 +285,39 @@ def _max_pool(
 
 def _avg_pool(
     t: Translator,
+    node: Node,
     x: Node,
-    window: Attrs,
+    window: dict[str, list[int]],
     ceil_mode: bool = False,
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> ir.Value:
     """ONNX's AveragePool with PyTorch's arguments, ``ceil_mode`` too: ONNX Runtime drops a ceil window that would
     start in the end padding as PyTorch does, and divides by the same counts (qnnx-export's avgpool_whole_windows
-    then writes the windows HTP gets wrong as whole ones)."""
-    if divisor_override is not None:
-        raise Declined("avg pool with divisor_override")
+    then writes the windows HTP gets wrong as whole ones).
+
+    With ``divisor_override``, or without count_include_pad over three spatial dims, the pool is written with the
+    divisor ONNX Runtime uses for count_include_pad (the window inside the padded input) and multiplied by a
+    constant: that divisor over PyTorch's, both counted on the host by PyTorch's own pool of ones. The padding holds
+    zeros, so the sum is over the input elements whatever the padding and ceil_mode. HTP averaged a rank-5 pool
+    without count_include_pad and with padding of the first spatial axis alone 0.25-0.33 of the scale off (kernel
+    ``[3, 2, 2]``, padding ``[1, 0, 0]``); with count_include_pad avgpool_whole_windows rewrites every rank-5 pool."""
     ceil: Attrs = {"ceil_mode": 1} if ceil_mode else {}
-    return t.out("AveragePool", [t.value(x)], {**window, "count_include_pad": int(bool(count_include_pad)), **ceil})
+    spatial = len(window["kernel_shape"])
+    if divisor_override is None and (count_include_pad or spatial < 3):
+        return t.out("AveragePool", [t.value(x)], {**window, "count_include_pad": int(bool(count_include_pad)), **ceil})
+    if divisor_override == 0:
+        raise Declined("avg pool with divisor_override=0")
+    val = node.meta["val"]
+    pool = aten.avg_pool3d.default if spatial == 3 else aten.avg_pool2d.default
+    ones = torch.ones((1, 1, *fake(x).shape[2:]), dtype=torch.float64)
+    args = (window["kernel_shape"], window["strides"], window["pads"][:spatial], ceil_mode)
+    inputs = pool(ones, *args, False, 1)  # the input elements in each window
+    padded = inputs / pool(ones, *args, True)  # the window inside the padded input
+    divisor = divisor_override or (padded if count_include_pad else inputs)
+    attrs: Attrs = {**window, "count_include_pad": 1, **ceil}
+    mean = t.emit1("AveragePool", [t.value(x)], attrs, dtype=val.dtype, shape=tuple(val.shape))
+    return t.out("Mul", [mean, t.initializer((padded / divisor).to(val.dtype), "pool_divisor")])
 
 
 @handles(aten._adaptive_avg_pool2d.default)
@@ -331,7 +363,7 @@ def _adaptive_max_pool(t: Translator, node: Node, x: Node, output_size: Sequence
     return (out, None)
 
 
-def _window_means(size: int, out: int, dtype: torch.dtype) -> torch.Tensor:
+def window_means(size: int, out: int, dtype: torch.dtype) -> torch.Tensor:
     """``[out, size]``: row ``i`` averages PyTorch's adaptive window ``[floor(i*size/out), ceil((i+1)*size/out))``."""
     m = torch.zeros(out, size, dtype=torch.float64)
     for i in range(out):
@@ -349,8 +381,65 @@ def _adaptive_avg_pool_2d_as_matmuls(
     dtype = node.meta["val"].dtype
     if not dtype.is_floating_point:
         raise Declined(f"adaptive average pool on {dtype}")
-    cols = t.initializer(_window_means(w, ow, dtype).T.contiguous(), "adaptive_cols")
-    rows = t.initializer(_window_means(h, oh, dtype), "adaptive_rows")
+    cols = t.initializer(window_means(w, ow, dtype).T.contiguous(), "adaptive_cols")
+    rows = t.initializer(window_means(h, oh, dtype), "adaptive_rows")
     lead = tuple(fake(x).shape)[:-2]
     across = t.emit1("MatMul", [t.value(x), cols], dtype=dtype, shape=(*lead, h, ow))
     return t.out("MatMul", [rows, across])
+
+
+@handles(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss(
+    t: Translator, node: Node, x: Node, target: Node, weight: Node | None, reduction: int, ignore_index: int
+) -> tuple[ir.Value, None]:
+    """``nll_loss`` (its output; ``total_weight`` unused) without a gather of runtime indices: the class axis
+    compared with the target gives a one-hot mask, and ``-x[t] * w[t]`` is the masked sum over it (0 for an
+    ignored target, which matches no class or is zeroed). ``reduction``: none, sum, or mean (the sum over the sum
+    of the picked weights; NaN where every target is ignored, as in eager, written as a NaN constant that HTP holds
+    beyond float16's range, so the backend computes that call in PyTorch)."""
+    if not only_first_output_used(node):
+        raise Declined(f"{node.target} with total_weight used")
+    val = node.meta["val"][0]
+    dtype = val.dtype
+    shape = tuple(int(s) for s in fake(x).shape)
+    if dtype not in (torch.float32, torch.float16) or fake(x).dtype != dtype or 0 in shape:
+        raise Declined(f"{node.target} of {fake(x).dtype}{list(shape)}")
+    if reduction not in (0, 1, 2):
+        raise Declined(f"{node.target} with reduction {reduction}")
+    axis = 0 if len(shape) == 1 else 1
+    classes = shape[axis]
+    rows = shape[:axis] + shape[axis + 1 :]  # the target's shape
+    kept = tuple(1 if i == axis else s for i, s in enumerate(shape))
+    on_axis = tuple(classes if i == axis else 1 for i in range(len(shape)))
+    labels = t.emit1("Unsqueeze", [t.value(target), t.ints([axis], "axes")], dtype=fake(target).dtype, shape=kept)
+    ids = t.initializer(torch.arange(classes, dtype=fake(target).dtype).reshape(on_axis), "nll_classes")
+    hot = t.emit1("Equal", [labels, ids], dtype=torch.bool, shape=shape)
+    zero = t.scalar(0.0, dtype)
+    axes = t.ints([axis], "axes")
+
+    def picked(values: ir.Value) -> ir.Value:
+        masked = t.emit1("Where", [hot, values, zero], dtype=dtype, shape=shape)
+        return t.emit1("ReduceSum", [masked, axes], {"keepdims": 0}, dtype=dtype, shape=rows)
+
+    if weight is None:
+        w_row = picked(t.scalar(1.0, dtype))
+    else:
+        w_row = picked(t.emit1("Reshape", [t.value(weight), t.ints(on_axis)], dtype=dtype, shape=on_axis))
+    if 0 <= ignore_index < classes:  # an ignored class matches the mask: zero its rows
+        ignored = t.emit1(
+            "Equal", [t.value(target), t.scalar(ignore_index, fake(target).dtype)], dtype=torch.bool, shape=rows
+        )
+        w_row = t.emit1("Where", [ignored, zero, w_row], dtype=dtype, shape=rows)
+    losses = t.emit1(
+        "Neg", [t.emit1("Mul", [picked(t.value(x)), w_row], dtype=dtype, shape=rows)], dtype=dtype, shape=rows
+    )
+    if reduction == 0:
+        return (losses, None)
+    every = t.ints(list(range(len(rows))), "axes")
+    total = t.emit1("ReduceSum", [losses, every], {"keepdims": 0}, dtype=dtype, shape=()) if rows else losses
+    if reduction == 2:
+        return (total, None)
+    count = t.emit1("ReduceSum", [w_row, every], {"keepdims": 0}, dtype=dtype, shape=()) if rows else w_row
+    none = t.emit1("Equal", [count, zero], dtype=torch.bool, shape=())
+    mean = t.emit1("Div", [total, count], dtype=dtype, shape=())
+    return (t.emit1("Where", [none, t.scalar(float("nan"), dtype), mean], dtype=dtype, shape=()), None)

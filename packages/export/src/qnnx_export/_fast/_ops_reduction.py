@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -162,3 +163,143 @@ def _aminmax(
         for op in ("ReduceMin", "ReduceMax")
     )
     return pair[0], pair[1]
+
+
+@handles(aten.logsumexp.default)
+def _logsumexp(t: Translator, node: Node, x: Node, dim: Sequence[int], keepdim: bool = False) -> ir.Value:
+    """``torch.logsumexp`` as eager computes it: ``log(sum(exp(x - m))) + m`` with ``m`` the maximum over the axes,
+    set to 0 where it is infinite (a row of -inf gives ``log(0) + 0 = -inf``, a row holding +inf gives +inf).
+
+    The -inf test reads ``Equal(ReduceMax(x), -inf)`` and selects with ``Where``, the form ``safe_softmax_without_inf``
+    rewrites for HTP (which has no infinities) into ``ReduceMax(x) <= -32768``. There a row of -inf stand-ins gives
+    the -inf constant, which HTP holds as a number beyond float16's range, so the backend computes that call in
+    PyTorch rather than return a finite number. Every exponent is at most 0 and the sum at least 1."""
+    val = node.meta["val"]
+    dtype = val.dtype
+    if not dtype.is_floating_point:
+        raise Declined(f"logsumexp to {dtype}")
+    in_shape = tuple(int(s) for s in fake(x).shape)
+    if 0 in in_shape:
+        raise Declined("logsumexp of an empty tensor")
+    rank = len(in_shape)
+    xv = t.operand(x, dtype)
+    if rank == 0:
+        return xv
+    axes = sorted({onnx_axis(d, rank) for d in dim}) or list(range(rank))
+    kept = tuple(1 if i in axes else s for i, s in enumerate(in_shape))
+    axes_value = t.ints(axes, "axes")
+
+    def emit(op: str, inputs: list[ir.Value], shape: tuple[int, ...] = kept, **attrs: int) -> ir.Value:
+        return t.emit1(op, inputs, attrs, dtype=dtype, shape=shape)
+
+    top = emit("ReduceMax", [xv, axes_value], keepdims=1)
+    ninf, pinf, zero = (t.scalar(v, dtype) for v in (float("-inf"), float("inf"), 0.0))
+    empty_row = t.emit1("Equal", [top, ninf], dtype=torch.bool, shape=kept)
+    infinite_top = t.emit1("Equal", [top, pinf], dtype=torch.bool, shape=kept)
+    shift = emit("Where", [infinite_top, zero, emit("Where", [empty_row, zero, top])])
+    exp = emit("Exp", [emit("Sub", [xv, shift], in_shape)], in_shape)
+    total = emit("Add", [emit("Log", [emit("ReduceSum", [exp, axes_value], keepdims=1)]), shift])
+    out = emit("Where", [empty_row, ninf, total])
+    shape = tuple(int(s) for s in val.shape)
+    return out if shape == kept else t.emit1("Reshape", [out, t.ints(shape)], dtype=dtype, shape=shape)
+
+
+# A p-norm's prescaled sum is at most the number of elements reduced: from float16's largest value on it would
+# saturate on HTP and come back finite and wrong (the root brings it back into range).
+_MAX_NORM_ELEMENTS = 65504
+# The floor of the largest magnitude a p-norm divides by (l2_norm_prescaled's too): a row of zeros stays zero.
+_NORM_SCALE_FLOOR = 2.0**-14
+
+
+def _norm_rows(
+    t: Translator, x: ir.Value, dtype: torch.dtype, shape: tuple[int, ...], axes: list[int]
+) -> tuple[ir.Value, tuple[int, ...], list[int]]:
+    """``x`` (its shape and the axes to reduce) as it is up to rank 4; at rank 5, where the QNN EP declines
+    ReduceMax and a keepdims ReduceL2 and l2_norm_prescaled leaves the norm, as ``[kept elements, reduced
+    elements]`` reduced over its last axis."""
+    if len(shape) < 5:
+        return x, shape, axes
+    kept = [i for i in range(len(shape)) if i not in axes]
+    perm = kept + axes
+    moved = tuple(shape[i] for i in perm)
+    if perm != list(range(len(shape))):
+        x = t.emit1("Transpose", [x], {"perm": perm}, dtype=dtype, shape=moved)
+    rows = (math.prod(moved[: len(kept)]), math.prod(moved[len(kept) :]))
+    return t.emit1("Reshape", [x, t.ints(rows)], dtype=dtype, shape=rows), rows, [1]
+
+
+@handles(aten.linalg_vector_norm.default)
+def _vector_norm(
+    t: Translator,
+    node: Node,
+    x: Node,
+    ord: float = 2,
+    dim: Sequence[int] | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
+) -> ir.Value:
+    """``torch.linalg.vector_norm`` of a float tensor over ``dim`` (every axis when None or empty), in ``dtype``:
+
+    - ``ord=2``: ReduceL2 (l2_norm_prescaled computes it on ``x / max|x|`` for HTP, whose sum of squares saturates);
+    - ``ord=1``: ReduceSum of Abs; ``ord=inf`` / ``-inf``: ReduceMax / ReduceMin of Abs;
+    - ``ord=0``: the count of nonzero elements, ``ReduceSum(Where(x == 0, 0, 1))``;
+    - any other ``p > 0``: ``m * sum((|x| / m)^p)^(1/p)`` with ``m = max(max|x|, 2^-14)``: every term is at most 1,
+      the largest one 1, so the sum neither overflows nor loses its large terms (up to 65504 elements reduced).
+
+    A negative ``p`` other than -inf declines: prescaled by the least magnitude, HTP divides by it through its
+    reciprocal, which leaves float16's range for a least magnitude below 1.5e-5 (``p = -1.5`` of ``[1.9e-3, 9.7e-6,
+    2.6e-4]`` came out 6.1e-6 for 9.6e-6). A rank-5 input is reduced as ``[kept, reduced]`` rows."""
+    val = node.meta["val"]
+    out_dtype = val.dtype
+    if out_dtype not in (torch.float32, torch.float16) or not fake(x).dtype.is_floating_point:
+        raise Declined(f"vector norm of {fake(x).dtype} to {out_dtype}")
+    p = float(ord)
+    if p < 0 and p != float("-inf"):
+        raise Declined(f"vector norm of order {p}")
+    shape = tuple(int(s) for s in fake(x).shape)
+    if 0 in shape:
+        raise Declined("vector norm of an empty tensor")
+    out_shape = tuple(int(s) for s in val.shape)
+    xv = t.operand(x, out_dtype)
+    if not shape:
+        return (
+            t.out("Abs", [xv]) if p != 0 else t.out("Where", [_is_zero(t, xv, out_dtype, ()), *_zero_one(t, out_dtype)])
+        )
+    rank = len(shape)
+    axes = sorted({onnx_axis(d, rank) for d in dim or ()}) or list(range(rank))
+    count = math.prod(shape[i] for i in axes)
+    if p not in (0, 1, 2, float("inf"), float("-inf")) and count >= _MAX_NORM_ELEMENTS:  # the prescaled sum
+        raise Declined(f"vector norm of order {p} over {count} elements (up to {_MAX_NORM_ELEMENTS - 1})")
+    rows, rows_shape, axes = _norm_rows(t, xv, out_dtype, shape, axes)
+    kept = tuple(1 if i in axes else s for i, s in enumerate(rows_shape))
+
+    def emit(op: str, *inputs: ir.Value, full: bool = False, **attrs: int) -> ir.Value:
+        return t.emit1(op, list(inputs), attrs, dtype=out_dtype, shape=rows_shape if full else kept)
+
+    axes_value = t.ints(axes, "axes")
+    if p == 2:
+        norm = emit("ReduceL2", rows, axes_value, keepdims=1)
+    elif p == 0:
+        nonzero = emit("Where", _is_zero(t, rows, out_dtype, rows_shape), *_zero_one(t, out_dtype), full=True)
+        norm = emit("ReduceSum", nonzero, axes_value, keepdims=1)
+    else:
+        magnitude = emit("Abs", rows, full=True)
+        ops = {1.0: "ReduceSum", float("inf"): "ReduceMax", float("-inf"): "ReduceMin"}
+        norm = emit(ops.get(p, "ReduceMax"), magnitude, axes_value, keepdims=1)
+        if p not in ops:  # m * sum((|x| / m)^p)^(1/p), m the largest magnitude (floored)
+            scale = emit("Max", norm, t.scalar(_NORM_SCALE_FLOOR, out_dtype))
+            terms = emit("Pow", emit("Div", magnitude, scale, full=True), t.scalar(p, out_dtype), full=True)
+            total = emit("ReduceSum", terms, axes_value, keepdims=1)
+            norm = emit("Mul", emit("Pow", total, t.scalar(1.0 / p, out_dtype)), scale)
+    return (
+        norm if kept == out_shape else t.emit1("Reshape", [norm, t.ints(out_shape)], dtype=out_dtype, shape=out_shape)
+    )
+
+
+def _is_zero(t: Translator, x: ir.Value, dtype: torch.dtype, shape: tuple[int, ...]) -> ir.Value:
+    return t.emit1("Equal", [x, t.scalar(0.0, dtype)], dtype=torch.bool, shape=shape)
+
+
+def _zero_one(t: Translator, dtype: torch.dtype) -> tuple[ir.Value, ir.Value]:
+    return t.scalar(0.0, dtype), t.scalar(1.0, dtype)

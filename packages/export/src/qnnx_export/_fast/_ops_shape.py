@@ -304,3 +304,36 @@ def _col2im(
     :func:`_im2col`'s layout change."""
     n, c, rows, kh, cols, kw = _patch_grid(out_shape(node), kernel_size, dilation, padding, stride)
     return _relayout(t, node, x, (n * c, kh, kw, rows, cols), [0, 3, 1, 4, 2], (n * c, rows, kh, cols, kw))
+
+
+@handles(aten.unfold.default, aten.unfold_copy.default)
+def _unfold(t: Translator, node: Node, x: Node, dimension: int, size: int, step: int) -> ir.Value:
+    """``Tensor.unfold(dim, size, step)`` (and ``unfold_copy``): the windows ``x[..., i * step : i * step + size, ...]`` along ``dim``, each
+    window's elements on a new last axis. ``x`` viewed as ``[before, n_dim, after]``, a Gather along its middle
+    axis of the constant index ``[n, size]`` (``i * step + j``), a Transpose moving the window axis last when
+    ``after > 1`` (rank 4, where a rank-5 Transpose failed QNN's graph finalize), then the output's shape. Data
+    movement only: exact."""
+    val = node.meta["val"]
+    shape = tuple(int(s) for s in fake(x).shape)
+    out = tuple(int(s) for s in val.shape)
+    if 0 in shape or 0 in out:
+        raise Declined("unfold of an empty tensor")
+    if len(out) > 5:
+        raise Declined(f"unfold to rank {len(out)} (QNN takes rank 5 at most)")
+    if val.dtype == torch.int64 and len(out) == 5:
+        raise Declined("unfold of int64 data to 5-d (a Reshape of int64 data to 5-d has stopped QNN)")
+    if not shape:  # a 0-d tensor unfolds into its one element
+        return t.out("Reshape", [t.value(x), t.ints(out)])
+    d = onnx_axis(dimension, len(shape))
+    before, after, n = math.prod(shape[:d]), math.prod(shape[d + 1 :]), out[d]
+    index = (torch.arange(n) * step)[:, None] + torch.arange(size)[None, :]
+    dtype = val.dtype
+    flat = t.emit1(
+        "Reshape", [t.value(x), t.ints((before, shape[d], after))], dtype=dtype, shape=(before, shape[d], after)
+    )
+    windows = t.emit1(
+        "Gather", [flat, t.initializer(index, "unfold_index")], {"axis": 1}, dtype=dtype, shape=(before, n, size, after)
+    )
+    if after > 1:
+        windows = t.emit1("Transpose", [windows], {"perm": [0, 1, 3, 2]}, dtype=dtype, shape=(before, n, after, size))
+    return t.out("Reshape", [windows, t.ints(out)])

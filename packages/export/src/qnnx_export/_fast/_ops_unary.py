@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from qnnx_export._fast._nodes import fake
+from qnnx_export._fast._nodes import fake, only_first_output_used
 from qnnx_export._fast._registry import handles
 from qnnx_export._fast._translator import Declined, Translator
 
@@ -168,3 +168,24 @@ def _celu(t: Translator, node: Node, x: Node, alpha: float = 1.0) -> ir.Value:
     scaled = t.emit1("Div", [t.value(x), a], dtype=val.dtype, shape=tuple(val.shape))
     elu = t.emit1("Elu", [scaled], {"alpha": 1.0}, dtype=val.dtype, shape=tuple(val.shape))
     return t.out("Mul", [elu, a])
+
+
+@handles(aten.log_sigmoid_forward.default)
+def _log_sigmoid(t: Translator, node: Node, x: Node) -> tuple[ir.Value, None]:
+    """``logsigmoid(x) = min(x, 0) - log(1 + exp(-|x|))`` (its output; the buffer is for the backward pass): the
+    exponent is at most 0 and the logarithm's argument in (1, 2], so nothing overflows for any input, where
+    ``log(sigmoid(x))`` gives -inf below about -90 in float32 (and below -17 in float16)."""
+    if not only_first_output_used(node):
+        raise Declined("log_sigmoid_forward with its buffer used")
+    val = node.meta["val"][0]
+    if not val.dtype.is_floating_point or fake(x).dtype != val.dtype:
+        raise Declined(f"log_sigmoid_forward of {fake(x).dtype}")
+    dtype, shape = val.dtype, tuple(val.shape)
+    xv = t.value(x)
+
+    def emit(op: str, *inputs: ir.Value) -> ir.Value:
+        return t.emit1(op, list(inputs), dtype=dtype, shape=shape)
+
+    tail = emit("Exp", emit("Neg", emit("Abs", xv)))
+    soft = emit("Log", emit("Add", tail, t.scalar(1.0, dtype)))
+    return (emit("Sub", emit("Min", xv, t.scalar(0.0, dtype)), soft), None)

@@ -54,6 +54,7 @@ OP_MODULES = (
     "_ops_index",
     "_ops_linalg",
     "_ops_nn",
+    "_ops_resample",
     "_ops_misc",
 )
 
