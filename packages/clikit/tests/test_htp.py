@@ -24,6 +24,17 @@ def _pool(draw: st.DrawFn) -> tuple[tuple[int, ...], list[int], list[int], list[
     return (1, 2, *sizes), kernel, strides, pads
 
 
+@given(_pool())
+def test_a_rank_5_pool_padded_at_the_start_of_its_first_axis_alone_is_averaged_wrongly(pool: tuple) -> None:
+    """Property: at rank 5 without count_include_pad or ceil_mode, pads within half the kernel are a defect exactly
+    when the first spatial axis has a begin pad and no other axis has any; below rank 5 such pads are fine."""
+    shape, kernel, strides, pads = pool
+    spatial = len(kernel)
+    pads = [min(p, (kernel[i % spatial] - 1) // 2) for i, p in enumerate(pads)]  # below half the kernel
+    expected = spatial == 3 and pads[0] > 0 and not any(pads[1:3] + pads[4:6])
+    assert clikit.htp_averages_wrongly(shape, kernel, strides, pads, ceil=False, count_pad=False) == expected
+
+
 @given(_pool(), st.booleans())
 def test_a_pool_without_padding_ceil_or_count_pad_is_averaged_right(pool: tuple, count_pad: bool) -> None:
     """Property: no pads and no ceil_mode is a pool HTP averages right, below rank 5 with or without

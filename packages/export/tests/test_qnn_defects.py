@@ -194,6 +194,7 @@ _EFFICIENTNET_POOL = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 
             [1, 2, 5, 5, 5],
             {"kernel_shape": [3] * 3, "strides": [2] * 3, "pads": [1] * 6, "ceil_mode": 1, "count_include_pad": 1},
         ),
+        ([1, 2, 5, 6, 7], {"kernel_shape": [3, 2, 2], "strides": [1] * 3, "pads": [1, 0, 0, 1, 0, 0]}),
     ],
     ids=[
         "efficientnet_exclude_pad",
@@ -202,6 +203,7 @@ _EFFICIENTNET_POOL = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 
         "pad_half_kernel",
         "1d_ceil",
         "3d_ceil_include_pad",
+        "3d_first_axis_padded_alone",
     ],
 )
 def test_avgpool_whole_windows_defect(shape: list[int], attrs: dict[str, object]) -> None:
@@ -210,7 +212,8 @@ def test_avgpool_whole_windows_defect(shape: list[int], attrs: dict[str, object]
     EfficientNet's AvgPool2d(3, 2, padding=1, ceil_mode=True) of [1, 8, 8, 8]: 1.0 without count_include_pad, 0.21
     with it; kernel 2, stride 2, pad 1, ceil_mode on [1, 4, 3, 3]: a [1, 4, 3, 3] output where ONNX Runtime drops
     the window starting in the end padding ([1, 4, 2, 2]); pad 1 of kernel 2 on [1, 4, 7, 7]: 1.13; a 1-D ceil
-    overhang: 1.0; 3-D ceil_mode with count_include_pad: 1.0. Rewritten: 2.7e-4 to 6.3e-4."""
+    overhang: 1.0; 3-D ceil_mode with count_include_pad: 1.0; a 3-D pool padded on its first spatial axis alone: 0.33.
+    Rewritten: 2.7e-4 to 6.3e-4."""
     model, feeds = avgpool(shape, **attrs)
     ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
     broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]

@@ -28,10 +28,14 @@ def htp_averages_wrongly(
 ) -> bool:
     """Whether QNN HTP averages an AveragePool wrongly (static ``shape`` ``[N, C, *spatial]``, no dilation, explicit
     ``pads`` as ONNX orders them: every begin, then every end): a ceil_mode window hanging over the end,
-    count_include_pad with padding or at rank 5, or a pad of half the kernel or more (measured on onnxruntime-qnn
-    2.7.0's HTP simulator, soc_model 60: 0.21-1.1 of the output's scale off, or a wrong shape)."""
+    count_include_pad with padding or at rank 5, a pad of half the kernel or more, or at rank 5 a begin pad on the
+    first spatial axis with no pad on the others (measured on onnxruntime-qnn 2.7.0's HTP simulator, soc_model 60:
+    0.21-1.1 of the output's scale off, or a wrong shape; a kernel of [3, 2, 2] with pads [1, 0, 0] averaged 0.33
+    off, while pads [1, 0, 1], [1, 1, 0] and an end pad alone on that axis were right)."""
     spatial = len(kernel)
     if count_pad and (any(pads) or spatial >= 3):
+        return True
+    if spatial >= 3 and pads[0] and not any(pads[a] or pads[a + spatial] for a in range(1, spatial)):
         return True
     for axis in range(spatial):
         before, after = pads[axis], pads[axis + spatial]
