@@ -141,7 +141,8 @@ def _guards() -> list[str]:
         "shape keeps the graph in PyTorch, with the reason in the compile report.",
         "2. **The export**: a model written by torch.onnx (the fallback exporter) is run once on ONNX Runtime's "
         "CPU EP with the real inputs and compared with eager PyTorch (1e-3 of each output's scale); a model that "
-        "disagrees is never compiled. torch 2.13 drops `avg_pool*d`'s `divisor_override`, for one.",
+        "disagrees is never compiled. torch.onnx in torch 2.13 drops `avg_pool*d`'s `divisor_override`, for one (the "
+        "direct translator keeps it).",
         "3. **Rewrites** that put a faithful form in place of one QNN computes wrongly or refuses:",
         "",
     ]
