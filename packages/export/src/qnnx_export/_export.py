@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import attrs
 
 from qnnx_export._analysis import GraphAnalysis, analyze
-from qnnx_export._complex import COMPLEX_OUTPUTS, as_real_pairs, complex_values
+from qnnx_export._complex_core import COMPLEX_OUTPUTS, complex_values
 from qnnx_export._fingerprint import weight_digest
 from qnnx_export._naming import UniqueNames, identifier, module_origin
 from qnnx_export._options import ExportOptions
@@ -410,6 +410,9 @@ def export(
     originals = example_inputs
     if complex_values(gm, example_inputs):
         # The analysis found a real-pair rewrite for every complex value: the export reads the rewritten copy.
+        # The rewrite's module (with the Fourier transforms' tables, about 2 ms to import) only for such a graph.
+        from qnnx_export._complex import as_real_pairs
+
         try:
             gm, example_inputs = as_real_pairs(gm, example_inputs)
         except ValueError as exc:
