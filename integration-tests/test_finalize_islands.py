@@ -2,8 +2,9 @@
 (sessions of parts built in child processes), that run's op types run on ONNX Runtime's CPU EP in the same session,
 and the report names the island and why; ``strict`` and ``partition="whole"`` keep whole-graph placement.
 
-The narrowing is the safety net for failures nothing knows yet: here ``unfold`` along the first dim (a Gather into a
-rank-5 window tensor), which qnnx-opcheck vouches for and QNN then fails to finalize. A known failure is rewritten
+The narrowing is the safety net for failures nothing knows yet: here ``unfold`` along the first dim as torch.onnx
+writes it (a Gather into a rank-5 window tensor), which qnnx-opcheck vouches for and QNN then fails to finalize (the
+direct translator writes it another way, so these graphs are exported by torch.onnx). A known failure is rewritten
 (a Linear split into as many heads as its leading dims: qnnx-export's ``linear_heads_as_matmul``) or refused by
 qnnx-opcheck before any session is built."""
 
@@ -21,6 +22,7 @@ from qnnx_backend.errors import QnnDeviceError
 pytestmark = pytest.mark.skipif(not qnnx_detection.is_available("npu"), reason="needs the QNN HTP backend")
 
 NPU = {"soc_model": 60, "device": "npu"}
+UNFOLD = {"exporter": "torch.onnx"}  # the export whose Gather QNN fails to finalize
 
 
 class _UnfoldInTheMiddle(nn.Module):
@@ -61,7 +63,7 @@ def test_finalize_failure_is_narrowed_to_a_cpu_island() -> None:
     """The Gather QNN fails to finalize runs on the CPU EP, every other node on QNN, the report says why, and the
     output is eager's within fp16."""
     model, x = _UnfoldInTheMiddle().eval(), torch.randn(5, 5, 5, 5)
-    ref, out = _compile(model, x)
+    ref, out = _compile(model, x, **UNFOLD)
     (report,) = qnnx_backend.compile_reports()
     assert report.device == "npu", report.summary()
     ((name, why),) = report.cpu_nodes.items()
@@ -79,7 +81,7 @@ def test_the_island_comes_back_from_the_context_cache(tmp_path) -> None:
     """With cache=True the compiled split context is stored: a second compile is a hit that neither narrows nor
     builds again, keeps the Gather on the CPU EP with its reason, and gives the same output."""
     model, x = _UnfoldInTheMiddle().eval(), torch.randn(5, 5, 5, 5)
-    options = {"cache": True, "cache_dir": str(tmp_path)}
+    options = {**UNFOLD, "cache": True, "cache_dir": str(tmp_path)}
     _ref, first = _compile(model, x, **options)
     torch._dynamo.reset()
     _ref, second = _compile(model, x, **options)
@@ -117,6 +119,7 @@ def test_without_the_rewrite_opcheck_pins_the_projection() -> None:
 def test_whole_graph_placement_keeps_the_finalize_failure(options: dict[str, object]) -> None:
     """strict raises, and partition='whole' runs the graph in PyTorch, both naming the failure and why no island."""
     model, x = _UnfoldInTheMiddle().eval(), torch.randn(5, 5, 5, 5)
+    options = {**UNFOLD, **options}
     if options.get("strict"):
         with pytest.raises(QnnDeviceError, match=r"failed to finalize.*strict=True keeps the graph wholly on QNN"):
             _compile(model, x, **options)

@@ -322,6 +322,32 @@ def test_the_torch_free_loader_checks_its_inputs(saved_bert: tuple[Path, qnnx_ba
         qnnx_backend.load_arrays(Path(__file__))
 
 
+class _Ratio(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a / b * 2.0
+
+
+def test_the_torch_free_loader_refuses_what_htp_cannot_compute(tmp_path: Path) -> None:
+    """load_arrays has no PyTorch to fall back to: a NaN input, or a NaN or infinity in an output (a division by
+    zero, which HTP writes beyond float16's range), raises QnnRuntimeError naming the input or output; finite calls
+    return the torch path's numbers."""
+    from qnnx_backend.errors import QnnRuntimeError
+
+    a, b = torch.randn(2, 8), torch.rand(2, 8) + 0.5
+    report = qnnx_backend.save(_Ratio(), (a, b), tmp_path / "r.qnnx", options=OPTIONS)
+    model = qnnx_backend.load_arrays(tmp_path / "r.qnnx")
+    (name,) = model.output_names
+    np.testing.assert_array_equal(model(a.numpy(), b.numpy())[name], report.outputs.numpy())
+    nan = a.numpy().copy()
+    nan[1, 3] = np.nan
+    with pytest.raises(QnnRuntimeError, match="holds NaN"):
+        model(nan, b.numpy())
+    zero = b.numpy().copy()
+    zero[0, 0] = 0.0
+    with pytest.raises(QnnRuntimeError, match="beyond float16's"):
+        model(a.numpy(), zero)
+
+
 def test_strict_mismatch_in_the_torch_free_loader_names_the_fix(tmp_path: Path) -> None:
     """A strict file whose saved versions differ from this machine's: load_arrays raises QnnDeviceError naming the
     version and the way out (the header is rewritten with a foreign onnxruntime-qnn version)."""

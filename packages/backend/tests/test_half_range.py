@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 import qnnx_backend
 from qnnx_backend._compare import FP16_MAX
-from qnnx_backend._program import BeyondHalfRange, NaNInput, check_half_range, check_no_nan
+from qnnx_backend._untrusted import BeyondHalfRange, NaNInput, check_half_range, check_no_nan
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
 _floats = st.one_of(

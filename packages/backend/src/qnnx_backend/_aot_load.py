@@ -36,11 +36,11 @@ from qnnx_backend._program import (
     QnnProgram,
     SessionSource,
     Target,
-    UntrustedRun,
     recreate_and_run,
 )
 from qnnx_backend._session import DeviceRejected
 from qnnx_backend._split import opcheck
+from qnnx_backend._untrusted import UntrustedRun
 from qnnx_backend.errors import QnnDeviceError, QnnFallbackWarning, QnnRuntimeError, SavedGraphError
 
 logger = logging.getLogger(__name__)

@@ -12,14 +12,12 @@ from typing import Any
 
 import torch
 
+from qnnx_backend._untrusted import FP16_MAX as FP16_MAX
+
 # float32 CPU EP vs eager PyTorch: reassociation and other kernels give ~1e-6 relative; 1e-3 leaves room for
 # long reductions while any wrong lowering seen so far is off by 1e-1 or more. fp16 models get fp16 room.
 RTOL_FP32 = 1e-3
 RTOL_FP16 = 2e-2
-
-FP16_MAX = 65504.0
-"""float16's largest finite value. HTP computes float graphs in float16: it saturates there, and where a result is
-NaN or infinite it returns a number beyond it (131008 on the simulator), which no float16 computation gives."""
 
 
 def compare_outputs(got: Any, ref: Any, rtol: float) -> str | None:

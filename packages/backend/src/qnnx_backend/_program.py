@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from qnnx_backend import _session
-from qnnx_backend._compare import FP16_MAX
 from qnnx_backend._parts import PartedModel, part_infos
 from qnnx_backend._report import ExportReport, PartReport
+from qnnx_backend._untrusted import check_half_range, check_no_nan
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
@@ -38,63 +38,6 @@ _ORT_TO_NUMPY = {
     "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
-
-
-class UntrustedRun(Exception):
-    """A QNN call whose results cannot be trusted, found before any write into the caller's tensors, so the arguments
-    are as the caller passed them. :attr:`why` says what HTP does with such values."""
-
-    why = ""
-
-
-class BeyondHalfRange(UntrustedRun):
-    """A QNN run returned a float beyond float16's range."""
-
-    why = (
-        "HTP holds no NaN or infinity and returns such a number where eager PyTorch has NaN, an infinity or a value "
-        "beyond float16's range"
-    )
-
-    def __init__(self, output: str, value: float) -> None:
-        self.output = output
-        self.value = value
-        super().__init__(f"ONNX output {output!r} holds {value:g}, beyond float16's +-{FP16_MAX:g}")
-
-
-class NaNInput(UntrustedRun):
-    """A float input of a QNN call holds NaN: not run on QNN."""
-
-    why = (
-        "HTP holds no NaN and reads it as an ordinary number (131008), so the results would be finite where eager "
-        "PyTorch propagates NaN"
-    )
-
-    def __init__(self, name: str) -> None:
-        self.input = name
-        super().__init__(f"ONNX input {name!r} holds NaN")
-
-
-def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
-    """Raise :class:`BeyondHalfRange` for the first float output that holds NaN, an infinity or a value beyond
-    float16's range (two passes over each float output; no copy)."""
-    for name, out in zip(names, outs):
-        if not (isinstance(out, np.ndarray) and out.dtype.kind == "f" and out.size):
-            continue
-        low, high = out.min(), out.max()
-        if low >= -FP16_MAX and high <= FP16_MAX:  # False for NaN
-            continue
-        worst = float(high) if np.isnan(high) or high > FP16_MAX else float(low)
-        raise BeyondHalfRange(name, worst)
-
-
-def check_no_nan(names: Sequence[str], feed: Mapping[str, Any]) -> None:
-    """Raise :class:`NaNInput` for the first of ``names`` whose array in ``feed`` holds a NaN (one pass over each:
-    NaN propagates through the maximum). Infinities pass: HTP reads them as its largest numbers, which masks rely
-    on."""
-    for name in names:
-        array = feed.get(name)
-        if array is not None and array.size and np.isnan(array.max()):
-            raise NaNInput(name)
 
 
 @attrs.frozen

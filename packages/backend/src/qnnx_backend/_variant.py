@@ -23,8 +23,9 @@ from qnnx_backend import _report
 from qnnx_backend._calibrate import Calibration
 from qnnx_backend._compare import EagerReference, mismatch, run_eager
 from qnnx_backend._options import BackendOptions
-from qnnx_backend._program import Program, UntrustedRun, recreate_and_run
+from qnnx_backend._program import Program, recreate_and_run
 from qnnx_backend._trace import compiling
+from qnnx_backend._untrusted import UntrustedRun
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
 logger = logging.getLogger(__name__)

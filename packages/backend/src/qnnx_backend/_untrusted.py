@@ -1,0 +1,79 @@
+"""Calls whose QNN results cannot be trusted (private; imports neither torch nor, until a check runs, numpy).
+
+HTP computes float graphs in float16 and holds no NaN or infinity: it reads a NaN input as an ordinary number and
+returns a number beyond float16's range where a result is NaN or infinite. The checks here find both around one
+run, before anything is written, for the torch path (which then computes the call in PyTorch, or raises) and for
+the torch-free loader (which raises).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["FP16_MAX", "BeyondHalfRange", "NaNInput", "UntrustedRun", "check_half_range", "check_no_nan"]
+
+FP16_MAX = 65504.0
+"""float16's largest finite value. HTP computes float graphs in float16: it saturates there, and where a result is
+NaN or infinite it returns a number beyond it (131008 on the simulator), which no float16 computation gives."""
+
+
+class UntrustedRun(Exception):
+    """A QNN call whose results cannot be trusted, found before any write into the caller's tensors, so the arguments
+    are as the caller passed them. :attr:`why` says what HTP does with such values."""
+
+    why = ""
+
+
+class BeyondHalfRange(UntrustedRun):
+    """A QNN run returned a float beyond float16's range."""
+
+    why = (
+        "HTP holds no NaN or infinity and returns such a number where eager PyTorch has NaN, an infinity or a value "
+        "beyond float16's range"
+    )
+
+    def __init__(self, output: str, value: float) -> None:
+        self.output = output
+        self.value = value
+        super().__init__(f"ONNX output {output!r} holds {value:g}, beyond float16's +-{FP16_MAX:g}")
+
+
+class NaNInput(UntrustedRun):
+    """A float input of a QNN call holds NaN: not run on QNN."""
+
+    why = (
+        "HTP holds no NaN and reads it as an ordinary number (131008), so the results would be finite where eager "
+        "PyTorch propagates NaN"
+    )
+
+    def __init__(self, name: str) -> None:
+        self.input = name
+        super().__init__(f"ONNX input {name!r} holds NaN")
+
+
+def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
+    """Raise :class:`BeyondHalfRange` for the first float output that holds NaN, an infinity or a value beyond
+    float16's range (two passes over each float output; no copy)."""
+    import numpy as np
+
+    for name, out in zip(names, outs):
+        if not (isinstance(out, np.ndarray) and out.dtype.kind == "f" and out.size):
+            continue
+        low, high = out.min(), out.max()
+        if low >= -FP16_MAX and high <= FP16_MAX:  # False for NaN
+            continue
+        worst = float(high) if np.isnan(high) or high > FP16_MAX else float(low)
+        raise BeyondHalfRange(name, worst)
+
+
+def check_no_nan(names: Sequence[str], feed: Mapping[str, Any]) -> None:
+    """Raise :class:`NaNInput` for the first of ``names`` whose array in ``feed`` holds a NaN (one pass over each:
+    NaN propagates through the maximum). Infinities pass: HTP reads them as its largest numbers, which masks rely
+    on."""
+    import numpy as np
+
+    for name in names:
+        array = feed.get(name)
+        if array is not None and array.size and np.isnan(array.max()):
+            raise NaNInput(name)
