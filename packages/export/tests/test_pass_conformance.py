@@ -751,6 +751,39 @@ def test_float_cast_to_bool_shape_classes(shape: tuple[int, ...], dtype: int, se
     np.testing.assert_array_equal(got, want)
 
 
+@_examples
+@given(
+    shape=st.lists(_dim, min_size=1, max_size=4).map(tuple),
+    dtype=st.sampled_from([TensorProto.BOOL, TensorProto.UINT8]),
+    then=st.sampled_from([None, "Add"]),
+    seed=st.integers(0, 2**16),
+)
+def test_bool_cast_to_int64_shape_classes(shape: tuple[int, ...], dtype: int, then: str | None, seed: int) -> None:
+    """A Cast of bool or uint8 to int64, rewritten as Casts to int32 and then int64, runs on QNN with exactly the CPU
+    EP's values (uint8 0 and 255 among them) at ranks 1-4, returned as is or added to an int64 tensor; the QNN EP
+    refuses the Cast itself. At rank 5 the pass leaves the Cast alone: QNN HTP's int32 -> int64 Cast stops the process
+    there (SIGSEGV)."""
+    nodes = [h.make_node("Cast", ["x"], ["c" if then else "y"], to=TensorProto.INT64)]
+    inputs = [("x", dtype, shape)]
+    if then == "Add":
+        nodes.append(h.make_node("Add", ["c", "k"], ["y"]))
+        inputs.append(("k", TensorProto.INT64, shape))
+    model = make_model(nodes, inputs, [("y", TensorProto.INT64, shape)], {})
+    rng = np.random.default_rng(seed)
+    if dtype == TensorProto.BOOL:
+        feeds = {"x": np.asarray(rng.random(shape) < 0.5)}
+    else:
+        feeds = {"x": rng.choice(np.array([0, 1, 2, 127, 128, 255], np.uint8), size=shape)}
+    if then == "Add":
+        feeds["k"] = rng.integers(-1000, 1000, shape).astype(np.int64)
+    want = _cpu_reference(model, feeds)[0]
+    m = to_ir(model)
+    run_passes(m, ("bool_cast_to_int64",))
+    (got,) = _outputs_or_reject(model, m, feeds)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -770,6 +803,7 @@ COVERED_HERE = frozenset(
         "fold_high_rank_transpose",
         "int_cast_to_bool",
         "float_cast_to_bool",
+        "bool_cast_to_int64",
         "erf_as_polynomial",
         "sinh_cosh_from_exp",
         *_ELEMENTWISE,

@@ -1174,6 +1174,34 @@ def test_float_cast_to_bool_keeps_results(shape: list[int], dtype: int, then: st
     assert not integer_changed
 
 
+@given(shape=shapes(max_rank=4), dtype=st.sampled_from([TensorProto.BOOL, TensorProto.UINT8]), seed=seeds())
+def test_bool_cast_to_int64_keeps_results(shape: list[int], dtype: int, seed: int) -> None:
+    """A Cast of bool or uint8 to int64 becomes Casts to int32 and to int64, with the same values and dtype; a Cast
+    to int64 from float (which HTP would round through int32), to int32, or at rank 5 (where HTP's int32 -> int64
+    Cast crashes) is left alone."""
+    from onnx import helper as h
+
+    model = make_model(
+        [h.make_node("Cast", ["x"], ["y"], to=TensorProto.INT64)],
+        [("x", dtype, shape)],
+        [("y", TensorProto.INT64, shape)],
+        {},
+    )
+    after, changed, _ = _apply(model, "bool_cast_to_int64")
+    assert changed and _ops(after) == ["Cast", "Cast"]
+    rng = np.random.default_rng(seed)
+    x = np.asarray(rng.random(shape) < 0.5 if dtype == TensorProto.BOOL else rng.integers(0, 256, shape), np.uint8)
+    x = x.astype(bool) if dtype == TensorProto.BOOL else x
+    _assert_same(model.SerializeToString(), after, {"x": x})
+    for source, to, dims in (
+        (TensorProto.FLOAT, TensorProto.INT64, [3]),
+        (TensorProto.BOOL, TensorProto.INT32, [3]),
+        (TensorProto.BOOL, TensorProto.INT64, [1, 2, 1, 2, 3]),
+    ):
+        other = make_model([h.make_node("Cast", ["x"], ["y"], to=to)], [("x", source, dims)], [("y", to, dims)], {})
+        assert not _apply(other, "bool_cast_to_int64")[1]
+
+
 @given(shape=shapes(max_rank=5), scale=st.sampled_from([1e-4, 0.5, 2.0, 50.0]), seed=seeds())
 def test_erf_as_polynomial_keeps_results(shape: list[int], scale: float, seed: int) -> None:
     """A standalone Erf is written out in ops QNN has, within 1e-6 of erf on the CPU EP (the series and the

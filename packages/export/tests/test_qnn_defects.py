@@ -239,3 +239,23 @@ def test_merged_heads_matmul_defect(
     assert _rel(broken, ref) > 0.5  # the defect: silently wrong
     fixed = qnn_session(_fixed(model, "flatten_merged_heads_matmul")).run(None, feeds)[0]
     assert _rel(fixed, ref) < 2e-3
+
+
+def test_bool_cast_to_int64_defect() -> None:
+    """A padding mask cast to int64 (``(ids != pad).long()``, as BART, FlauBERT and XLM compute position ids) is
+    refused by the QNN EP; through int32 it runs on QNN with the CPU EP's values."""
+    nodes = [
+        h.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+        h.make_node("Not", ["is_pad"], ["mask"]),
+        h.make_node("Cast", ["mask"], ["y"], to=TensorProto.INT64),
+    ]
+    model = make_model(
+        nodes, [("ids", TensorProto.INT32, (2, 8))], [("y", TensorProto.INT64, (2, 8))], {"pad": np.array(1, np.int32)}
+    )
+    feeds = {"ids": np.random.default_rng(0).integers(0, 4, (2, 8)).astype(np.int32)}
+    with pytest.raises(Exception, match=r"CPU EP|Cast"):
+        qnn_session(model.SerializeToString())
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    out = qnn_session(_fixed(model, "bool_cast_to_int64")).run(None, feeds)[0]
+    assert out.dtype == ref.dtype
+    np.testing.assert_array_equal(out, ref)
