@@ -271,12 +271,17 @@ EXAMPLES: dict[str, _Example] = {
     ),
     "aten.select_scatter.default": _ex(lambda x, s: aten.select_scatter.default(x, s, 0, -1), (3, 4), (4,)),
     "aten.index_put.default": _ex(
-        lambda x, i, j, row, v: (aten.index_put.default(x, [i], row), aten.index_put.default(x, [i, j], v)),
+        lambda x, i, j, row, v, m: (
+            aten.index_put.default(x, [i], row),
+            aten.index_put.default(x, [i, j], v),
+            aten.index_put.default(x, [m], row),
+        ),
         (5, 4),
         lambda: torch.tensor([3, -1]),
         lambda: torch.tensor([0, 2]),
         (4,),
         lambda: torch.tensor(0.5),
+        lambda: torch.tensor([True, False, False, True, True]),
     ),
     # matrix products
     "aten.mm.default": _ex(lambda a, b: aten.mm.default(a, b), _X, (4, 5)),
