@@ -1103,6 +1103,22 @@ def test_boolean_mask_writes_as_where_or_decline() -> None:
     assert torch.equal(out, rows_fn(embeds, mask, rows))
 
 
+def test_pooled_mean_restrided_in_place_translates() -> None:
+    """adaptive_avg_pool2d to 1x1 of a tensor that looks channels-last (Hiera's pooler: a transpose before it)
+    restrides its mean in place (as_strided_): a Reshape-free translation equal to eager; an as_strided that
+    reorders the elements declines."""
+    x = torch.randn(2, 5, 4)
+
+    def pooled(t: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(t.transpose(1, 2).unsqueeze(-1).transpose(1, 3).transpose(2, 3), 1)
+
+    _check_fast(pooled, x, tol=1e-6)
+    backend = Capture(cpu_session)
+    out = compile_and_run(lambda t: torch.as_strided(t, (4, 5), (1, 4)), (x[0],), backend)
+    assert "reorders" in (backend.exported[0].fast_path_declined or "")
+    assert torch.equal(out, torch.as_strided(x[0], (4, 5), (1, 4)))
+
+
 def test_sliding_window_row_write_runs_on_qnn_htp() -> None:
     """A sliding window's write of its last row (``rolled[:, :, tensor([-1])] = k``, transformers' form) runs wholly
     on the HTP simulator (CPU fallback off) and equals eager."""

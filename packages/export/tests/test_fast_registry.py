@@ -199,6 +199,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.t.default": _ex(lambda x: aten.t.default(x), _X),
     "aten.transpose.int": _ex(lambda x: aten.transpose.int(x, 0, -1), (2, 3, 4)),
     "aten.permute.default": _ex(lambda x: aten.permute.default(x, [2, 0, 1]), (2, 3, 4)),
+    "aten.as_strided.default": _ex(lambda x: aten.as_strided.default(x, [2, 1, 6], [6, 1, 1]), _X),
+    # how adaptive_avg_pool2d to 1x1 restrides its mean in place (the channels-last strides of a [N, C, 1, 1] tensor)
+    "aten.as_strided_.default": _ex(
+        lambda x: aten.as_strided_.default(aten.mean.dim(x, [-1, -2], True), [2, 4, 1, 1], [4, 1, 4, 4]), (2, 4, 3, 3)
+    ),
     "aten.expand.default": _ex(lambda x: aten.expand.default(x, [3, 4, 5]), (1, 4, 1)),
     "aten.repeat.default": _ex(lambda x: aten.repeat.default(x, [2, 1, 3, 2]), (3, 1, 4)),
     "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
