@@ -619,6 +619,37 @@ def test_fold_high_rank_transpose_window_reverse_shape_classes(
     _check(model, feeds, ("fold_high_rank_transpose",), reference=_cpu_reference, must_build=True)
 
 
+@_examples
+@given(
+    batch=st.sampled_from([1, 2]),
+    grid=st.sampled_from([1, 2, 3]),
+    window=st.sampled_from([2, 4, 7]),
+    channels=st.sampled_from([4, 8, 32]),
+    seed=st.integers(0, 2**16),
+)
+def test_reshape_of_high_rank_reshape_shape_classes(
+    batch: int, grid: int, window: int, channels: int, seed: int
+) -> None:
+    """A window partition whose permute was dropped (``[B, H, W, C] -> [B, H/w, w, W/w, w, C] -> [B*nW, w, w, C]``,
+    a tiny MaskFormer-Swin's one-window stage), around a Mul, runs wholly on QNN after the rewrite and equals the CPU
+    EP; QNN refuses the rank-6 view."""
+    side = grid * window
+    six = [batch, grid, window, grid, window, channels]
+    nodes = [
+        h.make_node("Mul", ["x", "two"], ["x2"]),
+        h.make_node("Reshape", ["x2", "s6"], ["r"]),
+        h.make_node("Reshape", ["r", "s4"], ["y"]),
+    ]
+    out = [batch * grid * grid, window, window, channels] if grid == 1 else [batch, side, side, channels]
+    inits = {"two": np.array(2.0, np.float32), "s6": np.array(six, np.int64), "s4": np.array(out, np.int64)}
+    model = make_model(
+        nodes, [("x", TensorProto.FLOAT, [batch, side, side, channels])], [("y", TensorProto.FLOAT, out)], inits
+    )
+    model = onnx.shape_inference.infer_shapes(model)
+    feeds = {"x": _x((batch, side, side, channels), 1.0, seed)}
+    _check(model, feeds, ("reshape_of_high_rank_reshape",), reference=_cpu_reference, must_build=True)
+
+
 @pytest.mark.parametrize(("batch", "channels"), [(1, 16), (2, 16), (1, 8)])
 def test_fold_high_rank_transpose_tiny_swin_stage(batch: int, channels: int) -> None:
     """The 2x2 windows of an 8x8 grid (a tiny Swin's first stage), whose channels merged into the window's columns
@@ -801,6 +832,7 @@ COVERED_HERE = frozenset(
         "stable_log_sum_exp",
         "mish_as_softplus",
         "fold_high_rank_transpose",
+        "reshape_of_high_rank_reshape",
         "int_cast_to_bool",
         "float_cast_to_bool",
         "bool_cast_to_int64",

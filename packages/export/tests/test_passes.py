@@ -559,6 +559,30 @@ def test_fold_high_rank_transpose_is_exact(dims: list[int], perm: st.DataObject)
         assert max(ranks) <= 5
 
 
+@given(dims=shapes(min_rank=6, max_rank=7, max_side=3), extra=st.booleans(), zero=st.booleans())
+def test_reshape_of_high_rank_reshape_is_exact(dims: list[int], extra: bool, zero: bool) -> None:
+    """Reshape -> rank-6+ Reshape(s) -> Reshape reads the first input directly, with the same elements in the same
+    order; a 0 (copy the input's dim) in the last target keeps its meaning, and the rank-6+ tensors are gone."""
+    total = int(np.prod(dims))
+    x = np.arange(total, dtype=np.float32).reshape(dims[0], total // dims[0])
+    out = (dims[0], total // dims[0])
+    nodes = [onnx.helper.make_node("Reshape", ["x", "s6"], ["r"])]
+    if extra:  # a second rank-6+ view in the chain
+        nodes.append(onnx.helper.make_node("Reshape", ["r", "s6b"], ["r2"]))
+    nodes.append(onnx.helper.make_node("Reshape", ["r2" if extra else "r", "s2"], ["y"]))
+    inits = {
+        "s6": np.array(dims, np.int64),
+        "s6b": np.array([*dims[:-1], 1, dims[-1]], np.int64),
+        "s2": np.array([0 if zero else out[0], -1], np.int64),
+    }
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, out)], inits)
+    model = onnx.shape_inference.infer_shapes(model)
+    after, changed, m = _apply(model, "reshape_of_high_rank_reshape")
+    assert changed
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])
+    assert max(len(v.shape) for n in m.graph for v in n.outputs if v.shape is not None) <= 5
+
+
 def test_fold_high_rank_transpose_swin_partition() -> None:
     """Swin's window partition (B, H/w, w, W/w, w, C) with perm (0,1,3,2,4,5) folds to rank 4."""
     b, h, w, c, ws = 2, 4, 6, 3, 2
