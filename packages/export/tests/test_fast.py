@@ -1074,6 +1074,53 @@ def test_index_put_after_skipped_dims_matches_eager(dims: list[int], data: st.Da
     assert "ScatterND" in _op_types(exported)
 
 
+def test_boolean_mask_writes_as_where_or_decline() -> None:
+    """``ids[ids == k] = 0`` and ``embeds[ids == k] = row`` (Granite Speech's and T5Gemma2's writes) are a Where
+    equal to eager; values with one row per selected position (a count known only at run time) decline."""
+    ids, embeds, row = torch.tensor([[5, 1, 5, 2]]), torch.randn(1, 4, 3), torch.randn(3)
+
+    def ids_fn(i: torch.Tensor) -> torch.Tensor:
+        i = i.clone()
+        i[i == 5] = 0
+        return i
+
+    def embeds_fn(e: torch.Tensor, i: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        e = e.clone()
+        e[i == 5] = r
+        return e
+
+    assert "Where" in _op_types(_check_fast(ids_fn, ids, tol=0.0))
+    assert "Where" in _op_types(_check_fast(embeds_fn, embeds, ids, row, tol=0.0))
+    rows = torch.randn(2, 3)  # one row per selected position
+
+    def rows_fn(e: torch.Tensor, m: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        e = e.clone()
+        e[m] = r
+        return e
+
+    mask = torch.tensor([[True, False, True, False]])
+    backend = Capture(cpu_session)
+    out = compile_and_run(rows_fn, (embeds, mask, rows), backend)
+    assert "one value per selected position" in (backend.exported[0].fast_path_declined or "")
+    assert torch.equal(out, rows_fn(embeds, mask, rows))
+
+
+def test_pooled_mean_restrided_in_place_translates() -> None:
+    """adaptive_avg_pool2d to 1x1 of a tensor that looks channels-last (Hiera's pooler: a transpose before it)
+    restrides its mean in place (as_strided_): a Reshape-free translation equal to eager; an as_strided that
+    reorders the elements declines."""
+    x = torch.randn(2, 5, 4)
+
+    def pooled(t: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(t.transpose(1, 2).unsqueeze(-1).transpose(1, 3).transpose(2, 3), 1)
+
+    _check_fast(pooled, x, tol=1e-6)
+    backend = Capture(cpu_session)
+    out = compile_and_run(lambda t: torch.as_strided(t, (4, 5), (1, 4)), (x[0],), backend)
+    assert "reorders" in (backend.exported[0].fast_path_declined or "")
+    assert torch.equal(out, torch.as_strided(x[0], (4, 5), (1, 4)))
+
+
 def test_sliding_window_row_write_runs_on_qnn_htp() -> None:
     """A sliding window's write of its last row (``rolled[:, :, tensor([-1])] = k``, transformers' form) runs wholly
     on the HTP simulator (CPU fallback off) and equals eager."""

@@ -209,6 +209,53 @@ def test_adaptive_max_pool_values_on_qnn(
     _close_on_qnn(fn, x)
 
 
+@settings(max_examples=6, deadline=None)
+@given(dims=st.lists(st.integers(1, 4), min_size=1, max_size=4), data=st.data(), seed=seeds())
+def test_boolean_mask_put_on_qnn(dims: list[int], data: st.DataObject, seed: int) -> None:
+    """``x[..., mask] = v`` with one boolean mask over any run of dims (after skipped ones or not) and values that
+    broadcast to the dims after it (a scalar, a row, unit dims, a leading 1) runs wholly on the HTP simulator as a
+    Where and equals eager: masks with no, some and every position set."""
+    lead = data.draw(st.integers(0, len(dims) - 1))
+    k = data.draw(st.integers(1, len(dims) - lead))
+    rest = tuple(dims[lead + k :])
+    v_shape = data.draw(st.sampled_from([(), rest[-1:], (1,) * len(rest), (1, *rest)]))
+    fill = data.draw(st.sampled_from([0.0, 0.5, 1.0]))
+    gen = torch.Generator().manual_seed(seed)
+    x, v = torch.randn(*dims, generator=gen), torch.randn(v_shape, generator=gen) * 4
+    mask = torch.rand(*dims[lead : lead + k], generator=gen) < fill
+    skip = (slice(None),) * lead
+
+    def fn(t: torch.Tensor, vals: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t[(*skip, m)] = vals
+        return t
+
+    _close_on_qnn(fn, x, v, mask)
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape=shapes(min_rank=1, max_rank=4, max_side=5), data=st.data(), seed=seeds())
+def test_as_strided_in_order_on_qnn(shape: list[int], data: st.DataObject, seed: int) -> None:
+    """as_strided views that read a contiguous tensor's elements in order (any sizes of its element count, any
+    strides on dims of size 1) run wholly on the HTP simulator as a Reshape and equal eager."""
+    numel = math.prod(shape)
+    size = [numel]
+    while data.draw(st.booleans()) and len(size) < 5:  # split a dim, or add a dim of size 1
+        d = data.draw(st.integers(0, len(size) - 1))
+        f = data.draw(st.sampled_from([k for k in range(1, size[d] + 1) if size[d] % k == 0]))
+        size[d : d + 1] = [f, size[d] // f]
+    stride, step = [0] * len(size), 1
+    for d in reversed(range(len(size))):
+        stride[d] = step if size[d] != 1 else data.draw(st.integers(1, 9))
+        step *= size[d]
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) + 3
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided(t * 2, size, stride) - 1
+
+    _close_on_qnn(fn, x)
+
+
 @settings(max_examples=10, deadline=None)
 @given(shape=shapes(min_rank=2, max_rank=4, max_side=5), data=st.data(), seed=seeds())
 def test_diagonal_scatter_on_qnn(shape: list[int], data: st.DataObject, seed: int) -> None:

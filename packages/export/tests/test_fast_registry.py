@@ -216,6 +216,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.t.default": _ex(lambda x: aten.t.default(x), _X),
     "aten.transpose.int": _ex(lambda x: aten.transpose.int(x, 0, -1), (2, 3, 4)),
     "aten.permute.default": _ex(lambda x: aten.permute.default(x, [2, 0, 1]), (2, 3, 4)),
+    "aten.as_strided.default": _ex(lambda x: aten.as_strided.default(x, [2, 1, 6], [6, 1, 1]), _X),
+    # how adaptive_avg_pool2d to 1x1 restrides its mean in place (the channels-last strides of a [N, C, 1, 1] tensor)
+    "aten.as_strided_.default": _ex(
+        lambda x: aten.as_strided_.default(aten.mean.dim(x, [-1, -2], True), [2, 4, 1, 1], [4, 1, 4, 4]), (2, 4, 3, 3)
+    ),
     "aten.expand.default": _ex(lambda x: aten.expand.default(x, [3, 4, 5]), (1, 4, 1)),
     "aten.repeat.default": _ex(lambda x: aten.repeat.default(x, [2, 1, 3, 2]), (3, 1, 4)),
     "aten.slice.Tensor": _ex(lambda x: aten.slice.Tensor(x, 1, 1, 9, 3), (3, 10)),
@@ -298,12 +303,17 @@ EXAMPLES: dict[str, _Example] = {
     ),
     "aten.select_scatter.default": _ex(lambda x, s: aten.select_scatter.default(x, s, 0, -1), (3, 4), (4,)),
     "aten.index_put.default": _ex(
-        lambda x, i, j, row, v: (aten.index_put.default(x, [i], row), aten.index_put.default(x, [i, j], v)),
+        lambda x, i, j, row, v, m: (
+            aten.index_put.default(x, [i], row),
+            aten.index_put.default(x, [i, j], v),
+            aten.index_put.default(x, [m], row),
+        ),
         (5, 4),
         lambda: torch.tensor([3, -1]),
         lambda: torch.tensor([0, 2]),
         (4,),
         lambda: torch.tensor(0.5),
+        lambda: torch.tensor([True, False, False, True, True]),
     ),
     # matrix products
     "aten.mm.default": _ex(lambda a, b: aten.mm.default(a, b), _X, (4, 5)),

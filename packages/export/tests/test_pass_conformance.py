@@ -619,6 +619,37 @@ def test_fold_high_rank_transpose_window_reverse_shape_classes(
     _check(model, feeds, ("fold_high_rank_transpose",), reference=_cpu_reference, must_build=True)
 
 
+@_examples
+@given(
+    batch=st.sampled_from([1, 2]),
+    grid=st.sampled_from([1, 2, 3]),
+    window=st.sampled_from([2, 4, 7]),
+    channels=st.sampled_from([4, 8, 32]),
+    seed=st.integers(0, 2**16),
+)
+def test_reshape_of_high_rank_reshape_shape_classes(
+    batch: int, grid: int, window: int, channels: int, seed: int
+) -> None:
+    """A window partition whose permute was dropped (``[B, H, W, C] -> [B, H/w, w, W/w, w, C] -> [B*nW, w, w, C]``,
+    a tiny MaskFormer-Swin's one-window stage), around a Mul, runs wholly on QNN after the rewrite and equals the CPU
+    EP; QNN refuses the rank-6 view."""
+    side = grid * window
+    six = [batch, grid, window, grid, window, channels]
+    nodes = [
+        h.make_node("Mul", ["x", "two"], ["x2"]),
+        h.make_node("Reshape", ["x2", "s6"], ["r"]),
+        h.make_node("Reshape", ["r", "s4"], ["y"]),
+    ]
+    out = [batch * grid * grid, window, window, channels] if grid == 1 else [batch, side, side, channels]
+    inits = {"two": np.array(2.0, np.float32), "s6": np.array(six, np.int64), "s4": np.array(out, np.int64)}
+    model = make_model(
+        nodes, [("x", TensorProto.FLOAT, [batch, side, side, channels])], [("y", TensorProto.FLOAT, out)], inits
+    )
+    model = onnx.shape_inference.infer_shapes(model)
+    feeds = {"x": _x((batch, side, side, channels), 1.0, seed)}
+    _check(model, feeds, ("reshape_of_high_rank_reshape",), reference=_cpu_reference, must_build=True)
+
+
 @pytest.mark.parametrize(("batch", "channels"), [(1, 16), (2, 16), (1, 8)])
 def test_fold_high_rank_transpose_tiny_swin_stage(batch: int, channels: int) -> None:
     """The 2x2 windows of an 8x8 grid (a tiny Swin's first stage), whose channels merged into the window's columns
@@ -751,6 +782,39 @@ def test_float_cast_to_bool_shape_classes(shape: tuple[int, ...], dtype: int, se
     np.testing.assert_array_equal(got, want)
 
 
+@_examples
+@given(
+    shape=st.lists(_dim, min_size=1, max_size=4).map(tuple),
+    dtype=st.sampled_from([TensorProto.BOOL, TensorProto.UINT8]),
+    then=st.sampled_from([None, "Add"]),
+    seed=st.integers(0, 2**16),
+)
+def test_bool_cast_to_int64_shape_classes(shape: tuple[int, ...], dtype: int, then: str | None, seed: int) -> None:
+    """A Cast of bool or uint8 to int64, rewritten as Casts to int32 and then int64, runs on QNN with exactly the CPU
+    EP's values (uint8 0 and 255 among them) at ranks 1-4, returned as is or added to an int64 tensor; the QNN EP
+    refuses the Cast itself. At rank 5 the pass leaves the Cast alone: QNN HTP's int32 -> int64 Cast stops the process
+    there (SIGSEGV)."""
+    nodes = [h.make_node("Cast", ["x"], ["c" if then else "y"], to=TensorProto.INT64)]
+    inputs = [("x", dtype, shape)]
+    if then == "Add":
+        nodes.append(h.make_node("Add", ["c", "k"], ["y"]))
+        inputs.append(("k", TensorProto.INT64, shape))
+    model = make_model(nodes, inputs, [("y", TensorProto.INT64, shape)], {})
+    rng = np.random.default_rng(seed)
+    if dtype == TensorProto.BOOL:
+        feeds = {"x": np.asarray(rng.random(shape) < 0.5)}
+    else:
+        feeds = {"x": rng.choice(np.array([0, 1, 2, 127, 128, 255], np.uint8), size=shape)}
+    if then == "Add":
+        feeds["k"] = rng.integers(-1000, 1000, shape).astype(np.int64)
+    want = _cpu_reference(model, feeds)[0]
+    m = to_ir(model)
+    run_passes(m, ("bool_cast_to_int64",))
+    (got,) = _outputs_or_reject(model, m, feeds)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -768,8 +832,10 @@ COVERED_HERE = frozenset(
         "stable_log_sum_exp",
         "mish_as_softplus",
         "fold_high_rank_transpose",
+        "reshape_of_high_rank_reshape",
         "int_cast_to_bool",
         "float_cast_to_bool",
+        "bool_cast_to_int64",
         "erf_as_polynomial",
         "sinh_cosh_from_exp",
         *_ELEMENTWISE,

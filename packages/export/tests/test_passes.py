@@ -559,6 +559,30 @@ def test_fold_high_rank_transpose_is_exact(dims: list[int], perm: st.DataObject)
         assert max(ranks) <= 5
 
 
+@given(dims=shapes(min_rank=6, max_rank=7, max_side=3), extra=st.booleans(), zero=st.booleans())
+def test_reshape_of_high_rank_reshape_is_exact(dims: list[int], extra: bool, zero: bool) -> None:
+    """Reshape -> rank-6+ Reshape(s) -> Reshape reads the first input directly, with the same elements in the same
+    order; a 0 (copy the input's dim) in the last target keeps its meaning, and the rank-6+ tensors are gone."""
+    total = int(np.prod(dims))
+    x = np.arange(total, dtype=np.float32).reshape(dims[0], total // dims[0])
+    out = (dims[0], total // dims[0])
+    nodes = [onnx.helper.make_node("Reshape", ["x", "s6"], ["r"])]
+    if extra:  # a second rank-6+ view in the chain
+        nodes.append(onnx.helper.make_node("Reshape", ["r", "s6b"], ["r2"]))
+    nodes.append(onnx.helper.make_node("Reshape", ["r2" if extra else "r", "s2"], ["y"]))
+    inits = {
+        "s6": np.array(dims, np.int64),
+        "s6b": np.array([*dims[:-1], 1, dims[-1]], np.int64),
+        "s2": np.array([0 if zero else out[0], -1], np.int64),
+    }
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, out)], inits)
+    model = onnx.shape_inference.infer_shapes(model)
+    after, changed, m = _apply(model, "reshape_of_high_rank_reshape")
+    assert changed
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(after, {"x": x})[0])
+    assert max(len(v.shape) for n in m.graph for v in n.outputs if v.shape is not None) <= 5
+
+
 def test_fold_high_rank_transpose_swin_partition() -> None:
     """Swin's window partition (B, H/w, w, W/w, w, C) with perm (0,1,3,2,4,5) folds to rank 4."""
     b, h, w, c, ws = 2, 4, 6, 3, 2
@@ -1172,6 +1196,34 @@ def test_float_cast_to_bool_keeps_results(shape: list[int], dtype: int, then: st
     _assert_same(model.SerializeToString(), after, {"x": x})
     _, integer_changed, _ = _apply(_cast_to_bool(shape, TensorProto.INT32, then), "float_cast_to_bool")
     assert not integer_changed
+
+
+@given(shape=shapes(max_rank=4), dtype=st.sampled_from([TensorProto.BOOL, TensorProto.UINT8]), seed=seeds())
+def test_bool_cast_to_int64_keeps_results(shape: list[int], dtype: int, seed: int) -> None:
+    """A Cast of bool or uint8 to int64 becomes Casts to int32 and to int64, with the same values and dtype; a Cast
+    to int64 from float (which HTP would round through int32), to int32, or at rank 5 (where HTP's int32 -> int64
+    Cast crashes) is left alone."""
+    from onnx import helper as h
+
+    model = make_model(
+        [h.make_node("Cast", ["x"], ["y"], to=TensorProto.INT64)],
+        [("x", dtype, shape)],
+        [("y", TensorProto.INT64, shape)],
+        {},
+    )
+    after, changed, _ = _apply(model, "bool_cast_to_int64")
+    assert changed and _ops(after) == ["Cast", "Cast"]
+    rng = np.random.default_rng(seed)
+    x = np.asarray(rng.random(shape) < 0.5 if dtype == TensorProto.BOOL else rng.integers(0, 256, shape), np.uint8)
+    x = x.astype(bool) if dtype == TensorProto.BOOL else x
+    _assert_same(model.SerializeToString(), after, {"x": x})
+    for source, to, dims in (
+        (TensorProto.FLOAT, TensorProto.INT64, [3]),
+        (TensorProto.BOOL, TensorProto.INT32, [3]),
+        (TensorProto.BOOL, TensorProto.INT64, [1, 2, 1, 2, 3]),
+    ):
+        other = make_model([h.make_node("Cast", ["x"], ["y"], to=to)], [("x", source, dims)], [("y", to, dims)], {})
+        assert not _apply(other, "bool_cast_to_int64")[1]
 
 
 @given(shape=shapes(max_rank=5), scale=st.sampled_from([1e-4, 0.5, 2.0, 50.0]), seed=seeds())

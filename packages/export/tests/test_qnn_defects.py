@@ -242,3 +242,53 @@ def test_merged_heads_matmul_defect(
     assert _rel(broken, ref) > 0.5  # the defect: silently wrong
     fixed = qnn_session(_fixed(model, "flatten_merged_heads_matmul")).run(None, feeds)[0]
     assert _rel(fixed, ref) < 2e-3
+
+
+def test_bool_cast_to_int64_defect() -> None:
+    """A padding mask cast to int64 (``(ids != pad).long()``, as BART, FlauBERT and XLM compute position ids) is
+    refused by the QNN EP; through int32 it runs on QNN with the CPU EP's values."""
+    nodes = [
+        h.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+        h.make_node("Not", ["is_pad"], ["mask"]),
+        h.make_node("Cast", ["mask"], ["y"], to=TensorProto.INT64),
+    ]
+    model = make_model(
+        nodes, [("ids", TensorProto.INT32, (2, 8))], [("y", TensorProto.INT64, (2, 8))], {"pad": np.array(1, np.int32)}
+    )
+    feeds = {"ids": np.random.default_rng(0).integers(0, 4, (2, 8)).astype(np.int32)}
+    with pytest.raises(Exception, match=r"CPU EP|Cast"):
+        qnn_session(model.SerializeToString())
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    out = qnn_session(_fixed(model, "bool_cast_to_int64")).run(None, feeds)[0]
+    assert out.dtype == ref.dtype
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_reshape_of_high_rank_reshape_defect() -> None:
+    """A tiny MaskFormer-Swin's one-window partition, ``[1, 4, 4, 8] -> [1, 1, 4, 1, 4, 8] -> [1, 4, 4, 8]`` (the
+    permute between them moved only unit axes): qnnx-opcheck refuses the rank-6 view, which ONNX Runtime then fuses
+    away before placement, so the node cannot be kept off QNN and the graph ran in PyTorch. As one Reshape opcheck
+    vouches for every node, and it runs on QNN equal to the CPU EP."""
+    from qnnx_opcheck import check_model
+
+    nodes = [
+        h.make_node("Mul", ["x", "two"], ["x2"]),
+        h.make_node("Reshape", ["x2", "s6"], ["r"]),
+        h.make_node("Reshape", ["r", "s4"], ["y"]),
+    ]
+    inits = {
+        "two": np.array(2.0, np.float32),
+        "s6": np.array([1, 1, 4, 1, 4, 8], np.int64),
+        "s4": np.array([1, 4, 4, 8], np.int64),
+    }
+    model = onnx.shape_inference.infer_shapes(
+        make_model(nodes, [("x", TensorProto.FLOAT, (1, 4, 4, 8))], [("y", TensorProto.FLOAT, (1, 4, 4, 8))], inits)
+    )
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 4, 4, 8)).astype(np.float32)}
+    refused = [v for v in check_model(model, soc_model=60).verdicts if v.status != "supported"]
+    assert refused and "rank" in (refused[0].reason or "")
+    fixed = _fixed(model, "reshape_of_high_rank_reshape")
+    assert all(v.status == "supported" for v in check_model(onnx.load_from_string(fixed), soc_model=60).verdicts)
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    out = qnn_session(fixed).run(None, feeds)[0]
+    assert _rel(out, ref) < 2e-2

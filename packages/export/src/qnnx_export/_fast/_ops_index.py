@@ -280,6 +280,32 @@ def _select_scatter(t: Translator, node: Node, x: Node, src: Node, dim: int, ind
     return _splice(t, x, middle, axis, i, i + 1)
 
 
+def _masked_put(t: Translator, x: Node, mask: Node, lead: int, values: Node) -> ir.Value:
+    """``x[..., mask] = values`` (a boolean mask over dims ``lead`` to ``lead + mask.ndim``) as
+    ``Where(mask, values, x)``, when ``values`` broadcasts to the dims after the mask's: the same value written at
+    every selected position (``ids[ids == k] = 0``, ``embeds[ids == k] = row``). Values with one entry per selected
+    position (their count depends on the data) decline."""
+    shape, dtype = tuple(fake(x).shape), fake(x).dtype
+    mshape = tuple(fake(mask).shape)
+    if not mshape or shape[lead : lead + len(mshape)] != mshape:
+        raise Declined("index_put with a boolean mask of another shape than the dims it indexes")
+    rest = shape[lead + len(mshape) :]
+    given = tuple(fake(values).shape)
+    vshape = given
+    while vshape and len(vshape) > len(rest) and vshape[0] == 1:
+        vshape = vshape[1:]  # a leading 1 (one row for every selected position) broadcasts
+    if len(vshape) > len(rest) or any(v not in (1, r) for v, r in zip(vshape[::-1], rest[::-1], strict=False)):
+        raise Declined("index_put with a boolean mask and one value per selected position")
+    cond = t.value(mask)
+    if rest:
+        full = (*mshape, *(1,) * len(rest))
+        cond = t.emit1("Reshape", [cond, t.ints(full)], dtype=torch.bool, shape=full)
+    value = t.operand(values, dtype)
+    if vshape != given:
+        value = t.emit1("Reshape", [value, t.ints(vshape)], dtype=dtype, shape=vshape)
+    return t.out("Where", [cond, value, t.value(x)])
+
+
 @handles(aten.index_put.default)
 def _index_put(
     t: Translator, node: Node, x: Node, indices: Sequence[Node | None], values: Node, accumulate: bool = False
@@ -288,7 +314,8 @@ def _index_put(
 
     Index tensors after skipped leading dimensions (``x[:, :, i] = v``, how a sliding-window cache writes its last
     row) scatter into ``x`` transposed so that the indexed dimensions lead, then transposed back. Negative indices
-    count from the end, as in PyTorch; duplicate positions are undefined in PyTorch too. Boolean masks
+    count from the end, as in PyTorch; duplicate positions are undefined in PyTorch too. One boolean mask whose
+    values do not depend on how many elements it selects (see :func:`_masked_put`) is a Where; other boolean masks
     (data-dependent shapes), index tensors that are not adjacent and ``accumulate=True`` (a sum HTP would take in
     fp16) decline.
     """
@@ -300,6 +327,8 @@ def _index_put(
     given = [i for i in indices[lead:] if i is not None]
     if not given or len(given) != len(indices) - lead or len(indices) > len(shape):
         raise Declined("index_put with index tensors that are not adjacent")
+    if len(given) == 1 and fake(given[0]).dtype == torch.bool:
+        return _masked_put(t, x, given[0], lead, values)
     if any(fake(i).dtype not in (torch.int64, torch.int32) for i in given):
         raise Declined("index_put with a boolean mask")
     k = len(given)

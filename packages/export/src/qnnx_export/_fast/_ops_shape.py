@@ -42,6 +42,35 @@ def _to_out_shape(t: Translator, node: Node, x: Node, op_type: str) -> ir.Value:
     return t.out(op_type, [t.value(x), t.ints(shape)])
 
 
+def _in_order(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether ``stride`` lays ``size`` out contiguously (row-major), the strides of dims of size 1 aside."""
+    want = 1
+    for n, s in zip(reversed(tuple(size)), reversed(tuple(stride)), strict=True):
+        if n != 1 and s != want:
+            return False
+        want *= n
+    return True
+
+
+@handles(aten.as_strided.default, aten.as_strided_.default)
+def _as_strided(
+    t: Translator, node: Node, x: Node, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
+) -> ir.Value:
+    """A view of ``x``'s storage that reads its elements in order, from its first one: a Reshape (or ``x`` itself).
+
+    That is the case when ``x`` is laid out contiguously and so is the view, the strides of dims of size 1 aside:
+    PyTorch's adaptive average pool to 1x1 of a channels-last-looking input restrides its ``[N, C, 1, 1]`` mean in
+    place to ``(C, 1, C, C)`` (Hiera's and MaskFormer-Swin's poolers). Any other view (a reorder, a repeat, a window
+    of the storage) declines."""
+    fx = fake(x)
+    offset = fx.storage_offset() if storage_offset is None else storage_offset
+    if offset != fx.storage_offset() or math.prod(size) != fx.numel():
+        raise Declined("as_strided that does not read the whole tensor from its first element")
+    if not (_in_order(fx.shape, fx.stride()) and _in_order(size, stride)):
+        raise Declined("as_strided that reorders or repeats elements")
+    return _to_out_shape(t, node, x, "Reshape")
+
+
 @handles(aten.permute.default)
 def _permute(t: Translator, node: Node, x: Node, dims: Sequence[int]) -> ir.Value:
     rank = fake(x).dim()

@@ -1,5 +1,5 @@
-"""Dtype legalization: int64 graph inputs fed as int32 with a range check instead of QNN's silent saturation, and
-integer-to-bool and float-to-bool casts written as comparisons with zero."""
+"""Dtype legalization: int64 graph inputs fed as int32 with a range check instead of QNN's silent saturation,
+integer-to-bool and float-to-bool casts written as comparisons with zero, and bool-to-int64 casts through int32."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["FloatCastToBool", "Int64InputsToInt32", "IntCastToBool"]
+__all__ = ["BoolCastToInt64", "FloatCastToBool", "Int64InputsToInt32", "IntCastToBool"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,49 @@ class FloatCastToBool(IntCastToBool):
     name = "float_cast_to_bool"
     defect = "QNN HTP casts floats beyond float16's range to bool as False (silent wrong output)"
     sources = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+
+
+# ------------------------------------------------------------------------ bool -> int64 through int32
+
+# The dtypes a Cast to int64 is taken from in two steps: their values are exact in int32 (a float is not: a float
+# Cast to int32 followed by one to int64 rounds on HTP instead of truncating).
+_TO_INT32_FIRST = (ir.DataType.BOOL, ir.DataType.UINT8)
+
+
+@register(order=167)
+class BoolCastToInt64(QnnPass):
+    """Write a ``Cast`` of a bool or uint8 tensor to int64 as a ``Cast`` to int32 and one from int32 to int64.
+
+    The QNN EP refuses a Cast to int64 from bool or uint8 ("Failed to create Cast node.") and takes both steps
+    (onnxruntime-qnn 2.7.0, soc 60), so ``mask.long()``, ``mask.sum()`` and ``mask.long().cumsum(1)`` (the position
+    ids of BART, FlauBERT and XLM; T5Gemma's mask arithmetic) pinned their nodes to the CPU EP. Exact: every bool
+    and uint8 value is an int32. Shape classes: static shapes of rank 0-4; a rank-5 Cast is left to the CPU EP (a
+    Cast from int32 to int64 at rank 5 stops the process inside QNN HTP, SIGSEGV).
+    """
+
+    name = "bool_cast_to_int64"
+    defect = "the QNN EP refuses a Cast from bool or uint8 to int64 (the node falls back to the CPU EP)"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The input of a Cast to int64 from bool or uint8, or None."""
+        x = _graph.op_input(node, "Cast")
+        if x is None or x.dtype not in _TO_INT32_FIRST:
+            return None
+        shape = _graph.static_shape(x)
+        if shape is None or len(shape) > 4:
+            return None
+        return x if node.attributes.get_int("to", 0) == ir.DataType.INT64 else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def widened(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            narrow = _graph.new_value(names("int32"), ir.DataType.INT32, _graph.static_shape(x))
+            wide = _graph.new_value(names("out"), ir.DataType.INT64, _graph.static_shape(node.outputs[0]))
+            return [
+                ir.Node("", "Cast", [x], attributes=[ir.AttrInt64("to", ir.DataType.INT32)], outputs=[narrow]),
+                ir.Node("", "Cast", [narrow], attributes=[ir.AttrInt64("to", ir.DataType.INT64)], outputs=[wide]),
+            ], wide
+
+        return self.replace_matched(graph, "qnnx_i64", widened)
 
 
 # ---------------------------------------------------------------------------- int64 inputs -> int32

@@ -15,6 +15,7 @@ from qnnx_export._passes._base import QnnPass, register
 __all__ = [
     "DropEmptyConcatInputs",
     "FoldHighRankTranspose",
+    "ReshapeOfHighRankReshape",
     "TileLayerNormBroadcast",
     "TransposeOfUnitDimsAsReshape",
     "UnsqueezeInt64ToReshape",
@@ -286,6 +287,49 @@ class TransposeOfUnitDimsAsReshape(QnnPass):
 
 
 # ---------------------------------------------------------------------- zero-width Concat inputs dropped
+
+
+@register(order=61)
+class ReshapeOfHighRankReshape(QnnPass):
+    """Make a ``Reshape`` of a rank-6+ ``Reshape``'s output reshape that Reshape's input instead.
+
+    A Reshape keeps the elements in order, so two in a row are one: the rank-6+ tensor between them (a window
+    partition whose permute only moved axes of size 1 and was dropped, as in a tiny MaskFormer-Swin: ``[1, 4, 4, C]
+    -> [1, 1, 4, 1, 4, C] -> [1, 4, 4, C]``) is not computed when nothing else reads it. qnnx-opcheck refuses the
+    rank-6 view (QNN HTP takes rank <= 5), and ONNX Runtime fuses the two Reshapes before placement, so the refused
+    node could not be kept off QNN and the graph ran in PyTorch (tiny MaskFormer-Swin and Swinv2). Exact (no
+    arithmetic). The rewritten Reshape takes its static output shape as its target, so that a 0 (copy the input's
+    dim) in the old target cannot read the new input's dim.
+    """
+
+    name = "reshape_of_high_rank_reshape"
+    defect = (
+        "a rank-6 view between two Reshapes is refused for QNN HTP but fused by ONNX Runtime before placement, so "
+        "the graph ran in PyTorch (tiny MaskFormer-Swin, Swinv2)"
+    )
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The input of the first of the rank-6+ Reshapes ``node`` (a Reshape to a static shape) reads, or None."""
+        if not _graph.is_op(node, "Reshape") or _graph.static_shape(node.outputs[0]) is None:
+            return None
+        src = node.inputs[0]
+        found = None
+        while src is not None and (first := src.producer()) is not None and first.op_type == "Reshape":
+            shape = _graph.static_shape(src)
+            if shape is None or len(shape) <= _MAX_HTP_RANK:
+                break
+            found = src = first.inputs[0]
+        return found
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_reshape")
+        matched = self.matched(graph)
+        for node, x in matched:
+            shape = cast(tuple[int, ...], _graph.static_shape(node.outputs[0]))  # match read it
+            target = _graph.add_initializer(graph, names("shape"), np.array(shape, dtype=np.int64))
+            node.replace_input_with(0, x)
+            node.replace_input_with(1, target)
+        return bool(matched)
 
 
 @register(order=70)
