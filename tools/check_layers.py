@@ -37,7 +37,7 @@ TEST_ONLY = "qnnx_testkit"
 # module may import only modules of earlier layers; modules of one layer do not import each other.
 BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("errors", "_version")),
-    ("records", ("_report", "_progress", "_quantspec", "_payload")),
+    ("records; the checks of an untrusted QNN call", ("_report", "_progress", "_quantspec", "_payload", "_untrusted")),
     (
         "options, calibration records, the parts of a graph too large for one context",
         ("_options", "_calibrate", "_parts"),
