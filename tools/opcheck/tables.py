@@ -623,6 +623,16 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "and [1, 4, 3, 2] to [1, 4, 3, 2, 1] (also after ArgMax, as adaptive_max_pool3d's indices): SIGSEGV; the same "
         "Reshapes of int32 or float32 data, and int64 ones to 3-D or 4-D outputs: right",
     }
+    p["int64_cast_rank5"] = {
+        "status": "unsupported",
+        "kind": "crash",
+        "ops": ["Cast"],
+        "reason": "a Cast to int64 with a 5-D output stops the process inside the QNN EP (SIGSEGV while the session "
+        "is created)",
+        "evidence": "measured 2026-12-06 with onnxruntime-qnn 2.7.0 soc60, each in a child process: Cast int32 -> "
+        "int64 of [2, 3, 1, 5, 2] and [1, 1, 1, 1, 4]: SIGSEGV; the same Cast of [2, 3, 5, 2]: right; Casts from "
+        "int64 at rank 5 fail to finalize (an error, not a crash)",
+    }
     p["int64_saturation"] = {
         "status": "hazard",
         "kind": "caveat",

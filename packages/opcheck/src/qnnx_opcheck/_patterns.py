@@ -1,6 +1,5 @@
 """The multi-node and attribute patterns a table lists (``patterns``): fusions QNN makes (Erf inside GELU), ops it
-computes wrongly in some configurations, fp16 semantics, runtime values where QNN wants constants, static shapes
-and ranks.
+computes wrongly in some configurations, fp16 semantics, runtime values where QNN wants constants, shapes, ranks.
 
 A rule is registered where its matcher is defined: ``@rule("<pattern id>")`` on a method of :class:`Patterns`
 puts it in :data:`PATTERN_RULES`, which the checker tries in definition order (the first that holds decides).
@@ -513,6 +512,12 @@ class Patterns:
             return len(shape) == 5
         target = self.view.const_value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
         return target is not None and target.size == 5
+
+    @rule("int64_cast_rank5")
+    def _is_int64_cast_rank5(self, index: int, node: NodeView) -> bool:
+        """Cast to int64 (``to`` = 7) with a 5-D output (its rank from the output's shape, else from the input's)."""
+        shape = next((s for s in map(self.view.shape, [*node.output[:1], *node.input[:1]]) if s is not None), None)
+        return self.view.attr(node, "to") == 7 and shape is not None and len(shape) == 5
 
     @rule("runtime_indices")
     def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
