@@ -19,12 +19,12 @@ import qnnx_backend
 NPU = {"device": "auto", "soc_model": 60}
 
 
-def _run(fn: object, *args: torch.Tensor) -> tuple[object, list[qnnx_backend.CompileReport]]:
+def _run(fn: object, *args: torch.Tensor, **options: object) -> tuple[object, list[qnnx_backend.CompileReport]]:
     torch._dynamo.reset()
     qnnx_backend.clear_compile_reports()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = torch.compile(fn, backend="qnn", options=NPU)(*args)
+        out = torch.compile(fn, backend="qnn", options={**NPU, **options})(*args)
     return out, list(qnnx_backend.compile_reports())
 
 
@@ -97,10 +97,11 @@ def test_complex_products_run_on_qnn_as_real_pairs() -> None:
 
 
 def test_unfaithful_torch_onnx_lowering_is_caught() -> None:
-    """avg_pool2d with divisor_override (torch.onnx drops it) is verified on the CPU EP and never compiled."""
+    """avg_pool2d with divisor_override (torch.onnx drops it; the direct translator keeps it) exported by torch.onnx
+    is verified on the CPU EP and never compiled."""
     x = torch.randn(1, 3, 9, 9)
     fn = lambda t: F.avg_pool2d(t, 3, 1, 1, True, False, 2)  # noqa: E731
-    out, reports = _run(fn, x)
+    out, reports = _run(fn, x, exporter="torch.onnx")
     torch.testing.assert_close(out, fn(x))
     assert reports[0].device == "eager"
     assert "did not pass the check against PyTorch" in (reports[0].reason or "")
