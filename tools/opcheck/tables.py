@@ -633,6 +633,20 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "int64 of [2, 3, 1, 5, 2] and [1, 1, 1, 1, 4]: SIGSEGV; the same Cast of [2, 3, 5, 2]: right; Casts from "
         "int64 at rank 5 fail to finalize (an error, not a crash)",
     }
+    p["gather_transposed_vector"] = {
+        "status": "unsupported",
+        "kind": "crash",
+        "ops": ["Reshape"],
+        "reason": "a Transpose flattened to rank 1 by a Reshape and read by a Gather with indices of rank >= 2 stops "
+        "the process while the QNN session is created (a bounds assertion in ONNX Runtime, SIGABRT)",
+        "fix": "gather by the flattened indices and reshape the result to the indices' shape (qnnx-export's "
+        "gather_of_vector_by_flat_indices pass does this)",
+        "evidence": "measured 2026-12-06 with onnxruntime 1.32 and onnxruntime-qnn 2.7.0 soc60, each in a child "
+        "process: Transpose [8, 1, 2, 16] -> Reshape [256] -> Gather by [2, 3, 4, 16] or [4, 16] indices -> "
+        "Transpose (also with Neg or Relu before the last Transpose, with graph optimizations off, and with Gather "
+        "or Transpose pinned to the CPU EP): SIGABRT; pinning the Reshape, no first or no last Transpose, rank-2 or "
+        "rank-3 data, or 1-D indices followed by a Reshape: built",
+    }
     p["int64_saturation"] = {
         "status": "hazard",
         "kind": "caveat",

@@ -437,6 +437,46 @@ def test_gather_runtime_indices_as_rows_shape_classes(
     _check(model, feeds, ("gather_runtime_indices_as_rows",))
 
 
+@_examples
+@given(
+    source=st.lists(_dim, min_size=2, max_size=4).map(tuple),
+    index_shape=st.lists(_dim, min_size=2, max_size=4).map(tuple),
+    runtime=st.booleans(),
+    then_transpose=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gather_of_vector_by_flat_indices_shape_classes(
+    source: tuple[int, ...], index_shape: tuple[int, ...], runtime: bool, then_transpose: bool, seed: int
+) -> None:
+    """A transposed tensor of rank 2-4 flattened to rank 1 and gathered by constant or runtime indices of rank 2-4
+    (then transposed or not: the form that stops the process unrewritten) runs on QNN after the rewrite and selects
+    the same elements."""
+    rank = len(index_shape)
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    size = math.prod(source)
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, size, index_shape).astype(np.int64)
+    nodes = [
+        h.make_node("Transpose", ["x"], ["t"], perm=list(reversed(range(len(source))))),
+        h.make_node("Reshape", ["t", "flat"], ["v"]),
+        h.make_node("Gather", ["v", "ids"], ["g" if then_transpose else "y"], axis=0),
+    ]
+    out_shape = index_shape
+    if then_transpose:
+        nodes.append(h.make_node("Transpose", ["g"], ["y"], perm=perm))
+        out_shape = tuple(index_shape[p] for p in perm)
+    inits: dict[str, np.ndarray] = {"flat": np.array([size], np.int64)}
+    inputs = [("x", TensorProto.FLOAT, source)]
+    feeds = {"x": _x(source, 1.0, seed=seed)}
+    if runtime:
+        inputs.append(("ids", TensorProto.INT64, index_shape))
+        feeds["ids"] = indices
+    else:
+        inits["ids"] = indices
+    model = onnx.shape_inference.infer_shapes(make_model(nodes, inputs, [("y", TensorProto.FLOAT, out_shape)], inits))
+    _check(model, feeds, ("gather_of_vector_by_flat_indices",), must_build=True)
+
+
 # ------------------------------------------------------------------------------------------- elementwise fusions
 
 
@@ -823,6 +863,7 @@ COVERED_HERE = frozenset(
         "logsoftmax_unit_axis",
         "fold_gather_scale",
         "gather_runtime_indices_as_rows",
+        "gather_of_vector_by_flat_indices",
         "avgpool_whole_windows",
         "maxpool_padded_input",
         "einsum_as_matmul",

@@ -19,7 +19,7 @@ from export_onnx_builders import (
     to_ir,
     unsqueeze_int64,
 )
-from export_qnn_helpers import cpu_session, qnn_session
+from export_qnn_helpers import cpu_session, qnn_error_in_child, qnn_session
 from onnx import TensorProto
 from onnx import helper as h
 
@@ -292,3 +292,47 @@ def test_reshape_of_high_rank_reshape_defect() -> None:
     ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
     out = qnn_session(fixed).run(None, feeds)[0]
     assert _rel(out, ref) < 2e-2
+
+
+def _transposed_window_gather(indices: np.ndarray, *, runtime: bool = False) -> onnx.ModelProto:
+    """``as_strided`` windows of a transposed tensor as the exporters write them (Longformer's sliding-window
+    attention): Transpose -> Reshape to rank 1 -> Gather by multi-dim indices -> Transpose of the last two axes."""
+    rank = indices.ndim
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    nodes = [
+        h.make_node("Transpose", ["x"], ["t"], perm=[1, 2, 0, 3]),
+        h.make_node("Reshape", ["t", "flat"], ["v"]),
+        h.make_node("Gather", ["v", "ids"], ["g"], axis=0),
+        h.make_node("Transpose", ["g"], ["y"], perm=perm),
+    ]
+    inits: dict[str, np.ndarray] = {"flat": np.array([256], np.int64)}
+    inputs = [("x", TensorProto.FLOAT, (8, 1, 2, 16))]
+    if runtime:
+        inputs.append(("ids", TensorProto.INT64, indices.shape))
+    else:
+        inits["ids"] = indices
+    out_shape = tuple(indices.shape[p] for p in perm)
+    return onnx.shape_inference.infer_shapes(make_model(nodes, inputs, [("y", TensorProto.FLOAT, out_shape)], inits))
+
+
+def test_gather_of_vector_by_flat_indices_defect() -> None:
+    """Overlapping windows of a transposed tensor (``as_strided``, as Longformer's and LED's sliding-window attention
+    is exported) stop the process when the QNN session is created: SIGABRT, seen in a child. qnnx-opcheck refuses
+    the Reshape as a crash; rewritten (a Gather by flat indices, then a Reshape) opcheck vouches for every node and
+    QNN gathers exactly the CPU EP's elements."""
+    from qnnx_opcheck import check_model
+
+    windows = (np.arange(16)[None, None, None, :] + 16 * np.arange(4)[None, None, :, None]) + 32 * np.arange(6).reshape(
+        2, 3, 1, 1
+    )
+    model = _transposed_window_gather(windows.astype(np.int64))
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 1, 2, 16)).astype(np.float32)}
+    status, _, last_line = qnn_error_in_child(model.SerializeToString(), feeds)
+    assert status == -6, f"expected SIGABRT, got status {status}: {last_line}"
+    refused = [v for v in check_model(model, soc_model=60).verdicts if v.status != "supported"]
+    assert [(v.op_type, v.kind) for v in refused] == [("Reshape", "crash")]
+    fixed = _fixed(model, "gather_of_vector_by_flat_indices")
+    assert all(v.status == "supported" for v in check_model(onnx.load_from_string(fixed), soc_model=60).verdicts)
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    out = qnn_session(fixed).run(None, feeds)[0]
+    assert out.shape == ref.shape and _rel(out, ref) < 1e-3  # the same elements, rounded to fp16

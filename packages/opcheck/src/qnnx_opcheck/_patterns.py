@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from qnnx_clikit import htp_averages_wrongly, merges_heads
+from qnnx_opcheck._einsum import einsum_has_diagonal, einsum_is_matmul
 from qnnx_opcheck._model import NodeView
 from qnnx_opcheck._values import ValueAnalysis
 from qnnx_opcheck._view import FLOATS, GraphView
@@ -446,15 +447,15 @@ class Patterns:
             return True
         if len(out) < 2 or not out.isalpha() or not out.islower():
             return True
-        if _einsum_has_diagonal(text):
+        if einsum_has_diagonal(text):
             return False  # einsum_diagonal's class
-        return not _einsum_is_matmul(terms[0], terms[1], out)
+        return not einsum_is_matmul(terms[0], terms[1], out)
 
     @rule("einsum_diagonal")
     def _is_einsum_diagonal(self, index: int, node: NodeView) -> bool:
         """An Einsum with a letter repeated within one term (a diagonal, ``ii,ij->ij``): the QNN EP reads it as a
         MatMul and computes something else."""
-        return _einsum_has_diagonal(str(self.view.attr(node, "equation") or "").replace(" ", ""))
+        return einsum_has_diagonal(str(self.view.attr(node, "equation") or "").replace(" ", ""))
 
     @rule("nonfinite_constant")
     def _uses_nonfinite_constant(self, index: int, node: NodeView) -> bool:
@@ -544,6 +545,23 @@ class Patterns:
         if math.prod(data[:axis]) == 1:
             return False
         return not (axis == len(data) - 1 and len(indices) <= 1)
+
+    @rule("gather_transposed_vector")
+    def _is_gather_transposed_vector(self, index: int, node: NodeView) -> bool:
+        """A Reshape of a Transpose's output to rank 1 that a Gather (axis 0) reads by indices of rank >= 2; with
+        unknown index shapes the class cannot be ruled out."""
+        if not node.input or (self.view.producer(node.input[0]) or node).op_type != "Transpose":
+            return False
+        out = self._static_dims(node.output[0]) if node.output else None
+        if out is not None and len(out) != 1:
+            return False
+        for gather in self.view.consumer_nodes(node.output[0]):
+            if gather.op_type != "Gather" or len(gather.input) < 2 or gather.input[0] != node.output[0]:
+                continue
+            indices = self._static_dims(gather.input[1])
+            if out is None or indices is None or len(indices) >= 2:
+                return True
+        return False
 
     @rule("gathernd_runtime_slices")
     def _is_gathernd_runtime_slices(self, index: int, node: NodeView) -> bool:
@@ -675,26 +693,3 @@ class Patterns:
 
 #: Every registered rule, in definition order.
 PATTERN_RULES: tuple[PatternRule, ...] = tuple(_RULES)
-
-
-def _einsum_has_diagonal(equation: str) -> bool:
-    """Whether a term of ``equation`` (before ``->``) repeats a letter."""
-    terms = equation.partition("->")[0].split(",")
-    return any(len(set(t)) != len(t) for t in terms if "." not in t)
-
-
-def _einsum_is_matmul(a: str, b: str, out: str) -> bool:
-    """Whether ``a,b->out`` is one of the MatMul forms of onnxruntime-qnn's Einsum translation (its parser reads
-    the last two letters of each term and the batch letters position by position)."""
-    n = len(a)
-    if len(b) == n and len(out) == n and all(a[i] == b[i] == out[i] for i in range(n - 2)):
-        m, k = a[-2], a[-1]
-        if out[-2] == m and b[-2] == k and b[-1] == out[-1]:
-            return True  # plain MatMul
-        if out[-2] == m and b[-1] == k and b[-2] == out[-1]:
-            return True  # the right operand transposed
-    four = n == 4 and len(out) == 4
-    if four and len(b) == 4 and a[0] == b[0] == out[0] and a[3] == out[3] and a[1] == b[3] and b[1] == out[1]:
-        return True  # transposed throughout
-    # a shared weight over the second axis, transposed
-    return four and len(b) == 3 and a[:3] == out[:3] and a[3] == b[2] and b[1] == out[3] and b[0] == out[1]

@@ -1,4 +1,5 @@
-"""Gathers QNN HTP cannot take as exported: GatherND, and Gather by runtime indices along an inner axis."""
+"""Gathers QNN HTP cannot take as exported: GatherND, Gather by runtime indices along an inner axis, and Gather of a
+rank-1 tensor by indices of rank >= 2."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["GatherNDToGather", "GatherRuntimeIndicesAsRows"]
+__all__ = ["GatherNDToGather", "GatherOfVectorByFlatIndices", "GatherRuntimeIndicesAsRows"]
 
 
 # ----------------------------------------------------------------------------- GatherND -> Gather
@@ -210,3 +211,58 @@ class _Rows:
         back = self._emit("Transpose", [picked], (before, count, after), perm=[1, 0, 2])
         result = self._reshape(back, (*data_shape[:axis], *index_shape, *data_shape[axis + 1 :]))
         _graph.replace_value(self.graph, out, result)
+
+
+# ------------------------------------------------------------------- Gather of a vector by multi-dim indices
+
+
+@register(order=168)
+class GatherOfVectorByFlatIndices(QnnPass):
+    """Write a ``Gather`` of a rank-1 tensor by indices of rank >= 2 as a Gather by the flattened indices followed
+    by a ``Reshape`` to the indices' shape.
+
+    ONNX Runtime stops the process (a failed bounds assertion in its C++ library, SIGABRT) while it creates a QNN
+    session for ``Transpose -> Reshape to rank 1 -> Gather(axis 0) by indices of rank 2 or 4 -> Transpose`` (also
+    with elementwise ops before the last Transpose, with or without graph optimizations, and with Gather or
+    Transpose pinned to the CPU EP; onnxruntime 1.32, onnxruntime-qnn 2.7.0). That is how an ``as_strided`` view
+    of a transposed tensor is exported (Longformer's and LED's sliding-window attention): the process died on the
+    first call. The same graph with the Gather by 1-D indices and a Reshape after it builds and runs. Exact: the
+    same elements, in the same order. Shape classes: data of rank 1, indices of static shape and rank >= 2 (any
+    dtype, constant or computed at run time); other Gathers are left alone.
+    """
+
+    name = "gather_of_vector_by_flat_indices"
+    defect = "ONNX Runtime aborts creating a QNN session for a Gather of a transposed, flattened tensor by 2-D+ indices"
+
+    def match(self, node: ir.Node) -> tuple[int, ...] | None:
+        """The indices' static shape of a Gather of a rank-1 tensor by indices of rank >= 2, or None."""
+        if not _graph.is_op(node, "Gather") or len(node.inputs) != 2:
+            return None
+        data, indices = node.inputs
+        data_shape, index_shape = _graph.static_shape(data), _graph.static_shape(indices)
+        if data_shape is None or len(data_shape) != 1 or index_shape is None or len(index_shape) < 2:
+            return None
+        return index_shape
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def flat(names: UniqueNames, node: ir.Node, index_shape: tuple[int, ...]) -> tuple[list[ir.Node], ir.Value]:
+            data, indices, out = (cast(ir.Value, v) for v in (*node.inputs, node.outputs[0]))
+            count = math.prod(index_shape)
+            constant = _graph.const_array(indices)
+            new_nodes: list[ir.Node] = []
+            if constant is not None:
+                flat_indices = _graph.add_initializer(graph, names("indices"), constant.reshape(count))
+            else:
+                count_shape = _graph.add_initializer(graph, names("count"), np.array([count], dtype=np.int64))
+                flat_indices = _graph.new_value(names("indices"), indices.dtype, (count,))
+                new_nodes.append(ir.Node("", "Reshape", [indices, count_shape], outputs=[flat_indices]))
+            picked = _graph.new_value(names("picked"), data.dtype, (count,))
+            new_nodes.append(
+                ir.Node("", "Gather", [data, flat_indices], attributes=[ir.AttrInt64("axis", 0)], outputs=[picked])
+            )
+            target = _graph.add_initializer(graph, names("shape"), np.array(index_shape, dtype=np.int64))
+            result = _graph.new_value(names("out"), out.dtype, index_shape)
+            new_nodes.append(ir.Node("", "Reshape", [picked, target], outputs=[result]))
+            return new_nodes, result
+
+        return self.replace_matched(graph, "qnnx_flat_gather", flat)
