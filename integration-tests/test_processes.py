@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -308,3 +310,70 @@ def test_a_context_whose_load_kills_the_process_is_quarantined_and_rebuilt(tmp_p
     assert json.loads(again.stdout.strip().splitlines()[-1])["cache"] == "miss"  # rebuilt, not loaded
     assert any(p.name.endswith(".json") for p in cache.glob("*/quarantine/*"))  # with its reason
     assert json.loads(run(script).stdout.strip().splitlines()[-1])["cache"] == "hit"
+
+
+_COMPILE_SCRIPT = """
+import json, sys, warnings, torch
+import qnnx_backend
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
+x = torch.randn(3, 16)
+options = {'strict': True} if sys.argv[1:] == ['strict'] else {}
+if sys.argv[1:] == ['explain']:
+    with torch.no_grad():
+        g = qnnx_backend.explain(m, x).graphs[0]
+    print(json.dumps({"device": g.final_device, "reasons": [d.reason for d in g.devices]}))
+    raise SystemExit(0)
+with torch.no_grad(), warnings.catch_warnings():
+    warnings.simplefilter('ignore')
+    try:
+        y = torch.compile(m, backend='qnn', options=options)(x)
+    except Exception as exc:
+        print(json.dumps({"raised": type(exc).__name__, "message": str(exc)}))
+        raise SystemExit(0)
+    ref = m(x)
+r = qnnx_backend.compile_reports()[-1]
+print(json.dumps({"device": r.device, "reason": r.reason, "err": ((y - ref).abs().max() / ref.abs().max()).item()}))
+"""
+
+
+def test_a_graph_whose_compile_killed_a_process_is_not_compiled_again(tmp_path):
+    """A process that dies while QNN compiles a graph (a native crash: SIGABRT here, as ONNX Runtime's own bounds
+    assertions end it) leaves a record in the context store: the next process with the same graph and options does
+    not compile it for the NPU again, runs it on the next device with eager's answer and says why (strict raises
+    it); clearing the store forgets the record."""
+    script = tmp_path / "compile.py"
+    script.write_text(_COMPILE_SCRIPT)
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text(
+        "import os, qnnx_backend._session as s\n"
+        "def dies(model, *a, **k):\n"
+        "    os.abort()  # as a native crash in the EP would: SIGABRT, no Python clean-up\n"
+        "s.create_for_device = dies\n" + _COMPILE_SCRIPT
+    )
+    store = tmp_path / "store"
+    env = {**os.environ, "QNNX_CTXCACHE_DIR": str(store), "QNNX_CACHE": "0"}
+
+    def run(path, *args) -> dict:
+        proc = subprocess.run(
+            [sys.executable, str(path), *args], capture_output=True, text=True, timeout=300, env=env, check=False
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert run(script)["device"] == "npu"
+    assert run(script, "explain")["device"] == "npu"
+    died = subprocess.run([sys.executable, str(crashing)], capture_output=True, text=True, timeout=300, env=env)
+    assert died.returncode == -signal.SIGABRT
+    after = run(script)
+    assert after["device"] != "npu" and after["err"] < 1e-5, after
+    assert "died while QNN compiled this graph" in after["reason"], after
+    explained = run(script, "explain")  # explain() reads the same record as the compile
+    assert explained["device"] != "npu" and "died while QNN compiled" in explained["reasons"][0], explained
+    strict = run(script, "strict")
+    assert strict.get("raised") == "QnnDeviceError" and "died while QNN compiled" in strict["message"], strict
+    cleared = subprocess.run(
+        [sys.executable, "-m", "qnnx_ctxcache", "--root", str(store), "clear"], capture_output=True, text=True
+    )
+    assert cleared.returncode == 0, cleared.stderr
+    assert run(script)["device"] == "npu"

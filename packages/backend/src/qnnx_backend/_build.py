@@ -146,7 +146,7 @@ class _DeviceSetup:
     out_dtypes: tuple[torch.dtype | None, ...]
 
 
-def _setup(ctx: CompileContext, device: str) -> _DeviceSetup:
+def device_setup(ctx: CompileContext, device: str) -> _DeviceSetup:
     import qnnx_detection
 
     opts = ctx.options
@@ -172,13 +172,21 @@ def _setup(ctx: CompileContext, device: str) -> _DeviceSetup:
     )
 
 
+def crashed_compile(ctx: CompileContext, structure: Any, device: str, plan: CpuPlan) -> str | None:
+    """Why the compile of ``structure`` with ``plan`` is refused on this machine (a process died compiling it), or
+    None: the record :func:`build_program` reads, for ``explain()``."""
+    kwargs = with_plan(device_setup(ctx, device).session_kwargs, plan)
+    opts = ctx.options
+    return _session.compile_crashed(structure, device, kwargs, str(opts.cache_dir) if opts.cache_dir else None)
+
+
 def build_program(ctx: CompileContext, device: str) -> Program:
     """Compile the graph for ``device`` (or load its compiled context); raises DeviceRejected with the cause."""
     if device == "npu" and ctx.calibration is None:
         refusal = fp16_range_refusal(ctx)
         if refusal is not None:
             raise DeviceRejected(refusal)
-    setup = _setup(ctx, device)
+    setup = device_setup(ctx, device)
     if ctx.options.cache:
         return _build_cached(ctx, setup)
     model = export_once(ctx)
@@ -190,20 +198,21 @@ def build_program(ctx: CompileContext, device: str) -> Program:
     kwargs: Mapping[str, Any] = with_plan(setup.session_kwargs, plan)
     written = None  # one context compiled from the ONNX model in memory: nothing on disk
     held = held_weight_bytes(model.structure, device)
-    if isinstance(source, PartedModel) or (isinstance(source, StagedModel) and held > RELOAD_ABOVE_BYTES):
-        session, source, kwargs = _from_contexts(source, staged, device, kwargs, setup, plan, ctx)
-        written = _session.context_bytes(source.paths if isinstance(source, PartedModel) else [source])
-    else:
-        session, plan, kwargs = _session_with_islands(
-            staged,
-            model.structure,
-            device,
-            ctx,
-            plan,
-            lambda p: with_plan(setup.session_kwargs, p),
-            setup.provider_options,
-        )
-        check_share(session, plan, ctx.options)
+    with _session.guarded_compile(model.structure, device, kwargs, None):
+        if isinstance(source, PartedModel) or (isinstance(source, StagedModel) and held > RELOAD_ABOVE_BYTES):
+            session, source, kwargs = _from_contexts(source, staged, device, kwargs, setup, plan, ctx)
+            written = _session.context_bytes(source.paths if isinstance(source, PartedModel) else [source])
+        else:
+            session, plan, kwargs = _session_with_islands(
+                staged,
+                model.structure,
+                device,
+                ctx,
+                plan,
+                lambda p: with_plan(setup.session_kwargs, p),
+                setup.provider_options,
+            )
+            check_share(session, plan, ctx.options)
     return QnnProgram(
         session=session,
         signature=model.signature,
@@ -335,22 +344,27 @@ def _build_cached(ctx: CompileContext, setup: _DeviceSetup) -> Program:
         source = _in_parts(staged, ctx, device, plan.nodes)
         kwargs = with_plan(setup.session_kwargs, plan)
         writing = {**kwargs, "session_config": _session.context_config(staging)}
-        if isinstance(source, PartedModel):  # a large graph: one compiling session at a time, loaded below
-            check_share(_timed_compile_parts(source, device, writing, ctx), plan, opts)
-        else:
-            session, plan, _kwargs = _session_with_islands(
-                staged,
-                model.structure,
-                device,
-                ctx,
-                plan,
-                lambda p: {**with_plan(setup.session_kwargs, p), "session_config": _session.context_config(staging)},
-                setup.provider_options,
-            )
-            staged.keep_for(session)
-            check_share(session, plan, opts)
-            if held <= RELOAD_ABOVE_BYTES:
-                built["session"] = session
+        cache_dir = str(opts.cache_dir) if opts.cache_dir is not None else None
+        with _session.guarded_compile(model.structure, device, kwargs, cache_dir):
+            if isinstance(source, PartedModel):  # a large graph: one compiling session at a time, loaded below
+                check_share(_timed_compile_parts(source, device, writing, ctx), plan, opts)
+            else:
+                session, plan, _kwargs = _session_with_islands(
+                    staged,
+                    model.structure,
+                    device,
+                    ctx,
+                    plan,
+                    lambda p: {
+                        **with_plan(setup.session_kwargs, p),
+                        "session_config": _session.context_config(staging),
+                    },
+                    setup.provider_options,
+                )
+                staged.keep_for(session)
+                check_share(session, plan, opts)
+                if held <= RELOAD_ABOVE_BYTES:
+                    built["session"] = session
             # else the compiling session goes with this call and load() runs the graph from its written context
         built["staged"] = staged
         metadata = {

@@ -216,6 +216,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
         An :class:`ExplainReport`; ``print(report)`` shows a table, ``report.to_json()`` the same as JSON.
     """
     import qnnx_detection
+    from qnnx_backend._build import crashed_compile
     from qnnx_backend._check import fp16_range_refusal
     from qnnx_backend._export import CompileContext, analyze, export_once, export_report
     from qnnx_backend._quantize import explain_quantized
@@ -294,6 +295,10 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             if plan and mode == "auto" and not plan.keeps_majority():
                 reason = f"split refused, QNN would keep half of the nodes or fewer: {plan.describe(limit=3)}"
                 devices.append(DeviceExplanation(device=dev, accepted=False, reason=reason, unsupported=bad))
+                continue
+            crashed = crashed_compile(range_ctx, exported.structure, dev, plan)
+            if crashed is not None:  # the compile's own record: it would not compile the graph here either
+                devices.append(DeviceExplanation(device=dev, accepted=False, reason=crashed, unsupported=bad))
                 continue
             if compile:
                 try:

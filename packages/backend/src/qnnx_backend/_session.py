@@ -6,12 +6,15 @@ for a crash in the EP, or another onnxruntime-qnn, replace them here."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import hashlib
+import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,52 @@ def versions() -> dict[str, str]:
         "qnnx-opcheck": _opcheck_version(),
         "qnnx-backend": __version__,
     }
+
+
+def _compile_record(structure: Any, device: str, material: Mapping[str, Any]) -> str:
+    """The crash record's name of one compile: the graph without its weight bytes (what a crash at compile depends
+    on), the device, the session's options and the runtime versions."""
+    digest = hashlib.sha256(structure.SerializeToString(deterministic=True))
+    digest.update(json.dumps([device, runtime_versions(), material], sort_keys=True, default=str).encode())
+    return "qnnx-compile:" + digest.hexdigest()
+
+
+def compile_crashed(structure: Any, device: str, material: Mapping[str, Any], cache_dir: str | None) -> str | None:
+    """Why the compile of this graph is refused here (a process on this machine died compiling it), or None."""
+    try:
+        crashes = store(cache_dir, None)
+        crashed = crashes.load_crashed(_compile_record(structure, device, material))
+    except Exception as exc:  # a crash record is best effort: never a reason not to compile
+        logger.debug("qnn backend: no context store to read crashed compiles from (%s)", exc)
+        return None
+    if not crashed:
+        return None
+    return (
+        f"a process on this machine died while QNN compiled this graph for the {device.upper()} (a native crash "
+        f"inside ONNX Runtime or the QNN EP, recorded under {crashes.root}), so it is not compiled again with this "
+        "onnxruntime-qnn; another onnxruntime-qnn version tries again, and `qnnx-ctxcache clear` forgets the record"
+    )
+
+
+@contextlib.contextmanager
+def guarded_compile(structure: Any, device: str, material: Mapping[str, Any], cache_dir: str | None) -> Iterator[None]:
+    """Compile inside this block: if the process dies in it (a native crash in ONNX Runtime or the QNN EP), every
+    later process on this machine that compiles the same graph for the same device, options and runtime versions
+    is refused here (DeviceRejected, reason from :func:`compile_crashed`) instead of dying again, so the graph goes
+    down the device chain.
+
+    ``material`` is the session's options; the record lives in the context store's crash records (qnnx-ctxcache's
+    ``guard_load``/``load_crashed``, the default store unless ``cache_dir``). Best effort: without a store, none."""
+    refusal = compile_crashed(structure, device, material, cache_dir)
+    if refusal is not None:
+        raise DeviceRejected(refusal)
+    try:
+        crashes = store(cache_dir, None)
+    except Exception:  # compile_crashed logged it
+        yield
+        return
+    with crashes.guard_load(_compile_record(structure, device, material)):
+        yield
 
 
 def create_on_cpu_ep(model: StagedModel | str) -> Any:
