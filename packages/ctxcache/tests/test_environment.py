@@ -49,6 +49,8 @@ import os, logging, io
 log = io.StringIO(); logging.basicConfig(stream=log, level=logging.WARNING)
 FakeBuild().__call__  # the package and onnx are imported before privileges are dropped
 import onnx
+# and the store's parts, which it imports when first used (unreadable to the dropped user here)
+import filelock, qnnx_ctxcache._lookup, qnnx_ctxcache._prune, qnnx_ctxcache._publish
 {drop}
 store = cc.ContextStore({str(root)!r}, options=cc.StoreOptions(touch_interval_seconds=0))
 hit = store.get(key_for("cached"))

@@ -13,38 +13,42 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
-
-import filelock
+from typing import TYPE_CHECKING, TypeVar
 
 from qnnx_ctxcache import _fs
 from qnnx_ctxcache._key import CacheKey
 from qnnx_ctxcache._layout import RECACHE_ENV_VAR, Layout, Mode, default_root
-from qnnx_ctxcache._listing import Listing
-from qnnx_ctxcache._lookup import Lookup
 from qnnx_ctxcache._options import StoreOptions
-from qnnx_ctxcache._packing import Packer
 from qnnx_ctxcache._pins import Pins, external_hex
-from qnnx_ctxcache._prune import Pruner
-from qnnx_ctxcache._publish import PRIVATE_TMP, Publisher
-from qnnx_ctxcache._results import (
-    BuildResult,
-    Entry,
-    EntryDetails,
-    EntryInfo,
-    PackReport,
-    PruneReport,
-    StoreStats,
-    UnpackReport,
-    VerifyReport,
-)
 from qnnx_ctxcache._stats import Counters
-from qnnx_ctxcache._verify import Verifier
 from qnnx_ctxcache.errors import InvalidOptionsError
+
+if TYPE_CHECKING:  # the parts a crash record does not need are imported when first used (see ContextStore)
+    import filelock
+
+    from qnnx_ctxcache._listing import Listing
+    from qnnx_ctxcache._lookup import Lookup
+    from qnnx_ctxcache._packing import Packer
+    from qnnx_ctxcache._prune import Pruner
+    from qnnx_ctxcache._publish import Publisher
+    from qnnx_ctxcache._results import (
+        BuildResult,
+        Entry,
+        EntryDetails,
+        EntryInfo,
+        PackReport,
+        PruneReport,
+        StoreStats,
+        UnpackReport,
+        VerifyReport,
+    )
+    from qnnx_ctxcache._verify import Verifier
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,7 +59,8 @@ _OPEN_STORES: weakref.WeakSet[ContextStore] = weakref.WeakSet()
 def _cleanup_private_tmp() -> None:
     for store in list(_OPEN_STORES):
         store._counters.flush()
-    for path in PRIVATE_TMP:
+    publish = sys.modules.get("qnnx_ctxcache._publish")  # no private folder before a store published anything
+    for path in getattr(publish, "PRIVATE_TMP", ()):
         _fs.rmtree_quiet(path)
 
 
@@ -101,15 +106,63 @@ class ContextStore:
         self._recached: set[str] = set()
         layout = Layout(Path(root).expanduser() if root is not None else default_root(), options, clock)
         self._layout = layout
-        self._counters = counters = Counters(layout)
-        self._pins = pins = Pins(layout)
-        self._listing = listing = Listing(layout, counters, pins)
-        self._verifier = verifier = Verifier(layout, counters, listing)
-        self._lookup = lookup = Lookup(layout, counters, pins, verifier)
-        self._pruner = pruner = Pruner(layout, counters, listing, pins)
-        self._publisher = publisher = Publisher(layout, counters, lookup, pruner)
-        self._packer = Packer(layout, counters, listing, pins, lookup, publisher, pruner)
+        self._counters = Counters(layout)
+        self._pins = Pins(layout)
+        self._parts_lock = threading.RLock()  # a part made while another is made (the lookup needs the verifier)
         _OPEN_STORES.add(self)
+
+    # The other parts are made (and their modules imported) when first used: a process that only reads and writes
+    # crash records (guard_load, load_crashed) imports none of them.
+
+    def _part(self, name: str, make: Callable[[], T]) -> T:
+        part = self.__dict__.get(name)
+        if part is None:
+            with self._parts_lock:  # one instance per store, also when threads ask at once
+                part = self.__dict__.get(name)
+                if part is None:
+                    part = self.__dict__[name] = make()
+        return part
+
+    @property
+    def _listing(self) -> Listing:
+        from qnnx_ctxcache._listing import Listing
+
+        return self._part("listing", lambda: Listing(self._layout, self._counters, self._pins))
+
+    @property
+    def _verifier(self) -> Verifier:
+        from qnnx_ctxcache._verify import Verifier
+
+        return self._part("verifier", lambda: Verifier(self._layout, self._counters, self._listing))
+
+    @property
+    def _lookup(self) -> Lookup:
+        from qnnx_ctxcache._lookup import Lookup
+
+        return self._part("lookup", lambda: Lookup(self._layout, self._counters, self._pins, self._verifier))
+
+    @property
+    def _pruner(self) -> Pruner:
+        from qnnx_ctxcache._prune import Pruner
+
+        return self._part("pruner", lambda: Pruner(self._layout, self._counters, self._listing, self._pins))
+
+    @property
+    def _publisher(self) -> Publisher:
+        from qnnx_ctxcache._publish import Publisher
+
+        return self._part("publisher", lambda: Publisher(self._layout, self._counters, self._lookup, self._pruner))
+
+    @property
+    def _packer(self) -> Packer:
+        from qnnx_ctxcache._packing import Packer
+
+        return self._part(
+            "packer",
+            lambda: Packer(
+                self._layout, self._counters, self._listing, self._pins, self._lookup, self._publisher, self._pruner
+            ),
+        )
 
     @property
     def root(self) -> Path:
@@ -370,6 +423,8 @@ class ContextStore:
         if not options.single_flight:
             yield
             return
+        import filelock  # here, not at import: only a build takes the lock
+
         path = self._layout.folder("locks") / f"{key.hex}.lock"
         lock: filelock.BaseFileLock | None
         try:
