@@ -11,6 +11,7 @@ import argparse
 import datetime as dt
 import importlib.metadata
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -64,6 +65,15 @@ def _graph_summary(graphs: list[dict[str, Any]]) -> str:
     return " / ".join(parts) if parts else "no graph"
 
 
+_SHAPE = re.compile(r"\[([^\]]*)\]$")
+
+
+def _only_empty(outputs: list[str]) -> bool:
+    """Whether every output (``"float32[0, 5]"``; a Python scalar has no brackets) has a dimension of 0."""
+    dims = [_SHAPE.search(o) for o in outputs]
+    return bool(outputs) and all(m is not None and "0" in [d.strip() for d in m.group(1).split(",")] for m in dims)
+
+
 def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     recs = sorted(records.values(), key=lambda r: (r["op"], r.get("sample", 0)))
     status = Counter(r["status"] for r in recs)
@@ -73,6 +83,7 @@ def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     wrong_kinds = Counter((r.get("mismatch") or {}).get("kind", "?") for r in recs if r["status"] == "wrong")
     valid = len(recs) - status["invalid"]
     totals = {"cases": len(recs), **{s: status[s] for s in harness.STATUSES}, "valid": valid}
+    empty_only = [r for r in recs if r["status"] != "invalid" and _only_empty(r.get("outputs") or [])]
     ops: dict[str, dict[str, Any]] = {}
     for r in recs:
         row = ops.setdefault(r["op"], {"cases": 0, **dict.fromkeys(harness.STATUSES, 0), "first_fallback_reason": None})
@@ -124,6 +135,16 @@ def summarize(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "totals": totals,
         "qnn_share_of_valid": round(status["qnn"] / valid, 4) if valid else None,
+        # Valid cases whose every output has no elements: nothing to compute, and QNN holds no empty tensor.
+        "empty_outputs_only": {
+            "cases": len(empty_only),
+            "qnn": sum(r["status"] == "qnn" for r in empty_only),
+            "qnn_share_of_the_others": (
+                round((status["qnn"] - sum(r["status"] == "qnn" for r in empty_only)) / (valid - len(empty_only)), 4)
+                if valid > len(empty_only)
+                else None
+            ),
+        },
         "qnn_devices": dict(qnn_devices.most_common()),
         "fallback_by_category": dict(categories.most_common()),
         "errors_by_type": dict(errors.most_common()),
@@ -222,6 +243,17 @@ def _markdown(doc: dict[str, Any]) -> str:
         + " |",
         "",
     ]
+    empty = doc.get("empty_outputs_only") or {}
+    if empty.get("cases"):
+        share = empty.get("qnn_share_of_the_others")
+        lines += [
+            f"Of the valid cases, {empty['cases']} return only empty tensors (every output has a dimension of 0): "
+            "there is nothing to compute, and QNN HTP cannot hold an empty tensor, so qnnx runs such a graph in "
+            f"PyTorch ({empty['qnn']} of them on QNN). Without them the qnn share of valid cases is "
+            + (f"{100 * share:.1f}%." if share is not None else "-.")
+            + "",
+            "",
+        ]
     if s.get("wall_minutes") is not None:
         lines += [f"The run took {s['wall_minutes']} minutes.", ""]
     if doc["qnn_devices"]:
