@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -351,8 +352,9 @@ def test_a_graph_whose_compile_killed_a_process_is_not_compiled_again(tmp_path):
         "    os.abort()  # as a native crash in the EP would: SIGABRT, no Python clean-up\n"
         "s.create_for_device = dies\n" + _COMPILE_SCRIPT
     )
-    store = tmp_path / "store"
-    env = {**os.environ, "QNNX_CTXCACHE_DIR": str(store), "QNNX_CACHE": "0"}
+    store, scratch = tmp_path / "store", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "QNNX_CTXCACHE_DIR": str(store), "QNNX_CACHE": "0", "TMPDIR": str(scratch)}
 
     def run(path, *args) -> dict:
         proc = subprocess.run(
@@ -365,7 +367,12 @@ def test_a_graph_whose_compile_killed_a_process_is_not_compiled_again(tmp_path):
     assert run(script, "explain")["device"] == "npu"
     died = subprocess.run([sys.executable, str(crashing)], capture_output=True, text=True, timeout=300, env=env)
     assert died.returncode == -signal.SIGABRT
+    left = [p for p in scratch.iterdir() if p.name.startswith("qnnx-model-")]  # the dead process's staged model
+    assert left, sorted(p.name for p in scratch.iterdir())
+    for path in left:  # as if it died a while ago
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
     after = run(script)
+    assert not any(p.exists() for p in left), "the next process removes a dead process's scratch folders"
     assert after["device"] != "npu" and after["err"] < 1e-5, after
     assert "died while QNN compiled this graph" in after["reason"], after
     explained = run(script, "explain")  # explain() reads the same record as the compile

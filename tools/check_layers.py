@@ -36,7 +36,7 @@ TEST_ONLY = "qnnx_testkit"
 # qnnx-backend's modules, earliest first: trace -> plan -> export -> check -> build -> run, save/load beside it. A
 # module may import only modules of earlier layers; modules of one layer do not import each other.
 BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ground", ("errors", "_version")),
+    ("ground", ("errors", "_version", "_scratch")),
     ("records; the checks of an untrusted QNN call", ("_report", "_progress", "_quantspec", "_payload", "_untrusted")),
     (
         "options, calibration records, the parts of a graph too large for one context",

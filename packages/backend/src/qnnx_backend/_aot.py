@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +28,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from qnnx_backend import _buckets, _session
+from qnnx_backend import _buckets, _scratch, _session
 from qnnx_backend._export import CompileContext, analyze, export_once
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._parts import PartedModel, stage_parts
@@ -299,7 +298,7 @@ def _compile_context(
     """Compile ``model`` for ``device`` once more, writing its context (one per part), and read the files."""
     import qnnx_detection
 
-    folder = Path(tempfile.mkdtemp(prefix="qnnx-aot-ctx-"))
+    folder = _scratch.make_dir("aot-ctx")
     try:
         kwargs = {**session_kwargs, "session_config": _session.context_config(folder)}
         try:

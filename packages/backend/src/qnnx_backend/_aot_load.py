@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import logging
 import shutil
-import tempfile
 import time
 import warnings
 import weakref
@@ -25,7 +24,7 @@ import attrs
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from qnnx_backend import _buckets, _report, _session
+from qnnx_backend import _buckets, _report, _scratch, _session
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._parts import PartedModel
 from qnnx_backend._payload import FIX_SAVE, SAFE_NAME, fingerprint_differences, unpack_payload
@@ -112,7 +111,7 @@ class LoadedGraph(SerializableCallable):
     def __init__(self, header: Mapping[str, Any], blobs: Sequence[memoryview]) -> None:
         import qnnx_detection
 
-        self._folder = Path(tempfile.mkdtemp(prefix="qnnx-aot-"))
+        self._folder = _scratch.make_dir("aot")
         # The context files stay while the graph lives: a session re-created after a run-time failure reads them.
         weakref.finalize(self, shutil.rmtree, str(self._folder), True)
         options = header["options"]

@@ -14,13 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from qnnx_backend import _payload
+from qnnx_backend import _payload, _scratch
 from qnnx_backend._parts import PartedModel, open_parts
 from qnnx_backend._untrusted import UntrustedRun, check_half_range, check_no_nan
 from qnnx_backend.errors import QnnDeviceError, QnnRuntimeError, SavedGraphError, SavedInputError
@@ -90,7 +89,7 @@ class ArrayModel:
         """The class of the model that was saved (``module.QualName``), for messages."""
         self.input_names = tuple(r["name"] for r in self._inputs)
         self.output_names = tuple(r["name"] for r in self._outputs)
-        self._folder = Path(tempfile.mkdtemp(prefix="qnnx-arrays-"))
+        self._folder = _scratch.make_dir("arrays")
         weakref.finalize(self, shutil.rmtree, str(self._folder), True)
 
         device = str(record["device"])

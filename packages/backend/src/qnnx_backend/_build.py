@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from qnnx_backend import _session
+from qnnx_backend import _scratch, _session
 from qnnx_backend._calibrate import HOW_TO
 from qnnx_backend._check import check_ops, check_share, fp16_range_refusal, minority, with_plan
 from qnnx_backend._export import CompileContext, export_once, export_report
@@ -246,10 +246,9 @@ def _from_contexts(
     session is dropped once its context is written (one alive at a time), and the program loads the contexts
     (kept in a folder that lives as long as the staged model)."""
     import shutil
-    import tempfile
     import weakref
 
-    folder = Path(tempfile.mkdtemp(prefix="qnnx-contexts-"))
+    folder = _scratch.make_dir("contexts")
     weakref.finalize(staged, shutil.rmtree, str(folder), True)
     writing = {**kwargs, "session_config": _session.context_config(folder)}
     compiled: PartedModel | str

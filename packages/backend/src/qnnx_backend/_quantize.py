@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qnnx_backend import _scratch
 from qnnx_backend._calibrate import Calibration
 from qnnx_backend._quantspec import QuantizeFailed, QuantizeSpec, load_values, module_weight_type, tensor_value
 from qnnx_backend._report import QuantizationReport
@@ -158,7 +159,7 @@ def quantize_model(exported: Any, args: Sequence[object], calibration: Calibrati
         {n: t.numpy() for n, t in zip(names, exported.signature.onnx_inputs(calibration.args_for(args, k)))}
         for k in range(len(calibration.samples))
     ]
-    folder = Path(tempfile.mkdtemp(prefix="qnnx-quant-"))
+    folder = _scratch.make_dir("quant")
     try:
         # Every model of the folder keeps its weights in a file beside it, whatever their size: the graph edits
         # below and onnxruntime's config read the structure alone, and only the tools that need the values

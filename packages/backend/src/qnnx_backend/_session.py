@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from qnnx_backend import _scratch
 from qnnx_backend._parts import PartedModel, PartedSession, RecordedPlacement, open_parts
 from qnnx_backend._split import NO_OPS, context_cpu_types, misplaced, opcheck, plan_cpu_nodes, write_affinity
 from qnnx_backend._version import __version__
@@ -50,10 +51,9 @@ class StagedModel:
 
     def __init__(self, exported: Any) -> None:
         import shutil
-        import tempfile
         import weakref
 
-        folder = tempfile.mkdtemp(prefix="qnnx-model-")
+        folder = str(_scratch.make_dir("model"))
         self._remove = weakref.finalize(self, shutil.rmtree, folder, True)
         self.path = Path(folder) / "model.onnx"
         try:

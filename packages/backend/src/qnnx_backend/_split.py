@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 
+from qnnx_backend import _scratch
 from qnnx_backend._options import OPCHECK_BACKEND
 from qnnx_backend._report import FINALIZE_ISLAND
 
@@ -280,7 +280,7 @@ def context_cpu_types(structure: Any) -> tuple[str, ...] | None:
 
 def write_affinity(op_types: Iterable[str]) -> str:
     """An ``op_affinity`` file (onnxruntime-qnn >= 2.6) pinning ``op_types`` to the CPU EP; the caller deletes it."""
-    fd, path = tempfile.mkstemp(prefix="qnnx-affinity-", suffix=".json")
+    fd, path = _scratch.make_file("affinity", ".json")
     with os.fdopen(fd, "w") as fh:
         json.dump({"op_type": dict.fromkeys(op_types, "cpu")}, fh)
     return path
