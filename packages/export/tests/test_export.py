@@ -260,6 +260,23 @@ def test_onnx_inputs_checks_shape_and_dtype() -> None:
         sig.onnx_inputs(args)
 
 
+def test_onnx_inputs_casts_bfloat16_to_the_exported_float_dtype() -> None:
+    """A bfloat16 graph is exported in float32 (QNN has no bfloat16): its bfloat16 argument is cast to the float32
+    input, with its values; a float16 argument stays a mismatch that names the argument."""
+    model, x = CONTRACT_MODELS["mlp"]()
+    cap = only(capture(model, x)[0])
+    sig = qe.export(cap.gm, cap.example_inputs).signature
+    i = sig.user_indices[0]
+    args = list(cap.example_inputs)
+    args[i] = x.to(torch.bfloat16)
+    ins = sig.onnx_inputs(args)
+    k = [spec.arg_index for spec in sig.inputs].index(i)
+    assert ins[k].dtype == torch.float32 and torch.equal(ins[k], x.to(torch.bfloat16).float())
+    args[i] = x.half()
+    with pytest.raises(SignatureError, match="float16"):
+        sig.onnx_inputs(args)
+
+
 def test_params_unchanged_detects_reassign_and_inplace_update() -> None:
     """params_unchanged is True for the frozen args and False after an in-place update or a new tensor."""
     model, x = CONTRACT_MODELS["mlp"]()

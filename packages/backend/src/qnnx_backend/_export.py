@@ -90,13 +90,65 @@ def first_line(exc: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _export_dtype(fp16: bool) -> torch.dtype:
+    """The float dtype a bfloat16 graph is exported in: QNN has no bfloat16 (HTP computes floats in fp16)."""
+    return torch.float16 if fp16 else torch.float32
+
+
 def _export_args(args: Sequence[object], fp16: bool) -> list[object]:
-    if not fp16:
-        return list(args)
+    """The arguments the graph is exported with: with ``fp16`` every float tensor in float16; bfloat16 tensors
+    in :func:`_export_dtype`. The program casts the caller's tensors the same way at each call."""
+    want = _export_dtype(fp16)
     return [
-        a.detach().half() if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float16 else a
+        a.detach().to(want)
+        if isinstance(a, torch.Tensor)
+        and a.is_floating_point()
+        and (a.dtype == torch.bfloat16 or (fp16 and a.dtype != want))
+        else a
         for a in args
     ]
+
+
+def _replace_bfloat16(value: Any, want: torch.dtype) -> Any:
+    if value is torch.bfloat16:
+        return want
+    if isinstance(value, tuple | list):
+        return type(value)(_replace_bfloat16(v, want) for v in value)
+    if isinstance(value, dict):
+        return {k: _replace_bfloat16(v, want) for k, v in value.items()}
+    return value
+
+
+def _export_graph(gm: torch.fx.GraphModule, args: Sequence[object], fp16: bool) -> torch.fx.GraphModule:
+    """The graph the export reads: ``gm`` itself, or, when it computes in bfloat16 (a model loaded with
+    ``torch_dtype=torch.bfloat16``), a copy whose bfloat16 casts and factories make :func:`_export_dtype` instead,
+    so that the whole graph computes in one float dtype QNN has. The caller's graph is not changed."""
+    import copy
+
+    casts = any(
+        (n.op == "call_method" and n.target == "bfloat16")
+        or any(v is torch.bfloat16 for v in (*n.args, *n.kwargs.values()))
+        for n in gm.graph.nodes
+    )
+    inputs = any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args)
+    if not casts and not inputs:
+        return gm
+    want = _export_dtype(fp16)
+    graph = copy.deepcopy(gm.graph)
+    for node in graph.nodes:
+        node.args = _replace_bfloat16(node.args, want)
+        node.kwargs = _replace_bfloat16(node.kwargs, want)
+        if node.op == "call_method" and node.target == "bfloat16":
+            node.target = "half" if want == torch.float16 else "float"
+    converted = torch.fx.GraphModule(gm, graph)
+    for name, value in list(converted.named_buffers()) + list(converted.named_parameters()):
+        if value.dtype != torch.bfloat16:
+            continue
+        if "." in name:  # a submodule's tensor: the copy shares the submodule with the caller's graph
+            raise NotImplementedError(f"the graph holds a bfloat16 tensor of a submodule ({name}), not an argument")
+        delattr(converted, name)
+        converted.register_buffer(name, value.detach().to(want))  # a constant of the graph (``_tensor_constant0``)
+    return converted
 
 
 def analyze(gm: torch.fx.GraphModule, args: Sequence[object], opts: BackendOptions) -> GraphAnalysis:
@@ -178,7 +230,9 @@ def _export(ctx: CompileContext) -> Any:
     opts, memo = ctx.options, ctx.memo
     t = time.perf_counter()
     export_args = _export_args(ctx.args, opts.fp16)
+    export_gm = ctx.gm
     try:
+        export_gm = _export_graph(ctx.gm, ctx.args, opts.fp16)
         passes = None
         skipped = set(opts.disable_passes) | (_NONFINITE_EDGE_PASSES if opts.quantize is not None else set())
         if skipped:
@@ -191,7 +245,7 @@ def _export(ctx: CompileContext) -> Any:
             max_dense_experts=opts.max_dense_experts,
             max_gathered_expert_bytes=opts.max_gathered_expert_bytes,
         )
-        exported = qnnx_export.export(ctx.gm, export_args, options=export_options, analysis=ctx.analysis)
+        exported = qnnx_export.export(export_gm, export_args, options=export_options, analysis=ctx.analysis)
     except Exception as exc:
         memo.export_refusal = f"ONNX export failed: {first_line(exc)}"
         raise DeviceRejected(memo.export_refusal) from exc
@@ -205,7 +259,10 @@ def _export(ctx: CompileContext) -> Any:
     if exported.exporter == "torch.onnx":
         # torch.onnx lowers some ops unfaithfully without an error: verify its model on the CPU EP first.
         t = time.perf_counter()
-        problem = check_on_cpu(exported, ctx.gm, ctx.args, export_args)
+        if export_gm is ctx.gm:
+            problem = check_on_cpu(exported, ctx.gm, ctx.args, export_args)
+        else:  # a bfloat16 graph: the reference is its float copy on the arguments in float32
+            problem = check_on_cpu(exported, export_gm, _export_args(ctx.args, False), export_args)
         ctx.timings["verify_export"] = time.perf_counter() - t
         if problem is not None:
             memo.export_refusal = (

@@ -244,8 +244,13 @@ class QnnProgram:
         self.placement: Mapping[str, int] = _session.placement_counts(session)
         self.parts = part_infos(session)
         """The parts a graph too large for one context runs as (empty: one context)."""
-        # fp16=True: the graph was exported with float16 inputs; cast the caller's float inputs at the boundary.
-        self._to_half = tuple(spec.arg_index for spec in signature.inputs if spec.dtype == "float16") if fp16 else ()
+        # The graph was exported with float16 inputs (fp16=True) or float32 ones for the caller's bfloat16 (QNN has no
+        # bfloat16): cast the caller's float inputs at the boundary.
+        self._float_inputs = tuple(
+            (spec.arg_index, getattr(torch, spec.dtype))
+            for spec in signature.inputs
+            if spec.dtype in ("float16", "float32")
+        )
         self._direct_in = _direct_inputs(signature, self._input_names, self._input_types)
         self._direct_out = None if fp16 else _direct_outputs(signature, self.out_dtypes)
         self._writebacks = tuple(signature.writebacks)
@@ -283,12 +288,13 @@ class QnnProgram:
     def _run_converting(self, args: Sequence[object]) -> Any:
         """The general call: casts, copies of non-contiguous inputs, and errors that name a mismatched argument."""
         callers = args  # the caller's own tensors: writes go there, not into converted copies
-        if self._to_half:
-            args = list(args)
-            for i in self._to_half:
-                value = args[i]
-                if isinstance(value, torch.Tensor) and value.dtype != torch.float16:
-                    args[i] = value.detach().half()
+        cast = {}
+        for i, dtype in self._float_inputs:
+            value = args[i] if i < len(args) else None
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+                cast[i] = value.detach().to(dtype)
+        if cast:
+            args = [cast.get(i, a) for i, a in enumerate(args)]
         feed = {}
         for name, want, tensor in zip(self._input_names, self._input_types, self.signature.onnx_inputs(args)):
             array = tensor.detach().numpy()  # shares memory with the contiguous CPU tensor: no copy

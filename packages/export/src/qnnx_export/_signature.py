@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPLEX_PARTS", "GraphSignature", "InputSpec", "OutputSlot", "RowWriteback"]
 
+# The dtypes a bfloat16 argument may have been exported as (QNN has no bfloat16).
+_BFLOAT16_EXPORTED_AS = frozenset({"float32", "float16"})
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 COMPLEX_PARTS = {"complex64": "float32"}
@@ -197,7 +199,8 @@ class GraphSignature:
         """Select and prepare the ONNX inputs from the full Dynamo argument list.
 
         Tensors are made contiguous and cast where the ONNX input dtype differs (int64 inputs are
-        fed as int32; a value outside the int32 range raises instead of saturating silently).
+        fed as int32; a value outside the int32 range raises instead of saturating silently). A bfloat16
+        tensor is cast to a float32 or float16 input (a bfloat16 graph exported in a dtype QNN has).
 
         Args:
             args: All Dynamo arguments (parameters included), as the compiled callable receives them.
@@ -221,6 +224,8 @@ class GraphSignature:
             if not isinstance(t, torch.Tensor):
                 errors.append(f"argument {spec.arg_index} ({spec.name}) is a {type(t).__name__}, not a tensor")
                 continue
+            if t.dtype == torch.bfloat16 and spec.dtype in _BFLOAT16_EXPORTED_AS and tuple(t.shape) == spec.shape:
+                t = t.to(_dtype(spec.dtype))  # a bfloat16 graph exported in a float dtype QNN has
             if tuple(t.shape) != spec.shape or dtype_name(t.dtype) != spec.dtype:
                 errors.append(
                     f"argument {spec.arg_index} ({spec.name}) is {dtype_name(t.dtype)}{list(t.shape)}, "
