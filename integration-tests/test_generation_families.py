@@ -62,15 +62,22 @@ def _phimoe() -> torch.nn.Module:
     return transformers.PhimoeForCausalLM(config)
 
 
+def _diffllama() -> torch.nn.Module:
+    """DiffLlama normalizes its differential attention with ``nn.RMSNorm``, whose ATen kernel adds eps in place:
+    the graph that also writes the static cache could be exported neither by the translator nor by torch.onnx."""
+    return transformers.DiffLlamaForCausalLM(transformers.DiffLlamaConfig(**_TINY))
+
+
 @pytest.mark.parametrize(
     "build",
-    [_hunyuan_moe, _ministral3, _deepseek_v3, _phimoe],
-    ids=["hunyuan_moe_v1", "ministral3", "deepseek_v3", "phimoe"],
+    [_hunyuan_moe, _ministral3, _deepseek_v3, _phimoe, _diffllama],
+    ids=["hunyuan_moe_v1", "ministral3", "deepseek_v3", "phimoe", "diffllama"],
 )
 def test_family_generates_eagers_tokens_wholly_on_qnn(build: Callable[[], torch.nn.Module]) -> None:
     """compile_for_generation + generate(max_new_tokens=5, greedy): two graphs (prefill, decode), both wholly on
-    QNN under strict device='npu' (they ran in PyTorch: histc, a float floor of positions, a scattered group mask and
-    max with indices had no QNN form), and the tokens equal eager's greedy static-cache tokens."""
+    QNN under strict device='npu' (they ran in PyTorch: histc, a float floor of positions, a scattered group mask,
+    max with indices and nn.RMSNorm's in-place add had no QNN form), and the tokens equal eager's greedy static-cache
+    tokens."""
     torch.manual_seed(0)
     model = build().eval()
     prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))

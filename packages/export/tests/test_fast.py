@@ -10,7 +10,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from export_capture import Captured, capture, only
-from export_qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session, rel_err, run_exported
+from export_qnn_helpers import (
+    Capture,
+    close_on_qnn_fast,
+    compile_and_run,
+    cpu_session,
+    qnn_session,
+    rel_err,
+    run_exported,
+)
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils._pytree import tree_flatten
@@ -353,6 +361,21 @@ def test_unsupported_op_with_fast_exporter_raises() -> None:
         qe.export(cap.gm, cap.example_inputs, options=FAST)
     message = str(info.value)
     assert "atan2" in message and "exporter='auto'" in message and "torch.onnx" in message
+
+
+@pytest.mark.parametrize("eps", [1e-5, None])
+def test_rms_norm_is_translated_without_in_place_add(eps: float | None) -> None:
+    """nn.RMSNorm (torch.rms_norm) traces to an in-place ``aten.add_`` of eps that functionalization leaves in the
+    graph, which the translator declined (and torch.onnx cannot take once the graph also writes a static KV cache):
+    it is exported as its plain math and runs on QNN HTP with eager's values."""
+    torch.manual_seed(0)
+    norm = nn.RMSNorm(16, eps=eps).eval()
+    nn.init.normal_(norm.weight)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return norm(x) * 2 + F.rms_norm(x, (4, 16))
+
+    close_on_qnn_fast(fn, torch.randn(2, 4, 16), tol=1e-2)
 
 
 @settings(max_examples=12, deadline=None)

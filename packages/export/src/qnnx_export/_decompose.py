@@ -154,8 +154,30 @@ def native_multi_head_attention(
     return out, weights
 
 
+def rms_norm(
+    input: torch.Tensor,
+    normalized_shape: Any,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """``torch.rms_norm`` (``nn.RMSNorm``, ``F.rms_norm``) without in-place ops.
+
+    Its ATen kernel adds ``eps`` with an in-place ``add_`` that functionalization does not see (the composite runs
+    below it), so the traced graph kept an ``aten.add_`` no exporter takes. Same math: in float32 for float16 and
+    bfloat16 inputs, ``eps`` defaults to that type's machine epsilon."""
+    dims = tuple(range(-len(tuple(normalized_shape)), 0))
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    x = input.to(acc)
+    if eps is None:
+        eps = torch.finfo(acc).eps
+    out = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        out = out * weight
+    return out.to(input.dtype)
+
+
 def _replacements() -> dict[Any, Any]:
-    table: dict[Any, Any] = {}
+    table: dict[Any, Any] = {torch.rms_norm: rms_norm, torch.nn.functional.rms_norm: rms_norm}
     for name, fn in (
         ("_transformer_encoder_layer_fwd", transformer_encoder_layer_fwd),
         ("_native_multi_head_attention", native_multi_head_attention),
