@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from integration_helpers import generate_wholly_on_qnn
 from integration_models import TINY_DECODER as _TINY
 
 import qnnx_backend
@@ -68,6 +69,21 @@ def test_static_cache_generation_runs_on_qnn_and_agrees_with_eager(kind: str, at
     reports = qnnx_backend.compile_reports()
     assert len(reports) == 2 and all(r.on_qnn for r in reports), [r.summary() for r in reports]
     _assert_agrees_by_teacher_forcing(out, reference, prompt.shape[1])
+
+
+@pytest.mark.parametrize("family", ["llama-eager", "gemma2"])
+def test_eager_attention_with_a_padded_prompt_runs_wholly_on_qnn(family: str) -> None:
+    """Eager attention (Gemma-2's default; Llama with attn_implementation="eager") on a prompt padded on the left to
+    its bucket: the padding queries see only masked keys. Their rows came back as a softmax of fp16 rounding noise
+    on QNN, so the cached keys and values of the padding differed and the first-call check sent the prefill to
+    PyTorch; with the softmax input floored both graphs run on QNN (strict) with eager's tokens."""
+    model = _model("llama", "eager") if family == "llama-eager" else _gemma2(sliding_window=4096)
+    prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    options = {"soc_model": 60, "strict": True}
+    out, ref = generate_wholly_on_qnn(
+        model, prompt, 32, options, eager_cache="static", max_new_tokens=5, min_new_tokens=5, do_sample=False
+    )
+    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
 
 
 def _assert_agrees_by_teacher_forcing(out: object, reference: torch.Tensor, start: int) -> None:

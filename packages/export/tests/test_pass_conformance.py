@@ -477,6 +477,36 @@ def test_gather_of_vector_by_flat_indices_shape_classes(
     _check(model, feeds, ("gather_of_vector_by_flat_indices",), must_build=True)
 
 
+@_examples
+@given(
+    shape=st.lists(_dim, min_size=1, max_size=4).map(tuple),
+    axis_pick=st.integers(0, 3),
+    masked=st.sampled_from([0.0, 0.3, 1.0]),
+    full_rows=st.booleans(),
+    scale=st.sampled_from([1.0, 30.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_softmax_input_floor_shape_classes(
+    shape: tuple[int, ...], axis_pick: int, masked: float, full_rows: bool, scale: float, seed: int
+) -> None:
+    """Scores plus an additive mask of float32's lowest value (none, some or all keys masked; whole rows masked or
+    not), softmaxed over any axis of a rank 1-4 tensor: the floored graph runs on QNN and gives eager's values, a
+    fully masked row uniform. (The pass leaves rank 5 alone: the QNN EP refuses a rank-5 Max.)"""
+    axis = axis_pick % len(shape)
+    rng = np.random.default_rng(seed)
+    keep = rng.random(shape) >= masked
+    if full_rows:
+        index = [slice(None)] * len(shape)
+        index[(axis + 1) % len(shape)] = 0
+        keep[tuple(index)] = False  # one row (or more) along the softmax axis fully masked
+    mask = np.where(keep, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    nodes = [h.make_node("Add", ["x", "m"], ["s"]), h.make_node("Softmax", ["s"], ["y"], axis=axis)]
+    model = make_model(
+        nodes, [("x", TensorProto.FLOAT, shape), ("m", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    _check(model, {"x": _x(shape, scale, seed=seed), "m": mask}, ("softmax_input_floor",))
+
+
 # ------------------------------------------------------------------------------------------- elementwise fusions
 
 
@@ -864,6 +894,7 @@ COVERED_HERE = frozenset(
         "fold_gather_scale",
         "gather_runtime_indices_as_rows",
         "gather_of_vector_by_flat_indices",
+        "softmax_input_floor",
         "avgpool_whole_windows",
         "maxpool_padded_input",
         "einsum_as_matmul",

@@ -336,3 +336,26 @@ def test_gather_of_vector_by_flat_indices_defect() -> None:
     ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
     out = qnn_session(fixed).run(None, feeds)[0]
     assert out.shape == ref.shape and _rel(out, ref) < 1e-3  # the same elements, rounded to fp16
+
+
+def test_softmax_input_floor_defect() -> None:
+    """Attention scores plus an additive float32-min mask, one query row fully masked (a left-padded prompt's
+    padding): eager's row is uniform; on QNN it is a softmax of fp16 rounding noise, far off. Floored, every row is
+    eager's."""
+    rng = np.random.default_rng(0)
+    shape = (1, 2, 4, 8)
+    scores = (3 * rng.standard_normal(shape)).astype(np.float32)
+    mask = np.zeros(shape, np.float32)
+    mask[..., 0, :] = np.finfo(np.float32).min  # the first query sees no key
+    mask[..., 1, 3:] = np.finfo(np.float32).min  # the second sees three
+    nodes = [h.make_node("Add", ["x", "m"], ["s"]), h.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    model = make_model(
+        nodes, [("x", TensorProto.FLOAT, shape), ("m", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    feeds = {"x": scores, "m": mask}
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    assert np.allclose(ref[..., 0, :], 1 / 8)
+    broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]
+    assert float(np.abs(broken[..., 0, :] - ref[..., 0, :]).max()) > 0.05  # the defect: silently wrong
+    fixed = qnn_session(_fixed(model, "softmax_input_floor")).run(None, feeds)[0]
+    assert float(np.abs(fixed - ref).max()) < 2e-3

@@ -222,6 +222,9 @@ def _quantized_once(exported: Any, ctx: CompileContext) -> QuantizedModel:
 # which the per-call range check then sees). A quantized graph holds no infinity: its tensors have finite ranges and
 # a calibrated inf would give an infinite scale, so its graphs are exported without them.
 _NONFINITE_EDGE_PASSES = {"log_domain_edges", "div_by_zero_edges"}
+# And the floor of softmax inputs (a float-graph fix of fp16 saturation), not measured on calibrated QDQ graphs,
+# whose ranges it would change.
+_FLOAT_ONLY_PASSES = _NONFINITE_EDGE_PASSES | {"softmax_input_floor"}
 
 
 def _export(ctx: CompileContext) -> Any:
@@ -234,7 +237,7 @@ def _export(ctx: CompileContext) -> Any:
     try:
         export_gm = _export_graph(ctx.gm, ctx.args, opts.fp16)
         passes = None
-        skipped = set(opts.disable_passes) | (_NONFINITE_EDGE_PASSES if opts.quantize is not None else set())
+        skipped = set(opts.disable_passes) | (_FLOAT_ONLY_PASSES if opts.quantize is not None else set())
         if skipped:
             default = qnnx_export.ExportOptions().resolved_passes()
             passes = tuple(p for p in default if p not in skipped)

@@ -77,6 +77,54 @@ class SafeSoftmaxWithoutInf(QnnPass):
 # ------------------------------------------------------------------- LogSoftmax over an axis of one element
 
 
+# Where a Softmax's input is floored: above the band where an additive attention mask (float32's lowest, -3.4e38,
+# which fp16 saturates to -65504) plus a score lands on HTP, below every real score.
+_SOFTMAX_FLOOR = -32768.0
+
+
+@register(order=92)
+class SoftmaxInputFloor(QnnPass):
+    """Compute ``Softmax(x)`` as ``Softmax(Max(x, -32768))``.
+
+    Eager attention adds a mask of float32's lowest value to the masked scores. A row whose every key is masked (a
+    padding query of a left-padded prompt) is then uniform in eager PyTorch: ``min + s`` is ``min`` for every score.
+    On QNN HTP the mask saturates to float16's -65504 and ``-65504 + s`` rounds to a grid of 32, so the row came
+    back as a softmax of rounding noise, 0.125 off on 8 keys (onnxruntime-qnn 2.7.0, soc 60); the padding rows'
+    keys and values then differed in every later layer, and the first-call check sent the prefill graphs of
+    Gemma-2, GPT-Neo and Llama with eager attention to PyTorch. With the floor every masked score is exactly
+    -32768: a fully masked row is uniform as in eager, a partly masked row gives its masked keys exp(-32768 - max)
+    = 0 as before. Scores below -32768 change (they are beyond what float16 adds exactly, and HTP saturates them
+    anyway). Shape classes: float Softmax of static rank 1-4, any axis; at rank 5 it is left alone (the QNN EP
+    refuses a rank-5 Max).
+    """
+
+    name = "softmax_input_floor"
+    defect = "fully masked attention rows (an additive float32-min mask) come back as a softmax of fp16 rounding noise"
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The float input of a Softmax that is not already floored, or None."""
+        x = _graph.float_op_input(node, "Softmax")
+        shape = _graph.static_shape(x)
+        if x is None or shape is None or len(shape) > 4:
+            return None  # the QNN EP refuses a rank-5 Max (the Softmax alone runs there)
+        producer = x.producer()
+        if producer is not None and (producer.outputs[0].name or "").startswith("qnnx_softmax_floor"):
+            return None
+        return x
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def floored(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            dtype = cast(ir.DataType, x.dtype)
+            low = _graph.add_initializer(graph, names("min"), np.array(_SOFTMAX_FLOOR, dtype=dtype.numpy()))
+            kept = _graph.new_value(names("floor"), dtype, _graph.static_shape(x))
+            axis = node.attributes.get_int("axis", -1)
+            out = _graph.new_value(names("out"), node.outputs[0].dtype, _graph.static_shape(node.outputs[0]))
+            softmax = ir.Node("", "Softmax", [kept], attributes=[ir.AttrInt64("axis", axis)], outputs=[out])
+            return [ir.Node("", "Max", [x, low], outputs=[kept]), softmax], out
+
+        return self.replace_matched(graph, "qnnx_softmax", floored)
+
+
 @register(order=100)
 class LogSoftmaxUnitAxis(QnnPass):
     """Rewrite ``LogSoftmax`` over an axis of size 1 as ``Sub(x, x)``, the same function.
