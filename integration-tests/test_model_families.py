@@ -101,8 +101,22 @@ def _funnel() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.FunnelModel(cfg), _ids(16)
 
 
+def _mamba() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Mamba's selective scan is, under torch.compile, torch's ``associative_scan``, which Dynamo writes with
+    ``torch.vmap`` regions (vmap nesting calls in the graph). The direct translator's trace fails inside them and
+    torch.onnx takes the graph; a vmap level that failed trace left pushed made torch.onnx fail too, and the eager
+    fallback raise ``batched == nullptr INTERNAL ASSERT FAILED`` (FalconMamba and Jamba alike)."""
+    import transformers
+
+    cfg = transformers.MambaConfig(
+        vocab_size=256, hidden_size=64, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=8
+    )
+    return transformers.MambaModel(cfg), _ids(8)
+
+
 FAMILIES = {
     "funnel": _funnel,
+    "mamba": _mamba,
     "mobilevit_v2": _mobilevit_v2,
     "roberta": _roberta,
     "siglip_vision": _siglip_vision,

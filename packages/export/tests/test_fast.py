@@ -354,6 +354,28 @@ def test_unsupported_op_falls_back_to_torch_onnx(fn: Callable[..., Any], op: str
     _assert_matches(out, fn(x), 1e-5)
 
 
+def _vmapped(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.vmap(lambda row: row @ w)(x).relu()
+
+
+def test_vmap_region_leaves_functorch_levels_as_found() -> None:
+    """A graph holding a ``torch.vmap`` region (Dynamo writes it as ``_vmap_increment_nesting`` ...
+    ``_vmap_decrement_nesting`` calls; transformers' Mamba scan is one): the direct translator's trace fails inside
+    the region, and functorch's stack of levels is left as deep as it was. A vmap level it kept pushed made the
+    torch.onnx fallback fail (``batched == nullptr INTERNAL ASSERT FAILED``), and every later run of the graph."""
+    x, w = torch.randn(3, 4, 5), torch.randn(5, 6)
+    cap = only(capture(_vmapped, x, w)[0])
+    depth = torch._C._functorch.get_dynamic_layer_stack_depth
+    with pytest.raises(ExportError):
+        qe.export(cap.gm, cap.example_inputs, options=FAST)
+    assert depth() == 0
+    exported = qe.export(cap.gm, cap.example_inputs, analysis=cap.analysis)
+    assert depth() == 0
+    assert exported.exporter == "torch.onnx" and exported.fast_path_declined is not None
+    _assert_matches(_run(cap, exported), (_vmapped(x, w),), 1e-5)
+    _assert_matches(cap.gm(*cap.example_inputs), (_vmapped(x, w),), 0.0)  # the graph itself still runs
+
+
 def test_unsupported_op_with_fast_exporter_raises() -> None:
     """exporter="fast" refuses a graph it cannot translate with an ExportError saying why and how to fix."""
     cap = only(capture(_atan2, torch.randn(3, 5))[0])

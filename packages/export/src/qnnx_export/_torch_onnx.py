@@ -10,6 +10,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
+from qnnx_export._functorch import functorch_levels_kept
 from qnnx_export.errors import ExportError
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ def torch_onnx_model(frozen: torch.fx.GraphModule, args: tuple[Any, ...], opset:
         ExportError: torch.onnx failed; the message names the op and the cause.
     """
     try:
-        program = _export_program(frozen, args, opset)
+        with functorch_levels_kept():
+            program = _export_program(frozen, args, opset)
     except Exception as exc:
         raise ExportError(_describe_failure(exc, frozen)) from exc
     return program.model

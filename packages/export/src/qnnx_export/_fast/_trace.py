@@ -41,6 +41,7 @@ def trace_aten(
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from qnnx_export._decompose import unfuse
+    from qnnx_export._functorch import functorch_levels_kept
 
     aten = torch.ops.aten
     graph = torch.fx.Graph()
@@ -76,7 +77,7 @@ def trace_aten(
     # Real tensors read by get_attr (the constants of the real-pair rewrite: DFT matrices, frame positions) are
     # allowed: make_fx keeps them as constants of the traced graph, which the translator makes initializers.
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True)
-    with tracing(None), fake_mode, torch.no_grad(), fx_traceback.preserve_node_meta():
+    with functorch_levels_kept(), tracing(None), fake_mode, torch.no_grad(), fx_traceback.preserve_node_meta():
         fake_args = [fake_mode.from_tensor(a, static_shapes=True) for a in example_inputs]
         traced = make_fx(
             torch.func.functionalize(run, remove="mutations"),
