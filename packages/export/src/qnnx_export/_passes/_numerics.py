@@ -77,6 +77,16 @@ class SafeSoftmaxWithoutInf(QnnPass):
 # ------------------------------------------------------------------- LogSoftmax over an axis of one element
 
 
+def _unfloored_input(node: ir.Node, op_type: str, floored_prefix: str) -> ir.Value | None:
+    """The float input of an ``op_type`` node, unless a floor this module wrote (its output named
+    ``floored_prefix...``) already computes it; else None."""
+    x = _graph.float_op_input(node, op_type)
+    producer = x.producer() if x is not None else None
+    if producer is not None and (producer.outputs[0].name or "").startswith(floored_prefix):
+        return None
+    return x
+
+
 # Where a Softmax's input is floored: above the band where an additive attention mask (float32's lowest, -3.4e38,
 # which fp16 saturates to -65504) plus a score lands on HTP, below every real score.
 _SOFTMAX_FLOOR = -32768.0
@@ -103,13 +113,10 @@ class SoftmaxInputFloor(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The float input of a Softmax that is not already floored, or None."""
-        x = _graph.float_op_input(node, "Softmax")
+        x = _unfloored_input(node, "Softmax", "qnnx_softmax_floor")
         shape = _graph.static_shape(x)
-        if x is None or shape is None or len(shape) > 4:
+        if shape is None or len(shape) > 4:
             return None  # the QNN EP refuses a rank-5 Max (the Softmax alone runs there)
-        producer = x.producer()
-        if producer is not None and (producer.outputs[0].name or "").startswith("qnnx_softmax_floor"):
-            return None
         return x
 
     def rewrite(self, graph: ir.Graph) -> bool:
@@ -431,13 +438,7 @@ class ExpInputFloor(QnnPass):
 
     def match(self, node: ir.Node) -> ir.Value | None:
         """The float input of an Exp that is not already floored, or None."""
-        x = _graph.float_op_input(node, "Exp")
-        if x is None:
-            return None
-        producer = x.producer()
-        if producer is not None and (producer.outputs[0].name or "").startswith(_FLOORED):
-            return None
-        return x
+        return _unfloored_input(node, "Exp", _FLOORED)
 
     def rewrite(self, graph: ir.Graph) -> bool:
         def floored(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
