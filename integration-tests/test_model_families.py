@@ -146,3 +146,29 @@ def test_family_runs_wholly_on_qnn_with_eagers_outputs(family: str) -> None:
     reports = list(qnnx_backend.compile_reports())
     assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
     assert_close_fp16(out, ref, rel=REL.get(family, 2e-2), cos=0.999)
+
+
+class _PickedKeys(torch.nn.Module):
+    """Attention over keys picked by index, DeepSeek-V3.2's sparse-attention way: a bool mask set by ``scatter`` at
+    the picked positions (which the direct translator writes as a Where on bool), then a masked softmax."""
+
+    def forward(self, scores: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+        keep = torch.zeros(scores.shape, dtype=torch.bool).scatter(-1, picked, True)
+        return scores.masked_fill(~keep, -1e4).softmax(-1)
+
+
+def test_a_bool_scatter_runs_wholly_on_qnn() -> None:
+    """A Where on bool is declined by the QNN EP and has no CPU EP kernel: the graph could not be built and ran in
+    PyTorch (DeepSeek-V3.2, GLM-MoE-DSA). Written as And/Or/Not it runs on QNN, strict, with eager's values."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 6, 8)
+    picked = torch.stack([torch.randperm(8)[:3] for _ in range(12)]).reshape(2, 6, 3)
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    with torch.no_grad():
+        out = torch.compile(_PickedKeys(), backend="qnn", options=NPU_RAW)(scores, picked)
+        ref = _PickedKeys()(scores, picked)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "npu" and not report.cpu_nodes, report.summary()
+    assert "bool_where_as_logic" in report.passes_applied
+    assert_close_fp16(out, ref)

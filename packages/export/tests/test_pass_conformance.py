@@ -507,6 +507,44 @@ def test_softmax_input_floor_shape_classes(
     _check(model, {"x": _x(shape, scale, seed=seed), "m": mask}, ("softmax_input_floor",))
 
 
+@_examples
+@given(
+    shape=st.lists(_dim, min_size=1, max_size=4).map(tuple),
+    broadcast=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+    constant_y=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_bool_where_as_logic_shape_classes(
+    shape: tuple[int, ...], broadcast: tuple[bool, bool, bool], constant_y: bool, seed: int
+) -> None:
+    """A Where of bool values (each operand full-size or broadcast from a leading 1 or a scalar-like shape; the
+    second value a runtime tensor or a constant), rewritten as And/Or/Not, runs on QNN with exactly the reference's
+    values (the QNN EP declines the Where itself)."""
+    rng = np.random.default_rng(seed)
+
+    def operand_shape(small: bool) -> tuple[int, ...]:
+        return (1, *shape[1:]) if small else shape
+
+    c_shape, x_shape, y_shape = (operand_shape(b) for b in broadcast)
+    inputs = [("c", TensorProto.BOOL, c_shape), ("x", TensorProto.BOOL, x_shape)]
+    feeds = {"c": rng.random(c_shape) < 0.5, "x": rng.random(x_shape) < 0.5}
+    inits: dict[str, np.ndarray] = {}
+    if constant_y:
+        inits["y"] = np.asarray(rng.random(y_shape) < 0.5)
+    else:
+        inputs.append(("y", TensorProto.BOOL, y_shape))
+        feeds["y"] = rng.random(y_shape) < 0.5
+    out_shape = np.broadcast_shapes(c_shape, x_shape, y_shape)
+    model = make_model(
+        [h.make_node("Where", ["c", "x", "y"], ["w"])], inputs, [("w", TensorProto.BOOL, out_shape)], inits
+    )
+    want = _onnx_reference(model, feeds)[0]
+    m = to_ir(model)
+    run_passes(m, ("bool_where_as_logic",))
+    (got,) = qnn_session(to_bytes(m)).run(None, feeds)
+    np.testing.assert_array_equal(got, want)
+
+
 # ------------------------------------------------------------------------------------------- elementwise fusions
 
 
@@ -895,6 +933,7 @@ COVERED_HERE = frozenset(
         "gather_runtime_indices_as_rows",
         "gather_of_vector_by_flat_indices",
         "softmax_input_floor",
+        "bool_where_as_logic",
         "avgpool_whole_windows",
         "maxpool_padded_input",
         "einsum_as_matmul",

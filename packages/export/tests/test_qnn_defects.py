@@ -359,3 +359,24 @@ def test_softmax_input_floor_defect() -> None:
     assert float(np.abs(broken[..., 0, :] - ref[..., 0, :]).max()) > 0.05  # the defect: silently wrong
     fixed = qnn_session(_fixed(model, "softmax_input_floor")).run(None, feeds)[0]
     assert float(np.abs(fixed - ref).max()) < 2e-3
+
+
+def test_bool_where_as_logic_defect() -> None:
+    """A Where on bool builds neither on QNN (declined) nor with the CPU EP beside it (no kernel): the graph could
+    not run outside PyTorch. As And/Or/Not it runs on QNN with the reference's values."""
+    shape = (2, 6, 8)
+    nodes = [h.make_node("Where", ["c", "x", "t"], ["y"])]
+    model = make_model(
+        nodes,
+        [("c", TensorProto.BOOL, shape), ("x", TensorProto.BOOL, shape)],
+        [("y", TensorProto.BOOL, shape)],
+        {"t": np.array(True)},
+    )
+    rng = np.random.default_rng(0)
+    feeds = {"c": rng.random(shape) < 0.5, "x": rng.random(shape) < 0.5}
+    with pytest.raises(Exception, match=r"CPU EP|Where"):
+        qnn_session(model.SerializeToString())
+    with pytest.raises(Exception, match=r"implementation for Where"):
+        cpu_session(model.SerializeToString())
+    out = qnn_session(_fixed(model, "bool_where_as_logic")).run(None, feeds)[0]
+    np.testing.assert_array_equal(out, np.where(feeds["c"], feeds["x"], True))

@@ -13,7 +13,7 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["BoolCastToInt64", "FloatCastToBool", "Int64InputsToInt32", "IntCastToBool"]
+__all__ = ["BoolCastToInt64", "BoolWhereAsLogic", "FloatCastToBool", "Int64InputsToInt32", "IntCastToBool"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,55 @@ class FloatCastToBool(IntCastToBool):
     name = "float_cast_to_bool"
     defect = "QNN HTP casts floats beyond float16's range to bool as False (silent wrong output)"
     sources = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+
+
+# ------------------------------------------------------------------------------- Where on bool -> logic
+
+
+@register(order=164)
+class BoolWhereAsLogic(QnnPass):
+    """Write a ``Where`` of bool values as ``Or(And(c, x), And(Not(c), y))``.
+
+    The QNN EP declines Where on bool data ("Failed to add node."), and ONNX Runtime's CPU EP has no Where kernel
+    for bool either, so a graph holding one could not be built at all and ran wholly in PyTorch: a boolean
+    ``scatter`` (DeepSeek-V3.2's sparse-attention indexer marks the picked keys with ``mask.scatter(-1, idx,
+    True)``, which the direct translator writes as a Where on bool) sent DeepSeek-V3.2, GLM-MoE-DSA and four more
+    families to PyTorch. And, Or and Not on bool run on QNN (onnxruntime-qnn 2.7.0, soc 60). Exact: the same truth
+    table, with Where's multidirectional broadcasting (And and Or broadcast the same way). Shape classes: any bool
+    Where.
+    """
+
+    name = "bool_where_as_logic"
+    defect = "Where on bool is declined by the QNN EP and has no CPU EP kernel: the graph could not be built at all"
+
+    def match(self, node: ir.Node) -> tuple[ir.Value, ir.Value, ir.Value] | None:
+        """The condition and the two bool values of a Where on bool, or None."""
+        if not _graph.is_op(node, "Where") or len(node.inputs) != 3:
+            return None
+        c, x, y = node.inputs
+        if c is None or x is None or y is None or x.dtype != ir.DataType.BOOL or y.dtype != ir.DataType.BOOL:
+            return None
+        return c, x, y
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def logic(
+            names: UniqueNames, node: ir.Node, found: tuple[ir.Value, ir.Value, ir.Value]
+        ) -> tuple[list[ir.Node], ir.Value]:
+            c, x, y = found
+            bool_ = ir.DataType.BOOL
+            out_shape = _graph.static_shape(node.outputs[0])
+            picked = _graph.new_value(names("picked"), bool_, None)
+            other = _graph.new_value(names("not"), bool_, _graph.static_shape(c))
+            rest = _graph.new_value(names("rest"), bool_, None)
+            result = _graph.new_value(names("out"), bool_, out_shape)
+            return [
+                ir.Node("", "And", [c, x], outputs=[picked]),
+                ir.Node("", "Not", [c], outputs=[other]),
+                ir.Node("", "And", [other, y], outputs=[rest]),
+                ir.Node("", "Or", [picked, rest], outputs=[result]),
+            ], result
+
+        return self.replace_matched(graph, "qnnx_bool_where", logic)
 
 
 # ------------------------------------------------------------------------ bool -> int64 through int32
