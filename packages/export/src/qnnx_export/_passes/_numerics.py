@@ -101,7 +101,7 @@ class SoftmaxInputFloor(QnnPass):
     On QNN HTP the mask saturates to float16's -65504 and ``-65504 + s`` rounds to a grid of 32, so the row came
     back as a softmax of rounding noise, 0.125 off on 8 keys (onnxruntime-qnn 2.7.0, soc 60); the padding rows'
     keys and values then differed in every later layer, and the first-call check sent the prefill graphs of
-    Gemma-2, GPT-Neo and Llama with eager attention to PyTorch. With the floor every masked score is exactly
+    Gemma-2, VaultGemma, GPT-NeoX-Japanese and Llama with eager attention to PyTorch. With the floor every masked score is exactly
     -32768: a fully masked row is uniform as in eager, a partly masked row gives its masked keys exp(-32768 - max)
     = 0 as before. Scores below -32768 change (they are beyond what float16 adds exactly, and HTP saturates them
     anyway). Shape classes: float Softmax of static rank 1-4, any axis; at rank 5 it is left alone (the QNN EP
