@@ -135,9 +135,13 @@ def _compile_record(structure: Any, device: str, material: Mapping[str, Any]) ->
 
 def compile_crashed(structure: Any, device: str, material: Mapping[str, Any], cache_dir: str | None) -> str | None:
     """Why the compile of this graph is refused here (a process on this machine died compiling it), or None."""
+    return _crash_refusal(_compile_record(structure, device, material), device, cache_dir)
+
+
+def _crash_refusal(record: str, device: str, cache_dir: str | None) -> str | None:
     try:
         crashes = store(cache_dir, None)
-        crashed = crashes.load_crashed(_compile_record(structure, device, material))
+        crashed = crashes.load_crashed(record)
     except Exception as exc:  # a crash record is best effort: never a reason not to compile
         logger.debug("qnn backend: no context store to read crashed compiles from (%s)", exc)
         return None
@@ -159,15 +163,16 @@ def guarded_compile(structure: Any, device: str, material: Mapping[str, Any], ca
 
     ``material`` is the session's options; the record lives in the context store's crash records (qnnx-ctxcache's
     ``guard_load``/``load_crashed``, the default store unless ``cache_dir``). Best effort: without a store, none."""
-    refusal = compile_crashed(structure, device, material, cache_dir)
+    record = _compile_record(structure, device, material)  # hashed once: the graph's structure can be megabytes
+    refusal = _crash_refusal(record, device, cache_dir)
     if refusal is not None:
         raise DeviceRejected(refusal)
     try:
         crashes = store(cache_dir, None)
-    except Exception:  # compile_crashed logged it
+    except Exception:  # _crash_refusal logged it
         yield
         return
-    with crashes.guard_load(_compile_record(structure, device, material)):
+    with crashes.guard_load(record):
         yield
 
 
