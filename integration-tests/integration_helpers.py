@@ -69,3 +69,20 @@ def generate_wholly_on_qnn(
         r.summary() for r in reports
     ]
     return out, ref
+
+
+def train(model: torch.nn.Module, steps: int, loss_at: Any, lr: float = 3e-3, adamw: bool = False) -> torch.nn.Module:
+    """Train ``model`` ``steps`` steps of Adam (AdamW with ``adamw``) on ``loss_at(model, step)``, on one thread (tiny
+    matrices: one thread is faster than several on a shared machine); returns it in eval mode."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        optimizer = (torch.optim.AdamW if adamw else torch.optim.Adam)(model.parameters(), lr=lr)
+        for step in range(steps):
+            loss = loss_at(model, step)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()

@@ -14,7 +14,6 @@ from qnnx_backend._quantspec import (
     DEFAULT_MIN_SQNR,
     LLM_MODULE_WEIGHT_TYPES,
     PRESETS,
-    RECIPES,
     WEIGHT_TYPES,
     module_weight_type,
 )
@@ -35,30 +34,30 @@ def test_presets_name_their_types(name, types):
     """'a16w8' is uint16 activations with uint8 weights, 'a8w8' uint8 for both; both keep the default SQNR floor."""
     spec = _quantize(name)
     assert (spec.activation_type, spec.weight_type) == types
-    assert spec.per_channel is False and spec.calibration == "minmax" and spec.min_sqnr == DEFAULT_MIN_SQNR
+    assert spec.per_channel is True and spec.calibration == "minmax" and spec.min_sqnr == DEFAULT_MIN_SQNR
     assert spec.label == name
 
 
 @given(scheme=st.sampled_from(sorted(PRESETS)), per_channel=st.one_of(st.none(), st.booleans()))
-def test_int4_weights_are_per_channel_unless_told(scheme, per_channel):
-    """int4 weights (the a16w4 preset, or weight_type='int4' on any scheme) get one scale per output channel by
-    default; an explicit per_channel wins; other weight types stay per tensor by default."""
+def test_weights_are_per_channel_unless_told(scheme, per_channel):
+    """Every scheme, in its string and its dict form and with any weight type, gives one weight scale per output
+    channel by default; an explicit per_channel wins, and only per-tensor weights are named in the label."""
+    assert _quantize(scheme).per_channel is True
     for mapping in ({"scheme": scheme}, {"scheme": scheme, "weight_type": "int4"}):
         if per_channel is not None:
             mapping["per_channel"] = per_channel
         spec = _quantize(mapping)
-        recipe = RECIPES.get(scheme, {}).get("per_channel", False)
-        expected = per_channel if per_channel is not None else (spec.weight_type == "int4" or recipe)
-        assert spec.per_channel is expected
+        assert spec.per_channel is (per_channel is not False)
+        assert ("per-tensor" in spec.label) is (per_channel is False)
     assert _quantize("a16w4").per_channel is True and _quantize("a16w4").weight_type == "int4"
 
 
 def test_mapping_starts_from_its_scheme_and_overrides():
     """A mapping starts from its scheme (a16w8 by default) and sets the details, min_sqnr included."""
-    spec = _quantize({"scheme": "a8w8", "calibration": "Percentile", "per_channel": True, "min_sqnr": None})
+    spec = _quantize({"scheme": "a8w8", "calibration": "Percentile", "per_channel": False, "min_sqnr": None})
     assert (spec.activation_type, spec.weight_type, spec.calibration) == ("uint8", "uint8", "percentile")
-    assert spec.per_channel and spec.min_sqnr is None
-    assert spec.label == "a8w8 (per-channel, percentile)"
+    assert not spec.per_channel and spec.min_sqnr is None
+    assert spec.label == "a8w8 (per-tensor, percentile)"
     assert _quantize({"keep_float_ops": ["Softmax", "LayerNormalization"]}).keep_float_ops == (
         "LayerNormalization",
         "Softmax",
@@ -170,7 +169,7 @@ def test_cache_material_changes_with_every_setting_but_the_floor():
     """The settings that change the quantized model are cache material; min_sqnr only decides whether it is used."""
     base = _quantize("a16w8").cache_material()
     assert _quantize({"min_sqnr": 40}).cache_material() == base
-    for change in ({"per_channel": True}, {"calibration": "entropy"}, {"weight_type": "int8"}, {"scheme": "a8w8"}):
+    for change in ({"per_channel": False}, {"calibration": "entropy"}, {"weight_type": "int8"}, {"scheme": "a8w8"}):
         assert _quantize(change).cache_material() != base
 
 

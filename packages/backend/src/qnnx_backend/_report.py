@@ -46,7 +46,7 @@ class QuantizationReport:
     """
 
     scheme: str
-    """The scheme, e.g. ``a16w8`` or ``a8w8 (per-channel, percentile)``."""
+    """The scheme, e.g. ``a16w8`` or ``a8w8 (per-tensor, percentile)``."""
     activation_type: str
     weight_type: str
     samples: int
