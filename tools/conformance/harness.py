@@ -55,6 +55,12 @@ RTOL = 1e-2  # float outputs: max|got - ref| <= RTOL * max|ref| + ATOL over the 
 # on O(1) outputs, whatever the output's own size: sigmoid(-8.5) reads 5e-4 instead of 2e-4. ATOL admits that much
 # and no more; a relative-only bound would call a 3e-4 error on a lone tiny output "wrong" at 1.35x its value.
 ATOL = 1e-3
+# Some samples are so ill-conditioned that fp16 itself cannot meet RTOL: attention over scores of about 200 (OpInfo's
+# inputs reach +-9) moves by 0.8% of its output when only its inputs are rounded to fp16, and HTP, which rounds every
+# intermediate too, lands at 1-2%. When an output misses the bound above, it is given the error that rounding the
+# call's float inputs to fp16 causes in eager PyTorch, FP16_FUDGE times over, on top; a case passed that way is
+# marked ``fp16_sensitive`` with both figures, and the report lists it. An error beyond that is still wrong.
+FP16_FUDGE = 3.0
 # Ops whose output values are undefined (uninitialized memory): only structure, shape and dtype are compared.
 UNDEFINED_VALUES = frozenset(
     {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
@@ -343,7 +349,7 @@ class Mismatch:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
-def _float_mismatch(i: int, got: Any, ref: Any) -> Mismatch | None:
+def _float_mismatch(i: int, got: Any, ref: Any, allowance: float = 0.0) -> Mismatch | None:
     import torch
 
     g = got.detach().to(torch.float64).flatten()
@@ -371,7 +377,7 @@ def _float_mismatch(i: int, got: Any, ref: Any) -> Mismatch | None:
     scale = rf.abs().max().item()
     err = (gf - rf).abs().max().item()
     rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
-    if err <= RTOL * scale + ATOL:
+    if err <= RTOL * scale + ATOL + allowance:
         return None
     return Mismatch(
         i,
@@ -383,9 +389,10 @@ def _float_mismatch(i: int, got: Any, ref: Any) -> Mismatch | None:
     )
 
 
-def compare(got: Any, ref: Any, *, values: bool = True) -> Mismatch | None:
+def compare(got: Any, ref: Any, *, values: bool = True, allowance: Sequence[float] = ()) -> Mismatch | None:
     """The first difference of ``got`` from ``ref`` (eager), or None. ``values=False`` checks the structure, shapes
-    and dtypes only (ops with random or undefined output values)."""
+    and dtypes only (ops with random or undefined output values). ``allowance[i]``: an absolute error admitted on
+    float output leaf ``i`` on top of the fixed bound (see :data:`FP16_FUDGE`)."""
     import torch
 
     g_leaves = _leaves(got)[0]
@@ -412,7 +419,7 @@ def compare(got: Any, ref: Any, *, values: bool = True) -> Mismatch | None:
             continue
         g, r = _plain(g), _plain(r)
         if r.is_floating_point():
-            m = _float_mismatch(i, g, r)
+            m = _float_mismatch(i, g, r, allowance[i] if i < len(allowance) else 0.0)
             if m is not None:
                 return m
         elif not torch.equal(g, r):
@@ -558,6 +565,30 @@ def _eager(case: Case, seed: int | None) -> Any:
         return case.fn(*_clone(case.tensors))
 
 
+def fp16_input_rounding_error(case: Case, ref: Any) -> list[float]:
+    """Per output leaf of ``ref``: max |eager(inputs rounded to fp16) - ref| over the finite elements of both (0.0
+    for a leaf that is not a float tensor). How far fp16 alone moves the sample's outputs: the conditioning of the
+    sample, whatever computes it."""
+    import torch
+
+    rounded = [
+        t.to(torch.float16).to(t.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+        for t in _clone(case.tensors)
+    ]
+    torch.manual_seed(SEED)
+    with torch.no_grad():
+        moved = case.fn(*rounded)
+    errors = []
+    for m, r in zip(_leaves(moved)[0], _leaves(ref)[0], strict=True):
+        if not (isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(m, torch.Tensor)):
+            errors.append(0.0)
+            continue
+        m64, r64 = _plain(m).detach().to(torch.float64), _plain(r).detach().to(torch.float64)
+        both = torch.isfinite(m64) & torch.isfinite(r64)
+        errors.append(float((m64 - r64)[both].abs().max()) if bool(both.any()) else 0.0)
+    return errors
+
+
 def run_case(case: Case, phase: Callable[[str], None] = lambda _p: None) -> dict[str, Any]:
     """Run one case and classify it; never raises (except for a dead process, which the parent records)."""
     import torch
@@ -625,6 +656,17 @@ def run_case(case: Case, phase: Callable[[str], None] = lambda _p: None) -> dict
             mismatch = compare(got, ref, values=compare_values)
         except Exception as exc:  # a comparison the harness cannot make is a wrong result to look at
             mismatch = Mismatch(-1, "compare", f"comparison raised {head(exc)}")
+        if mismatch is not None and mismatch.kind == "values" and mismatch.rel_err is not None:
+            with contextlib.suppress(Exception):  # no figure: the case stays wrong
+                rounding = fp16_input_rounding_error(case, ref)
+                if compare(got, ref, values=compare_values, allowance=[FP16_FUDGE * e for e in rounding]) is None:
+                    i = mismatch.output
+                    rec["fp16_sensitive"] = {
+                        "output": i,
+                        "rel_err": mismatch.rel_err,
+                        "input_rounding_rel_err": rounding[i] / mismatch.max_abs_ref if mismatch.max_abs_ref else None,
+                    }
+                    mismatch = None
         if mismatch is not None:
             rec.update(status="wrong", mismatch=mismatch.to_dict(), detail=mismatch.detail)
             if mismatch.rel_err is not None:
