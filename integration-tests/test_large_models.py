@@ -86,15 +86,34 @@ def test_parts_are_cached_and_a_hit_runs_them(tmp_path: Path) -> None:
     assert torch.equal(first, second)
 
 
-def _tiny_llama(layers: int) -> nn.Module:
+def _tiny_llama(layers: int, vocab: int = 128, tied: bool = False) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=tied,
     )  # fmt: skip
     model: nn.Module = transformers.LlamaForCausalLM(config).eval()
     return model
+
+
+def test_a_tied_embedding_counts_as_the_two_copies_qnn_stores(tmp_path: Path) -> None:
+    """QNN stores a tied embedding table twice (the embedding's table, the output head's weight): the report's weight
+    bytes say so, as the context's size does (one copy would be about half of it), and as for the untied model."""
+    figures = {}
+    for tied in (True, False):
+        model = _tiny_llama(layers=1, vocab=8192, tied=tied)
+        ids = torch.randint(3, 8192, (1, 8), generator=torch.Generator().manual_seed(1))
+        _compile(lambda x, m=model: m(input_ids=x, use_cache=False).logits, ids, cache=True, cache_dir=str(tmp_path))
+        report = qnnx_backend.compile_reports()[-1]
+        assert set(report.placement) == {"QNNExecutionProvider"} and report.context_bytes, report.summary()
+        figures[tied] = (report.weight_bytes, report.context_bytes)
+    table = 8192 * 32 * 2  # float16 on the NPU
+    assert figures[True][0] == figures[False][0] >= 2 * table, figures
+    for weights, context in figures.values():  # measured: 1,068,674 weight bytes, contexts of 1,217,386
+        assert weights <= context <= weights + 256 * 1024, figures  # the context's own overhead: about 150 KiB
+        assert weights - table + 256 * 1024 < context, figures  # one copy of the table would be far too few
 
 
 def test_a_decoder_split_in_four_parts_generates_eager_tokens() -> None:

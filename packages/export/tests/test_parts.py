@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from qnnx_export import extract_parts, plan_parts, weight_bytes
+from qnnx_export import extract_parts, plan_parts, stored_weight_bytes, weight_bytes
 from qnnx_export.errors import ExportError
 
 
@@ -216,3 +216,56 @@ def test_a_node_above_the_budget_keeps_the_small_nodes_after_it() -> None:
     last = [model.graph.node[i].name for i in plan.parts[-1].nodes]
     assert "lm_head" in last and "tail" in last, [p.nodes for p in plan.parts]
     assert plan.parts[-1].weight_bytes <= 64 * 8 * 4 + 1024 // 8  # the table and the bias
+
+
+def test_a_tied_table_is_stored_twice_and_the_budget_sees_it() -> None:
+    """QNN stores a tied table twice (as the Gather's table and, transposed, as the head's weight): the stored bytes
+    count it twice, and a budget that one copy fits but two do not splits the model."""
+    model, vocab, hidden = _tied(), 64, 8
+    table = vocab * hidden * 4
+    assert weight_bytes(model) == table + hidden * hidden * 4
+    assert stored_weight_bytes(model) == 2 * table + hidden * hidden * 4
+    assert stored_weight_bytes(model, float32_bytes=2) == table + hidden * hidden * 2
+    plan = plan_parts(model, weight_bytes(model) + 64)
+    assert plan.total_weight_bytes == stored_weight_bytes(model) and len(plan.parts) == 2, plan.describe()
+
+
+_READERS = ("gather", "gather_again", "matmul", "matmul_again", "transposed", "transposed_again")
+
+
+@given(readers=st.sets(st.sampled_from(_READERS), min_size=1))
+def test_stored_bytes_count_a_weight_once_per_way_qnn_stores_it(readers: set[str]) -> None:
+    """Property: a [16, 4] weight read by any mix of Gathers (as their table), MatMuls (directly) and MatMuls of its
+    Transpose (each a folded tensor of its own) is stored once as a table if any Gather reads it, once as a weight
+    if any MatMul reads it directly, and once per Transpose; other readers of the same kind share the copy."""
+    w = numpy_helper.from_array(np.ones((16, 4), np.float32), "w")
+    nodes, outputs = [], []
+    for k, kind in enumerate(sorted(readers)):
+        out = f"y{k}"
+        if kind.startswith("gather"):
+            nodes.append(helper.make_node("Gather", ["w", "ids"], [out]))
+        elif kind.startswith("matmul"):
+            nodes.append(helper.make_node("MatMul", ["x16", "w"], [out]))
+        else:
+            nodes.append(helper.make_node("Transpose", ["w"], [f"t{k}"], perm=[1, 0]))
+            nodes.append(helper.make_node("MatMul", ["x4", f"t{k}"], [out]))
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes,
+        "readers",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("x16", TensorProto.FLOAT, [1, 16]),
+            helper.make_tensor_value_info("x4", TensorProto.FLOAT, [1, 4]),
+        ],
+        outputs,
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    copies = (
+        any(r.startswith("gather") for r in readers)
+        + any(r.startswith("matmul") for r in readers)
+        + sum(r.startswith("transposed") for r in readers)
+    )
+    assert stored_weight_bytes(model) == copies * 16 * 4 * 4
+    assert weight_bytes(model) == 16 * 4 * 4

@@ -102,21 +102,23 @@ def _float32_bytes(device: str) -> int:
 
 def held_weight_bytes(proto: Any, device: str) -> int:
     """The bytes of ``proto``'s weights as ``device`` holds them: float32 as float16 on the NPU (HTP computes floats
-    in float16), quantized weights at their width (from types and shapes; external data is not read)."""
+    in float16), quantized weights at their width (from types and shapes; external data is not read), and a tensor
+    that QNN stores twice counted twice (a tied embedding table: as the Gather's table and as the output head's
+    weight; see ``qnnx_export.stored_weight_bytes``)."""
     import qnnx_export
 
-    return int(qnnx_export.weight_bytes(proto, float32_bytes=_float32_bytes(device)))
+    return int(qnnx_export.stored_weight_bytes(proto, float32_bytes=_float32_bytes(device)))
 
 
 def plan_for(proto: Any, max_bytes: int, device: str) -> tuple[Any, Any] | None:
     """(the model with inferred shapes, its ``qnnx_export.PartsPlan``), or None when its weights fit ``max_bytes``
-    (float32 weights count as float16 on the NPU, which computes floats in float16)."""
+    (float32 weights count as float16 on the NPU, which computes floats in float16; a tensor QNN stores twice, twice)."""
     import onnx
 
     import qnnx_export
 
     float32_bytes = _float32_bytes(device)
-    if qnnx_export.weight_bytes(proto, float32_bytes=float32_bytes) <= max_bytes:
+    if qnnx_export.stored_weight_bytes(proto, float32_bytes=float32_bytes) <= max_bytes:
         return None
     inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     return inferred, qnnx_export.plan_parts(inferred, max_bytes, float32_bytes=float32_bytes)

@@ -167,7 +167,9 @@ class CompileReport:
     (empty: one context)."""
     weight_bytes: int | None = None
     """The bytes of the graph's weights as the device holds them: float32 counted as float16 on the NPU (which
-    computes floats in float16), quantized weights at their width; None when unknown (eager, a saved function)."""
+    computes floats in float16), quantized weights at their width, and a tensor QNN stores twice counted twice (a
+    tied embedding table: as the embedding's table and as the output head's weight); None when unknown (eager, a
+    saved function)."""
     context_bytes: int | None = None
     """The bytes on disk of the compiled QNN context(s) the graph runs from (every part; the ``_ctx.onnx`` files and
     the binaries they reference); None when no context was written or loaded (``cache=False`` on one context)."""

@@ -13,7 +13,7 @@ from qnnx_export._export import ExportedGraph, export
 from qnnx_export._fast import supported_ops as fast_path_ops
 from qnnx_export._fingerprint import fingerprint
 from qnnx_export._options import EXPORTERS, ExportOptions
-from qnnx_export._parts import Part, PartsPlan, extract_parts, plan_parts, weight_bytes
+from qnnx_export._parts import Part, PartsPlan, extract_parts, plan_parts, stored_weight_bytes, weight_bytes
 from qnnx_export._signature import GraphSignature, InputSpec, OutputSlot, RowWriteback
 from qnnx_export._version import __version__
 
@@ -39,6 +39,7 @@ __all__ = [
     "fingerprint",
     "lift_mutations",
     "plan_parts",
+    "stored_weight_bytes",
     "weight_bytes",
     "written_arguments",
 ]

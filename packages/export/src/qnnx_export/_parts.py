@@ -24,7 +24,7 @@ from qnnx_export.errors import ExportError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["Part", "PartsPlan", "extract_parts", "plan_parts", "weight_bytes"]
+__all__ = ["Part", "PartsPlan", "extract_parts", "plan_parts", "stored_weight_bytes", "weight_bytes"]
 
 # Bits per element of each ONNX tensor type (onnx.TensorProto's numbers; sub-byte types are packed).
 _FLOAT = 1
@@ -62,6 +62,79 @@ def weight_bytes(model: onnx.ModelProto, *, float32_bytes: float = 4) -> int:
     return sum(_tensor_bytes(t.data_type, t.dims, float32_bytes) for t in model.graph.initializer)
 
 
+def stored_weight_bytes(model: onnx.ModelProto, *, float32_bytes: float = 4) -> int:
+    """The bytes of weights a QNN context built from ``model`` stores: like :func:`weight_bytes`, except that a tensor
+    read in two ways is stored twice. On onnxruntime-qnn 2.7.0 HTP a [32768, 64] float table read both by a Gather
+    (as its data) and by a Gemm (``transB=1``, as its weight) gave a context of twice the table's float16 bytes, and
+    so did the Gather beside a MatMul of its Transpose (how a tied embedding's output head is exported: ONNX Runtime
+    folds the Transpose into a tensor of its own); two MatMuls, or two Gathers, reading one tensor stored it once.
+    So each value is counted once as a Gather's data and once as anything else, and a value computed from
+    initializers alone (which ONNX Runtime folds) is counted as its own tensor, of its initializers' bytes."""
+    stores, _ = _stores(model, float32_bytes)
+    return sum(stores.values())
+
+
+_Key = tuple[str, bool]
+"""A stored tensor: the value a node reads, and whether it is read as a Gather's data (a table)."""
+
+
+def _stores(model: onnx.ModelProto, float32_bytes: float) -> tuple[dict[_Key, int], list[tuple[_Key, ...]]]:
+    """(every stored tensor of ``model`` with its bytes, and per node the stored tensors it reads); initializers no
+    node reads are stored as they are."""
+    g = model.graph
+    inits = {t.name: _tensor_bytes(t.data_type, t.dims, float32_bytes) for t in g.initializer}
+    const_inits, _, is_const = _constants(list(g.node), inits)
+    stores: dict[_Key, int] = {}
+    per_node: list[tuple[_Key, ...]] = []
+    read: set[str] = set()
+    for i, node in enumerate(g.node):
+        keys: dict[_Key, None] = {}
+        if is_const[i]:  # folded: the nodes that read its value store it
+            per_node.append(())
+            continue
+        for x in dict.fromkeys([*node.input, *_subgraph_uses(node)]):
+            if x in inits:
+                sources: tuple[str, ...] = (x,)
+            elif x in const_inits:
+                sources = const_inits[x]
+            else:
+                continue
+            key = (x, node.op_type == "Gather" and bool(node.input) and node.input[0] == x)
+            stores[key] = sum(inits[y] for y in sources)
+            read.update(sources)
+            keys[key] = None
+        per_node.append(tuple(keys))
+    for name, size in inits.items():
+        if name not in read:
+            stores[(name, False)] = size
+    return stores, per_node
+
+
+def _constants(
+    nodes: Sequence[onnx.NodeProto], inits: dict[str, int]
+) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[int, ...]], list[bool]]:
+    """The values computed from initializers alone (ONNX Runtime folds them): each with the initializers it is
+    computed from and the nodes that compute it, and per node whether it is such a computation."""
+    const_inits: dict[str, tuple[str, ...]] = {}
+    const_nodes: dict[str, tuple[int, ...]] = {}
+    is_const = [False] * len(nodes)
+    for i, node in enumerate(nodes):
+        inputs = [x for x in node.input if x]
+        has_graph = any(a.type in (_GRAPH_ATTRIBUTE, 10) for a in node.attribute)  # GRAPH, GRAPHS
+        if has_graph or node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        if not all(x in inits or x in const_inits for x in inputs):
+            continue
+        is_const[i] = True
+        sources = dict.fromkeys(y for x in inputs for y in ((x,) if x in inits else const_inits[x]))
+        computed = sorted({i, *(k for x in inputs if x in const_nodes for k in const_nodes[x])})
+        for name in node.output:
+            if name:
+                const_inits[name] = tuple(sources)
+                const_nodes[name] = tuple(computed)
+    return const_inits, const_nodes, is_const
+
+
 @attrs.frozen
 class Part:
     """One part: the nodes ``start:stop`` of the model's graph, in order.
@@ -71,7 +144,8 @@ class Part:
         stop: One past its last node.
         nodes: The indices of the nodes it holds: its own (``start:stop``, constants left out) and a copy of the
             constant nodes (computed from initializers alone) it reads, which ONNX Runtime folds.
-        weight_bytes: The bytes of the initializers its nodes use (a tensor used by two parts counts in both).
+        weight_bytes: The bytes of the weights its context stores (see :func:`stored_weight_bytes`; a tensor used
+            by two parts counts in both).
         inputs: What the part reads from outside itself: the model's inputs and the earlier parts' outputs.
         outputs: What it hands on: the model's outputs it computes and the values later parts read.
         first_node: The name (or op type, for an unnamed node) of its first node, for reports.
@@ -93,7 +167,8 @@ class PartsPlan:
     Attributes:
         parts: The parts, in the order they run; one part when the model fits the budget.
         max_bytes: The budget the plan was made for.
-        total_weight_bytes: The model's weight bytes, each tensor counted once.
+        total_weight_bytes: The model's weight bytes as one context would store them (see
+            :func:`stored_weight_bytes`).
         crossing_bytes: The activation bytes passed between consecutive parts, one figure per cut.
     """
 
@@ -168,32 +243,16 @@ class _Graph:
                     producer[name] = i
         self.producer = producer
         # constant values: each with the initializers it is computed from and the nodes that compute it
-        self.const_inits: dict[str, tuple[str, ...]] = {}
-        self.const_nodes: dict[str, tuple[int, ...]] = {}
-        self.is_const = [False] * n
-        for i, node in enumerate(self.nodes):
-            inputs = [x for x in node.input if x]
-            has_graph = any(a.type in (_GRAPH_ATTRIBUTE, 10) for a in node.attribute)  # GRAPH, GRAPHS
-            if has_graph or node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx"):
-                continue
-            if not all(x in self.inits or x in self.const_inits for x in inputs):
-                continue
-            self.is_const[i] = True
-            inits = dict.fromkeys(y for x in inputs for y in ((x,) if x in self.inits else self.const_inits[x]))
-            nodes = sorted({i, *(k for x in inputs if x in self.const_nodes for k in self.const_nodes[x])})
-            for name in node.output:
-                if name:
-                    self.const_inits[name] = tuple(inits)
-                    self.const_nodes[name] = tuple(nodes)
+        self.const_inits, self.const_nodes, self.is_const = _constants(self.nodes, self.inits)
+        # what a QNN context stores: per node the stored tensors it reads (see stored_weight_bytes)
+        self.stores, self.node_stores = _stores(model, float32_bytes)
         self.uses: list[tuple[str, ...]] = []  # per node: values of the main graph it reads (subgraphs included)
-        self.node_inits: list[tuple[str, ...]] = []  # per node: the initializers it needs, through constants too
         self.node_consts: list[tuple[str, ...]] = []  # per node: the constant values it reads
         last_use: dict[str, int] = {}
         first_use: dict[str, int] = {}  # of the model's inputs: live from where they are first read
         for i, node in enumerate(self.nodes):
             if self.is_const[i]:
                 self.uses.append(())
-                self.node_inits.append(())
                 self.node_consts.append(())
                 continue
             names = dict.fromkeys([*(x for x in node.input if x), *_subgraph_uses(node)])
@@ -201,13 +260,6 @@ class _Graph:
             consts = tuple(x for x in known if x in self.const_inits)
             self.uses.append(tuple(x for x in known if x not in self.const_inits))
             self.node_consts.append(consts)
-            self.node_inits.append(
-                tuple(
-                    dict.fromkeys(
-                        [*(x for x in known if x in self.inits), *(y for c in consts for y in self.const_inits[c])]
-                    )
-                )
-            )
             for x in self.uses[-1]:
                 if x in producer or x not in self.inits:
                     last_use[x] = i
@@ -220,7 +272,7 @@ class _Graph:
                     f"split (compile it whole, or output a node's value instead)"
                 )
         self.last_use = last_use
-        self.node_bytes = [sum(self.inits[x] for x in inits) for inits in self.node_inits]
+        self.node_bytes = [sum(self.stores[k] for k in keys) for keys in self.node_stores]
         types = _value_types(model)
         # cut k falls before node k: a value crosses it when produced (a model input: first read) before k and
         # read at or after k.
@@ -302,7 +354,7 @@ def plan_parts(model: onnx.ModelProto, max_bytes: int, *, float32_bytes: float =
         )
     g = _Graph(model, float32_bytes)
     n = len(g.nodes)
-    total = sum(g.inits.values())
+    total = sum(g.stores.values())
     if n == 0 or total <= max_bytes:
         inputs, outputs = g.part(0, n, set())
         first = _label(g.nodes[0]) if n else ""
@@ -315,14 +367,14 @@ def plan_parts(model: onnx.ModelProto, max_bytes: int, *, float32_bytes: float =
     for i in range(n):
         if best[i] == inf:
             continue
-        seen: set[str] = set()
+        seen: set[_Key] = set()
         size = heaviest = 0
         first_excess = None  # the excess at the first possible cut past the budget
         for j in range(i + 1, n + 1):
-            for name in g.node_inits[j - 1]:
-                if name not in seen:
-                    seen.add(name)
-                    size += g.inits[name]
+            for key in g.node_stores[j - 1]:
+                if key not in seen:
+                    seen.add(key)
+                    size += g.stores[key]
             heaviest = max(heaviest, g.node_bytes[j - 1])
             if j < n and not g.cuttable[j]:
                 continue
@@ -347,7 +399,7 @@ def plan_parts(model: onnx.ModelProto, max_bytes: int, *, float32_bytes: float =
         for i in range(b, n):
             later.update(g.uses[i])
         inputs, outputs = g.part(a, b, later)
-        size = sum(g.inits[x] for x in dict.fromkeys(x for i in range(a, b) for x in g.node_inits[i]))
+        size = sum(g.stores[k] for k in dict.fromkeys(k for i in range(a, b) for k in g.node_stores[i]))
         own = [i for i in range(a, b) if not g.is_const[i]] or [a]
         parts.append(Part(a, b, g.part_nodes(a, b), size, inputs, outputs, _label(g.nodes[own[0]])))
     return PartsPlan(tuple(parts), max_bytes, total, tuple(int(g.crossing[b]) for b in bounds[1:-1]))
