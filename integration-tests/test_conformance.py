@@ -237,3 +237,21 @@ def test_fp16_input_rounding_error_is_what_fp16_inputs_move():
     (steep_err,) = harness.fp16_input_rounding_error(steep, torch.exp(x * 100.0))
     mild_rel, steep_rel = mild_err / 0.3, steep_err / float(torch.exp(x * 100.0).max())
     assert 0 < mild_rel < 1e-3 < steep_rel and steep_rel > 10 * mild_rel
+
+
+def test_a_resumed_run_sums_the_time_of_its_finished_segments(tmp_path):
+    """read_meta over a run started, stopped, resumed twice: the first start stays the run's, the finished segments'
+    minutes add up, and the stopped one is counted without a time."""
+    harness = _load_harness()
+    jsonl = tmp_path / "cases.jsonl"
+    for meta in (
+        {"started": "t0", "samples": 0},
+        {"resumed": "t1"},
+        {"finished": "t2", "wall_minutes": 58.9},
+        {"resumed": "t3"},
+        {"finished": "t4", "wall_minutes": 0.2},
+    ):
+        harness.append_line(jsonl, {"meta": meta})
+    meta = harness.read_meta(jsonl)
+    assert meta["started"] == "t0" and meta["samples"] == 0 and meta["finished"] == "t4"
+    assert (meta["wall_minutes"], meta["segments"], meta["finished_segments"]) == (59.1, 3, 2)

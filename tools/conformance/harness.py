@@ -708,10 +708,14 @@ def read_jsonl(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """The run's metadata: the ``{"meta": ...}`` lines merged in order (the run's start, then its end), or {}."""
+    """The run's metadata: the ``{"meta": ...}`` lines merged in order (the run's start, then its end), or {}. A run
+    resumed in several segments (each started with ``--resume``) sums their ``wall_minutes`` and counts them in
+    ``segments`` and ``finished_segments`` (a stopped segment records no end, hence no time)."""
     meta: dict[str, Any] = {}
     if not path.exists():
         return meta
+    wall = 0.0
+    started = finished = 0
     with path.open(errors="replace") as fh:
         for line in fh:
             if not line.startswith('{"meta"'):
@@ -719,7 +723,14 @@ def read_meta(path: Path) -> dict[str, Any]:
             with contextlib.suppress(ValueError):
                 rec = json.loads(line)
                 if isinstance(rec, dict) and isinstance(rec.get("meta"), dict):
+                    started += "started" in rec["meta"] or "resumed" in rec["meta"]
+                    if isinstance(rec["meta"].get("wall_minutes"), int | float):
+                        finished += 1
+                        wall += rec["meta"]["wall_minutes"]
                     meta.update(rec["meta"])
+    if finished:
+        meta["wall_minutes"] = round(wall, 1)
+    meta["segments"], meta["finished_segments"] = max(started, finished), finished
     return meta
 
 
@@ -831,6 +842,8 @@ def run_cases(
         jsonl.write_text("")
         if meta is not None:
             append_line(jsonl, {"meta": meta})
+    elif meta is not None:  # a resumed segment: its start counts it (read_meta), the first start stays the run's
+        append_line(jsonl, {"meta": {"resumed": meta.get("started")}})
     marker = jsonl.with_name(jsonl.name + ".current")
     log_path = jsonl.with_name(jsonl.name + ".worker.log")
     cases_file = None

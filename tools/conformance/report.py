@@ -188,6 +188,8 @@ def write(records: dict[str, dict[str, Any]], meta: dict[str, Any], out: Path) -
             "fp16_fudge": harness.FP16_FUDGE,
             "timeout_s": meta.get("timeout"),
             "wall_minutes": meta.get("wall_minutes"),
+            "segments": meta.get("segments"),
+            "finished_segments": meta.get("finished_segments"),
         },
         **summary,
     }
@@ -262,7 +264,16 @@ def _markdown(doc: dict[str, Any]) -> str:
             "",
         ]
     if s.get("wall_minutes") is not None:
-        lines += [f"The run took {s['wall_minutes']} minutes.", ""]
+        segments, finished = s.get("segments") or 1, s.get("finished_segments") or 1
+        if segments <= 1:
+            lines += [f"The run took {s['wall_minutes']} minutes.", ""]
+        else:
+            stopped = segments - finished
+            lines += [
+                f"The run was resumed: {segments} segments, {s['wall_minutes']} minutes in the {finished} that "
+                "finished" + (f" ({stopped} stopped segment(s) recorded no time)." if stopped else ".") + "",
+                "",
+            ]
     if doc["qnn_devices"]:
         lines += ["Cases on QNN by device: " + ", ".join(f"{k}: {n}" for k, n in doc["qnn_devices"].items()) + ".", ""]
     lines += [
