@@ -267,3 +267,32 @@ def test_block_int4_weights_run_wholly_on_qnn_and_beat_per_channel() -> None:
     # Measured: 28.0 dB per channel, 29.2 in blocks of 16, 26.8 in blocks of 64 (K = 32 and 128: small layers,
     # where one scale per channel is already a block of 32 or 128).
     assert figures[16] > figures[None] + 0.5 and figures[64] > 20, figures
+
+
+def test_int8_weights_keep_an_embedding_on_qnn() -> None:
+    """weight_type='int8' on a model that starts with an embedding: the table is written uint8 (a looked-up table
+    gains nothing from signed storage) with its output converted to the 16-bit activations, so every node runs
+    quantized on QNN (an int8 table put its Gather and every node after it on the CPU EP: a decoder trained in the
+    test suite ran 280 of 576 nodes there), and the held-out output stays near float."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    ).eval()
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    compiled = torch.compile(model, backend="qnn", options={"soc_model": 60, "quantize": {"weight_type": "int8"}})
+
+    def ids(seed: int) -> torch.Tensor:
+        return torch.randint(0, 64, (4, 6), generator=torch.Generator().manual_seed(seed))
+
+    with torch.no_grad():
+        with qnnx_backend.calibrate(compiled):
+            for seed in range(SAMPLES):
+                compiled(ids(seed))
+        x = ids(99)
+        got, ref = compiled(x), model(x)
+    (report,) = qnnx_backend.compile_reports()
+    assert set(report.placement) == {"QNNExecutionProvider"}, report.summary()
+    assert report.quantization is not None and report.quantization.used, report.summary()
+    assert "uint8: 1 Gather in 0" in report.quantization.weights, report.quantization.weights
+    assert cosine(got, ref) > 0.999

@@ -68,7 +68,9 @@ def test_plain_uint8_weights_need_no_override():
 @given(weight=st.sampled_from(["uint8", "int8", "uint16", "int4"]), per_channel=st.booleans())
 def test_signed_weights_are_symmetric_and_per_channel_only_when_asked(weight, per_channel):
     """Property: whatever the scheme's weight type, signed weights are symmetric; an axis is set only for signed
-    MatMul/Gemm weights under per_channel; unsigned weights of the scheme's own type get no override."""
+    MatMul/Gemm weights under per_channel; unsigned weights of the scheme's own type get no override. An int8
+    embedding table is written uint8 (a looked-up table gains nothing from signed storage, and the op tables vouch
+    for uint8 Gathers in QDQ form, not int8), its Gather's output converted to the activations' type."""
     spec = _spec({"weight_type": weight, "per_channel": per_channel})
     got = weight_overrides(_nodes(), INITS, spec, ORIGINS)
     signed = weight in ("int8", "int4")
@@ -79,6 +81,11 @@ def test_signed_weights_are_symmetric_and_per_channel_only_when_asked(weight, pe
         else:
             assert name not in got
     assert ("embed" in got) is signed and "bias" not in got and "scale" not in got
+    if weight == "int8":
+        assert got["embed"] == {"quant_type": "uint8"}
+        assert got["h0"] == {"quant_type": "uint8", "convert": {"quant_type": "uint16", "recv_nodes": {"q_mm"}}}
+    else:
+        assert "h0" not in got
 
 
 def _block_spec(block: int, weight_type: str = "int4"):
@@ -355,14 +362,16 @@ def test_importing_onnxruntimes_block_quantizer_leaves_the_process_logging_alone
 
 @given(table=st.sampled_from(["uint8", "int8", "uint16", "int4"]), activation=st.sampled_from(["uint8", "uint16"]))
 def test_a_narrower_table_gets_its_outputs_type_and_a_conversion_for_its_readers(table, activation):
-    """Property: a Gather table typed by a module entry gets that type (without an override the tooling gives it the
+    """Property: a Gather table typed by a module entry gets that type (int8 is written uint8: see
+    test_signed_weights_are_symmetric_and_per_channel_only_when_asked; without an override the tooling gives it the
     activation type); when it differs from the activation type, the Gather's output takes the table's type with a
     conversion to the activation type for exactly the nodes reading it, and otherwise the output gets no override."""
     spec = _spec({"scheme": "llm-a16w4", "activation_type": activation, "module_weight_types": {"embed_tokens": table}})
     got = weight_overrides(_nodes(), INITS, spec, ORIGINS)
-    assert got.get("embed", {"quant_type": activation})["quant_type"] == table
-    if table != activation:
-        assert got["h0"] == {"quant_type": table, "convert": {"quant_type": activation, "recv_nodes": {"q_mm"}}}
+    written = "uint8" if table == "int8" else table
+    assert got.get("embed", {"quant_type": activation})["quant_type"] == written
+    if written != activation:
+        assert got["h0"] == {"quant_type": written, "convert": {"quant_type": activation, "recv_nodes": {"q_mm"}}}
     else:
         assert "h0" not in got
 
