@@ -129,7 +129,7 @@ class QuantizeSpec:
         if (self.activation_type, self.weight_type) != base:
             extras.append(f"{self.activation_type}/{self.weight_type}")
         if not self.per_channel:
-            extras.append("per-channel" if self.per_channel else "per-tensor")
+            extras.append("per-tensor")
         if self.calibration != "minmax":
             extras.append(self.calibration)
         if self.module_weight_types and dict(self.module_weight_types) != dict(

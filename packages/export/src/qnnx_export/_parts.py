@@ -70,7 +70,10 @@ def stored_weight_bytes(model: onnx.ModelProto, *, float32_bytes: float = 4) -> 
     folds the Transpose into a tensor of its own); two MatMuls, or two Gathers, reading one tensor stored it once.
     So each value is counted once as a Gather's data and once as anything else, and a value computed from
     initializers alone (which ONNX Runtime folds) is counted as its own tensor, of its initializers' bytes."""
-    stores, _ = _stores(model, float32_bytes)
+    nodes = list(model.graph.node)
+    inits = {t.name: _tensor_bytes(t.data_type, t.dims, float32_bytes) for t in model.graph.initializer}
+    const_inits, _, is_const = _constants(nodes, inits)
+    stores, _ = _stores(nodes, inits, const_inits, is_const)
     return sum(stores.values())
 
 
@@ -78,16 +81,18 @@ _Key = tuple[str, bool]
 """A stored tensor: the value a node reads, and whether it is read as a Gather's data (a table)."""
 
 
-def _stores(model: onnx.ModelProto, float32_bytes: float) -> tuple[dict[_Key, int], list[tuple[_Key, ...]]]:
-    """(every stored tensor of ``model`` with its bytes, and per node the stored tensors it reads); initializers no
-    node reads are stored as they are."""
-    g = model.graph
-    inits = {t.name: _tensor_bytes(t.data_type, t.dims, float32_bytes) for t in g.initializer}
-    const_inits, _, is_const = _constants(list(g.node), inits)
+def _stores(
+    nodes: Sequence[onnx.NodeProto],
+    inits: dict[str, int],
+    const_inits: dict[str, tuple[str, ...]],
+    is_const: Sequence[bool],
+) -> tuple[dict[_Key, int], list[tuple[_Key, ...]]]:
+    """(every stored tensor with its bytes, and per node the stored tensors it reads), from the initializers' bytes
+    and :func:`_constants`; initializers no node reads are stored as they are."""
     stores: dict[_Key, int] = {}
     per_node: list[tuple[_Key, ...]] = []
     read: set[str] = set()
-    for i, node in enumerate(g.node):
+    for i, node in enumerate(nodes):
         keys: dict[_Key, None] = {}
         if is_const[i]:  # folded: the nodes that read its value store it
             per_node.append(())
@@ -245,7 +250,7 @@ class _Graph:
         # constant values: each with the initializers it is computed from and the nodes that compute it
         self.const_inits, self.const_nodes, self.is_const = _constants(self.nodes, self.inits)
         # what a QNN context stores: per node the stored tensors it reads (see stored_weight_bytes)
-        self.stores, self.node_stores = _stores(model, float32_bytes)
+        self.stores, self.node_stores = _stores(self.nodes, self.inits, self.const_inits, self.is_const)
         self.uses: list[tuple[str, ...]] = []  # per node: values of the main graph it reads (subgraphs included)
         self.node_consts: list[tuple[str, ...]] = []  # per node: the constant values it reads
         last_use: dict[str, int] = {}
