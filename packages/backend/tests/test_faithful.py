@@ -85,3 +85,37 @@ def test_complex_outputs_are_compared_part_by_part(shape: list[int], seed: int, 
     assert "off by" in compare_outputs(bad, ref, RTOL_FP32)
     if rel > 3e-2:
         assert "max|err|" in mismatch(bad, ref, 2e-2, 0.999)
+
+
+@given(
+    lead=st.lists(st.integers(1, 3), min_size=1, max_size=2),
+    length=st.integers(2, 12),
+    features=st.integers(1, 5),
+    data=st.data(),
+    seed=seeds(),
+)
+def test_the_accuracy_guard_leaves_out_the_left_padding_and_nothing_else(
+    lead: list[int], length: int, features: int, data: st.DataObject, seed: int
+) -> None:
+    """While a left padding of ``count`` positions is in force, a difference at those positions (the second-to-last
+    dimension, when its size is the prompt's or the cache's length) is not reported; one at any real position still
+    is, and so is a NaN at a real position, and every difference outside the padding's scope. (Every QNN run's
+    outputs, the padding's included, are also checked for values beyond float16's range, elsewhere.)"""
+    from qnnx_backend._compare import left_padding, mismatch
+
+    count = data.draw(st.integers(1, length - 1))
+    ref = torch.randn([*lead, length, features], generator=torch.Generator().manual_seed(seed))
+    padded = ref.clone()
+    padded[..., :count, :] += 10.0  # eager and HTP part ways at the padding
+    real = ref.clone()
+    real[..., data.draw(st.integers(count, length - 1)), :] += 10.0
+    other_size = length + data.draw(st.integers(1, 4))
+    with left_padding(count, (other_size, length)):
+        assert mismatch(padded, ref, 2e-2, 0.999) is None
+        assert mismatch(real, ref, 2e-2, 0.999) is not None
+        nonfinite = padded.clone()
+        nonfinite[..., count, :] = math.nan
+        assert mismatch(nonfinite, ref, 2e-2, 0.999) is not None
+    with left_padding(count, (other_size,)):  # not a dimension of positions: compared whole
+        assert mismatch(padded, ref, 2e-2, 0.999) is not None
+    assert mismatch(padded, ref, 2e-2, 0.999) is not None  # out of scope: compared whole

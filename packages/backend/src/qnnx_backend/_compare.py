@@ -1,11 +1,13 @@
 """How a result is compared with eager PyTorch (private): the exact-but-for-rounding check of an ONNX model on the
 CPU EP and of padded buckets (:func:`compare_outputs`), the fp16-level accuracy guard of a first QNN call
-(:func:`mismatch`), the compile's one eager run of a graph (:func:`run_eager`) and its outputs, kept for that guard
+(:func:`mismatch`, which leaves out the positions of a prompt's left padding while :func:`left_padding` is in force),
+the compile's one eager run of a graph (:func:`run_eager`) and its outputs, kept for that guard
 (:class:`EagerReference`)."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -58,12 +60,52 @@ def compare_outputs(got: Any, ref: Any, rtol: float) -> str | None:
     return None
 
 
+# (padding, sizes) while a left-padded prompt is generated: its first ``padding`` positions are padding, and a
+# dimension that indexes positions has one of ``sizes`` (the padded prompt's length, the cache's length).
+_LEFT_PADDING: contextvars.ContextVar[tuple[int, tuple[int, ...]] | None] = contextvars.ContextVar(
+    "qnnx_left_padding", default=None
+)
+
+
+@contextlib.contextmanager
+def left_padding(padding: int, sizes: Sequence[int]) -> Iterator[None]:
+    """While in force, :func:`mismatch` leaves out the first ``padding`` positions of a tensor whose
+    second-to-last dimension has one of ``sizes``: the positions of a prompt's left padding.
+
+    The layout is Hugging Face's: hidden states and logits are ``[batch, position, features]``, a KV cache is
+    ``[batch, heads, position, head_dim]``, so positions are the second-to-last dimension. What a model computes at a
+    masked padding position is never read by a real token (the attention mask keeps it out), yet it is where fp16
+    and eager part ways most: a query row whose every key is masked gets float32's ``min + min = -inf`` in eager
+    and a large finite value on HTP. Those values are still checked on every call for being finite and within
+    fp16's range; only their agreement with eager is not asked for.
+    """
+    token = _LEFT_PADDING.set((padding, tuple(sizes)))
+    try:
+        yield
+    finally:
+        _LEFT_PADDING.reset(token)
+
+
+def _without_padding(got: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``got`` and ``ref`` without the positions of the left padding in force, if any (see :func:`left_padding`)."""
+    padding = _LEFT_PADDING.get()
+    if padding is None or ref.dim() < 3 or got.shape != ref.shape:
+        return got, ref
+    count, sizes = padding
+    length = ref.shape[-2]
+    if length not in sizes or not 0 < count < length:
+        return got, ref
+    return got[..., count:, :], ref[..., count:, :]
+
+
 def mismatch(got: torch.Tensor, ref: torch.Tensor, rtol: float, min_cosine: float) -> str | None:
     """Why ``got`` is not ``ref`` within fp16-level limits, or None. NaN and infinities must sit where eager has
     them (HTP has neither: a NaN in eager that comes back finite is a wrong result); the finite values must be
-    within ``rtol`` of the reference's largest magnitude and have a cosine of at least ``min_cosine``."""
+    within ``rtol`` of the reference's largest magnitude and have a cosine of at least ``min_cosine``. The
+    positions of a prompt's left padding are left out while :func:`left_padding` is in force."""
     if got.shape != ref.shape:
         return f"shape {tuple(got.shape)} where eager gives {tuple(ref.shape)}"
+    got, ref = _without_padding(got, ref)
     if got.is_complex() and ref.is_complex():  # compared part by part
         got, ref = torch.view_as_real(got.resolve_conj()), torch.view_as_real(ref.resolve_conj())
     if not (got.is_floating_point() and ref.is_floating_point()):

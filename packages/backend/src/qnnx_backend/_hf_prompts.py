@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from qnnx_backend._buckets import AUTO_MIN, NEUTRAL_RTOL, ladder_bucket
-from qnnx_backend._compare import compare_outputs
+from qnnx_backend._compare import compare_outputs, left_padding
 from qnnx_backend.errors import InvalidOptionsError
 
 __all__ = ["BucketedGenerate", "left_pad", "mask_positions", "padding_problem", "prompt_buckets_option"]
@@ -59,8 +59,11 @@ class BucketedGenerate:
         if not self._neutral(bucket, ids, mask, padded_ids, padded_mask):
             return self._generate(inputs, *args, **kwargs)
         kwargs["attention_mask"] = padded_mask
-        out = self._generate(padded_ids, **kwargs)
         drop = bucket - length
+        # The first QNN call of a graph is checked against eager PyTorch: not at the padding's positions, which no
+        # real token reads (the mask keeps them out) and where fp16 cannot follow eager's -inf sums.
+        with left_padding(drop, (bucket, self._cache)):
+            out = self._generate(padded_ids, **kwargs)
         if isinstance(out, torch.Tensor):
             return out[:, drop:]
         if getattr(out, "sequences", None) is not None:
