@@ -114,7 +114,18 @@ def _mamba() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.MambaModel(cfg), _ids(8)
 
 
+def _bit() -> tuple[torch.nn.Module, torch.Tensor]:
+    """BiT (Big Transfer) standardizes every convolution's weight on each call with ``F.batch_norm(w, None, None,
+    training=True)``: training mode without running statistics, which the export refused as a training op (the whole
+    model ran in PyTorch); it folds into constant weights."""
+    import transformers
+
+    cfg = transformers.BitConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_groups=4)
+    return transformers.BitModel(cfg), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
 FAMILIES = {
+    "bit": _bit,
     "funnel": _funnel,
     "mamba": _mamba,
     "mobilevit_v2": _mobilevit_v2,

@@ -316,9 +316,17 @@ def _training_flag(node: Any) -> str | None:
         # torch.batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn)
         idx = 5
         training = kwargs.get("training", args[idx] if len(args) > idx else False)
-        if training is True:
-            return f"{name}(training=True)"
-        return None
+        if training is not True:
+            return None
+        import torch.nn.functional as F
+
+        stats = (1, 2) if node.target is F.batch_norm else (3, 4)
+        keys = ("running_mean", "running_var")
+        if all(kwargs.get(k, args[i] if len(args) > i else None) is None for k, i in zip(keys, stats, strict=True)):
+            # Without running statistics, training mode normalizes by the input's own statistics and updates
+            # nothing: a pure function (BiT's weight standardization, a BatchNorm with track_running_stats=False).
+            return None
+        return f"{name}(training=True)"
     if name in ("instance_norm",):
         use_input_stats = kwargs.get("use_input_stats", args[5] if len(args) > 5 else True)
         running_mean = kwargs.get("running_mean", args[1] if len(args) > 1 else None)

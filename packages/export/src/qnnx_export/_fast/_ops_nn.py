@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -111,12 +112,16 @@ def _batch_norm(
     folded = t.result_of(node)
     if folded is not None:  # folded into the convolution before it
         return folded
-    if training or not only_first_output_used(node):
-        raise Declined("batch norm in training mode or with its statistics used")
-    if mean is None or var is None:
-        raise Declined("batch norm without running statistics")
+    if not only_first_output_used(node):
+        raise Declined("batch norm with its statistics used")
     c = fake(x).shape[1]
     dtype = node.meta["val"][0].dtype
+    if training and mean is None and var is None:
+        return _batch_statistics_norm(t, node, x, w, b, eps)
+    if training:
+        raise Declined("batch norm in training mode with running statistics (it would update them)")
+    if mean is None or var is None:
+        raise Declined("batch norm without running statistics")
     scale = t.value(w) if w is not None else t.initializer(torch.ones(c, dtype=dtype), "bn_scale")
     shift = t.value(b) if b is not None else t.initializer(torch.zeros(c, dtype=dtype), "bn_shift")
     val = node.meta["val"][0]
@@ -128,6 +133,39 @@ def _batch_norm(
         shape=tuple(val.shape),
     )
     return (out, None, None)
+
+
+def _batch_statistics_norm(
+    t: Translator, node: Node, x: Node, w: Node | None, b: Node | None, eps: float
+) -> tuple[ir.Value, None, None]:
+    """Batch norm by the input's own statistics (training mode, no running statistics: nothing is updated), over
+    every axis but the channels (axis 1). With a batch of one that is ONNX's InstanceNormalization, which is also how
+    ATen writes ``instance_norm`` (the input reshaped to ``[1, N * C, ...]``); any other batch is moved behind the
+    channels first, ``[N, C, ...]`` -> ``[1, C, N * ...]``, and back after. Only ranks 3 and 4 reach QNN: a batch of
+    one of any other rank is flattened to ``[1, C, ...]`` (the QNN EP refuses a rank-5 InstanceNormalization)."""
+    shape = tuple(fake(x).shape)
+    if len(shape) < 2:
+        raise Declined(f"batch norm of a rank-{len(shape)} input")
+    c = shape[1]
+    dtype = node.meta["val"][0].dtype
+    scale = t.value(w) if w is not None else t.initializer(torch.ones(c, dtype=dtype), "in_scale")
+    shift = t.value(b) if b is not None else t.initializer(torch.zeros(c, dtype=dtype), "in_shift")
+    attrs: Attrs = {"epsilon": float(eps)}
+    if shape[0] == 1 and len(shape) in (3, 4):
+        out = t.emit1("InstanceNormalization", [t.value(x), scale, shift], attrs, dtype=dtype, shape=shape)
+        return (out, None, None)
+    flat = (1, c, math.prod(shape) // c)
+    if shape[0] == 1:
+        y = t.emit1("Reshape", [t.value(x), t.ints(list(flat))], dtype=dtype, shape=flat)
+        y = t.emit1("InstanceNormalization", [y, scale, shift], attrs, dtype=dtype, shape=flat)
+        return (t.emit1("Reshape", [y, t.ints(list(shape))], dtype=dtype, shape=shape), None, None)
+    swap = [1, 0, *range(2, len(shape))]  # its own inverse
+    swapped = (shape[1], shape[0], *shape[2:])
+    y = t.emit1("Transpose", [t.value(x)], {"perm": swap}, dtype=dtype, shape=swapped)
+    y = t.emit1("Reshape", [y, t.ints(list(flat))], dtype=dtype, shape=flat)
+    y = t.emit1("InstanceNormalization", [y, scale, shift], attrs, dtype=dtype, shape=flat)
+    y = t.emit1("Reshape", [y, t.ints(list(swapped))], dtype=dtype, shape=swapped)
+    return (t.emit1("Transpose", [y], {"perm": swap}, dtype=dtype, shape=shape), None, None)
 
 
 @handles(aten.native_layer_norm.default)

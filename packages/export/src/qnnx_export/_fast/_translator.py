@@ -451,7 +451,7 @@ class Translator:
             return x
 
         schema = getattr(node.target, "_schema", None)
-        if schema is None or schema.is_mutable:
+        if schema is None or not _pure_call(schema, node):
             raise Declined(f"cannot fold {node.target}: not a pure ATen op")
         with torch.no_grad():
             result = node.target(*real(node.args), **real(node.kwargs))  # type: ignore[operator]  # fx types Node.target loosely; here it is an OpOverload
@@ -477,3 +477,17 @@ class Translator:
                 and only_first_output_used(node)
             ):
                 self._folded_bn[conv] = node
+
+
+def _pure_call(schema: Any, node: Node) -> bool:
+    """Whether calling ``node``'s op writes none of its arguments: its schema writes none, or every argument it may
+    write is None in this call (``native_batch_norm`` without running statistics updates nothing)."""
+    if not schema.is_mutable:
+        return True
+    for k, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.kwargs[arg.name] if arg.name in node.kwargs else node.args[k] if k < len(node.args) else None
+        if value is not None:
+            return False
+    return True
