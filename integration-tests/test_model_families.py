@@ -124,8 +124,26 @@ def _bit() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.BitModel(cfg), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
+def _convbert() -> tuple[torch.nn.Module, torch.Tensor]:
+    """ConvBERT's span-based dynamic convolution gathers each token's neighbourhood with ``F.unfold`` over
+    ``[batch, hidden, length, 1]`` (a 9-row kernel, padding 4): overlapping windows, which went to torch.onnx, whose
+    rank-6 Gather and Reshape QNN refused (4 nodes on the CPU EP)."""
+    import transformers
+
+    cfg = transformers.ConvBertConfig(
+        vocab_size=256,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        conv_kernel_size=9,
+    )
+    return transformers.ConvBertModel(cfg), _ids(12)
+
+
 FAMILIES = {
     "bit": _bit,
+    "convbert": _convbert,
     "funnel": _funnel,
     "mamba": _mamba,
     "mobilevit_v2": _mobilevit_v2,

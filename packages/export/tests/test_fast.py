@@ -444,7 +444,7 @@ _INDEX_DECLINES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], str]] = {
         "non-adjacent",
     ),
     "int_bitwise_and": (lambda i, j: i & j, (torch.tensor([6, 3]), torch.tensor([3, 5])), "non-bool"),
-    "unfold_overlapping": (lambda x: F.unfold(x, 3, padding=1), (torch.randn(1, 2, 5, 5),), "non-overlapping"),
+    "fold_overlapping": (lambda x: F.fold(x, (5, 5), 3, padding=1), (torch.randn(1, 18, 25),), "non-overlapping"),
     "fold_remainder": (lambda x: F.fold(x, (5, 4), 2, stride=2), (torch.randn(1, 8, 4),), "does not divide"),
 }
 
@@ -883,6 +883,40 @@ def test_unfold_and_fold_of_whole_patches_match_eager(
     out = compile_and_run(fn, (x,), backend)
     assert backend.exported[0].exporter == "fast"
     _assert_matches(out, fn(x), 0.0)
+
+
+@st.composite
+def _windows(draw: st.DrawFn) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:
+    """An image (batched or not) and unfold parameters that give at least one window."""
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    dilation = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    reach = [d * (k - 1) + 1 - 2 * p for k, d, p in zip(kernel, dilation, padding, strict=True)]
+    size = [draw(st.integers(max(1, r), max(1, r) + 8)) for r in reach]
+    lead = [*draw(st.sampled_from([[], [1], [2]])), draw(st.integers(1, 3))]
+    x = torch.randn(*lead, *size, generator=torch.Generator().manual_seed(draw(seeds())))
+    return x, {"kernel_size": kernel, "dilation": dilation, "padding": padding, "stride": stride}
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=_windows())
+def test_unfold_of_any_windows_matches_eager_exactly(case: tuple[torch.Tensor, dict[str, tuple[int, int]]]) -> None:
+    """F.unfold with overlapping, dilated, padded or strided windows, batched or not (ConvBERT's span convolution,
+    local attention): the translator gathers every window's pixels from the zero-padded image (it declined these
+    and torch.onnx's graph had rank-6 nodes QNN refuses), exactly eager's values."""
+    x, params = case
+    backend = Capture(cpu_session, FAST)
+    out = compile_and_run(lambda t: F.unfold(t, **params), (x,), backend)
+    assert backend.exported[0].exporter == "fast"
+    _assert_matches(out, F.unfold(x, **params), 0.0)
+
+
+def test_overlapping_unfold_runs_on_qnn_htp() -> None:
+    """ConvBERT's unfold (a 9-row kernel over [1, 32, 12, 1] with padding 4): on the HTP simulator, CPU fallback
+    off, equal to eager (data movement, no arithmetic)."""
+    x = torch.randn(1, 32, 12, 1)
+    close_on_qnn_fast(lambda t: F.unfold(t, (9, 1), padding=(4, 0)), x, tol=1e-3)
 
 
 @settings(max_examples=25, deadline=None)

@@ -312,10 +312,59 @@ def _im2col(
     padding: Sequence[int],
     stride: Sequence[int],
 ) -> ir.Value:
-    """``F.unfold`` into whole patches: ``[N, C, H, W]`` -> ``[N*C, rows, kh, cols, kw]`` -> patch-major
-    ``[N*C, kh, kw, rows, cols]`` -> ``[N, C*kh*kw, rows*cols]``, every tensor of rank <= 5 (HTP's limit)."""
-    n, c, rows, kh, cols, kw = _patch_grid(tuple(fake(x).shape), kernel_size, dilation, padding, stride)
+    """``F.unfold``. Into whole patches: ``[N, C, H, W]`` -> ``[N*C, rows, kh, cols, kw]`` -> patch-major
+    ``[N*C, kh, kw, rows, cols]`` -> ``[N, C*kh*kw, rows*cols]``, every tensor of rank <= 5 (HTP's limit). Any other
+    windows (overlapping, dilated, padded, strided): :func:`_gathered_windows`."""
+    try:
+        n, c, rows, kh, cols, kw = _patch_grid(tuple(fake(x).shape), kernel_size, dilation, padding, stride)
+    except Declined:
+        return _gathered_windows(t, node, x, kernel_size, dilation, padding, stride)
     return _relayout(t, node, x, (n * c, rows, kh, cols, kw), [0, 2, 4, 1, 3], (n * c, kh, kw, rows, cols))
+
+
+def _gathered_windows(
+    t: Translator,
+    node: Node,
+    x: Node,
+    kernel: Sequence[int],
+    dilation: Sequence[int],
+    padding: Sequence[int],
+    stride: Sequence[int],
+) -> ir.Value:
+    """``F.unfold`` of any windows: the image zero-padded, viewed as ``[N*C, Hp*Wp]``, a Gather along its pixels of
+    the constant index of every window's elements (kernel row, kernel column, then window: the order of unfold's
+    ``C*kh*kw`` rows within one channel), and the output's shape. Data movement only: exact."""
+    shape = tuple(int(s) for s in fake(x).shape)
+    if len(shape) not in (3, 4) or 0 in shape or 0 in out_shape(node):
+        raise Declined(f"unfold of a {shape} input")
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
+    *lead, h, w = shape
+    planes = math.prod(lead)
+    hp, wp = h + 2 * ph, w + 2 * pw
+    rows, cols = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    dtype = fake(x).dtype
+    image = t.value(x)
+    if ph or pw:
+        pads = [0] * (len(shape) - 2) + [ph, pw]
+        image = t.emit1(
+            "Pad",
+            [image, t.ints(pads + pads, "pads"), t.scalar(0, dtype)],
+            {"mode": "constant"},
+            dtype=dtype,
+            shape=(*lead, hp, wp),
+        )
+    flat = t.emit1("Reshape", [image, t.ints((planes, hp * wp))], dtype=dtype, shape=(planes, hp * wp))
+    at_row = (torch.arange(kh) * dh)[:, None, None, None] + (torch.arange(rows) * sh)[None, None, :, None]
+    at_col = (torch.arange(kw) * dw)[None, :, None, None] + (torch.arange(cols) * sw)[None, None, None, :]
+    index = (at_row * wp + at_col).reshape(-1)  # [kh, kw, rows, cols], flattened
+    windows = t.emit1(
+        "Gather",
+        [flat, t.initializer(index, "im2col_index")],
+        {"axis": 1},
+        dtype=dtype,
+        shape=(planes, int(index.numel())),
+    )
+    return t.out("Reshape", [windows, t.ints(out_shape(node))])
 
 
 @handles(aten.col2im.default)
