@@ -177,6 +177,42 @@ def test_family_runs_wholly_on_qnn_with_eagers_outputs(family: str) -> None:
     assert_close_fp16(out, ref, rel=REL.get(family, 2e-2), cos=0.999)
 
 
+def test_prophetnet_runs_wholly_on_qnn_with_eagers_outputs() -> None:
+    """ProphetNet's n-gram attention multiplies by ``einsum``, which PyTorch lowers through rank-6 views and two
+    permutes in a row: QNN refuses rank 6, ONNX Runtime fuses the pair before placement so it cannot be pinned to the
+    CPU EP, and the whole graph ran in PyTorch. Composed and folded at rank <= 5, the encoder-decoder forward is one
+    graph on the NPU with eager's decoder states."""
+    import transformers
+
+    cfg = transformers.ProphetNetConfig(
+        vocab_size=256,
+        hidden_size=32,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        num_encoder_attention_heads=2,
+        num_decoder_attention_heads=2,
+        ngram=2,
+        num_buckets=8,
+        relative_max_distance=16,
+    )
+    torch.manual_seed(0)
+    model = transformers.ProphetNetModel(cfg).eval()
+    ids, decoder_ids = _ids(8), _ids(5)
+    with torch.no_grad():
+        ref = model(input_ids=ids, decoder_input_ids=decoder_ids).last_hidden_state
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    forward = lambda a, b: model(input_ids=a, decoder_input_ids=b).last_hidden_state  # noqa: E731
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.compile(forward, backend="qnn", options=NPU_RAW)(ids, decoder_ids)
+    reports = list(qnnx_backend.compile_reports())
+    assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
+    assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
+
+
 class _PickedKeys(torch.nn.Module):
     """Attention over keys picked by index, DeepSeek-V3.2's sparse-attention way: a bool mask set by ``scatter`` at
     the picked positions (which the direct translator writes as a Where on bool), then a masked softmax."""

@@ -778,6 +778,33 @@ def test_fold_high_rank_transpose_window_as_wide_as_channels(window: int, heads:
     assert error < _TOL, error
 
 
+@_examples
+@given(heads=st.sampled_from([1, 2, 4]), length=st.sampled_from([8, 32, 64]), head_dim=st.sampled_from([8, 16]))
+def test_compose_high_rank_transposes_einsum_shape_classes(heads: int, length: int, head_dim: int) -> None:
+    """einsum's lowering of keys for ``q @ k^T`` (ProphetNet's and Pegasus-X's attention): ``k[1, H, S, D]`` viewed
+    at rank 6 and permuted twice to ``[H, D, S]``, then the product with ``q[H, S, D]``. Composed and folded at rank
+    <= 5, it builds and is right on QNN over head count, length and head size."""
+    shape6 = [1, heads, length, head_dim, 1, 1]
+    nodes = [
+        h.make_node("Reshape", ["k", "s6"], ["r"]),
+        h.make_node("Transpose", ["r"], ["t1"], perm=[0, 1, 4, 5, 2, 3]),
+        h.make_node("Transpose", ["t1"], ["t2"], perm=[1, 5, 0, 2, 4, 3]),
+        h.make_node("Reshape", ["t2", "s3"], ["kt"]),
+        h.make_node("MatMul", ["q", "kt"], ["y"]),
+    ]
+    inits = {"s6": np.array(shape6, np.int64), "s3": np.array([heads, head_dim, length], np.int64)}
+    model = make_model(
+        nodes,
+        [("q", TensorProto.FLOAT, (heads, length, head_dim)), ("k", TensorProto.FLOAT, (1, heads, length, head_dim))],
+        [("y", TensorProto.FLOAT, (heads, length, length))],
+        inits,
+    )
+    model = onnx.shape_inference.infer_shapes(model)
+    feeds = {"q": _x((heads, length, head_dim), 1.0, 0), "k": _x((1, heads, length, head_dim), 1.0, 1)}
+    passes = ("compose_high_rank_transposes", "fold_high_rank_transpose")
+    _check(model, feeds, passes, reference=_cpu_reference, must_build=True)
+
+
 # ------------------------------------------------------------------------------------------------------- Erf
 
 
@@ -943,6 +970,7 @@ COVERED_HERE = frozenset(
         "stable_log_sum_exp",
         "mish_as_softplus",
         "fold_high_rank_transpose",
+        "compose_high_rank_transposes",
         "reshape_of_high_rank_reshape",
         "int_cast_to_bool",
         "float_cast_to_bool",

@@ -559,6 +559,32 @@ def test_fold_high_rank_transpose_is_exact(dims: list[int], perm: st.DataObject)
         assert max(ranks) <= 5
 
 
+@given(dims=shapes(min_rank=6, max_rank=7, max_side=3), perms=st.data())
+def test_two_high_rank_transposes_compose_and_fold_exactly(dims: list[int], perms: st.DataObject) -> None:
+    """Reshape -> two rank-6+ Transposes -> Reshape (einsum's lowering): composed into one Transpose, then folded at
+    rank <= 5 when the permutation allows (axes of size 1 order nothing), the same elements in the same order."""
+    first = perms.draw(st.permutations(range(len(dims))))
+    second = perms.draw(st.permutations(range(len(dims))))
+    total = int(np.prod(dims))
+    x = np.arange(total, dtype=np.float32).reshape(total // dims[-1], dims[-1])
+    nodes = [
+        onnx.helper.make_node("Reshape", ["x", "s6"], ["r"]),
+        onnx.helper.make_node("Transpose", ["r"], ["t1"], perm=list(first)),
+        onnx.helper.make_node("Transpose", ["t1"], ["t2"], perm=list(second)),
+        onnx.helper.make_node("Reshape", ["t2", "s2"], ["y"]),
+    ]
+    inits = {"s6": np.array(dims, np.int64), "s2": np.array(x.shape, np.int64)}
+    model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, x.shape)], inits)
+    model = onnx.shape_inference.infer_shapes(model)
+    m = to_ir(model)
+    report = dict(run_passes(m, ("compose_high_rank_transposes", "fold_high_rank_transpose")))
+    assert report["compose_high_rank_transposes"]
+    assert [n.op_type for n in m.graph].count("Transpose") == 1
+    np.testing.assert_array_equal(_run(model.SerializeToString(), {"x": x})[0], _run(to_bytes(m), {"x": x})[0])
+    if report["fold_high_rank_transpose"]:
+        assert max(len(v.shape) for n in m.graph for v in n.outputs if v.shape is not None) <= 5
+
+
 @given(dims=shapes(min_rank=6, max_rank=7, max_side=3), extra=st.booleans(), zero=st.booleans())
 def test_reshape_of_high_rank_reshape_is_exact(dims: list[int], extra: bool, zero: bool) -> None:
     """Reshape -> rank-6+ Reshape(s) -> Reshape reads the first input directly, with the same elements in the same

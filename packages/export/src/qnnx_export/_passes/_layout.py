@@ -13,6 +13,7 @@ from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
 __all__ = [
+    "ComposeHighRankTransposes",
     "DropEmptyConcatInputs",
     "FoldHighRankTranspose",
     "ReshapeOfHighRankReshape",
@@ -154,6 +155,60 @@ def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[
     return merged_shape, [position[g] for g in range(len(groups))]
 
 
+def _perm(node: ir.Node, rank: int) -> list[int]:
+    attr = node.attributes.get("perm")
+    return list(attr.as_ints()) if attr is not None else list(reversed(range(rank)))
+
+
+def _without_unit_axes(shape: tuple[int, ...], perm: list[int]) -> tuple[tuple[int, ...], list[int]]:
+    """``shape`` without its axes of size 1 and ``perm`` on the axes left: a Transpose moves the same elements to the
+    same places without them (an axis of size 1 orders nothing). At least one axis is kept."""
+    kept = [a for a in range(len(shape)) if shape[a] != 1] or [0]
+    number = {a: i for i, a in enumerate(kept)}
+    return tuple(shape[a] for a in kept), [number[a] for a in perm if a in number]
+
+
+@register(order=58)
+class ComposeHighRankTransposes(QnnPass):
+    """Make two Transposes in a row through a rank-6+ tensor one Transpose of the first one's input.
+
+    ``Transpose(Transpose(x, p), q)`` moves every element where ``Transpose(x, p[q])`` does, so the rewrite is exact.
+    PyTorch's ``einsum`` lowers to such pairs around its batched products (Pegasus-X's and ProphetNet's local
+    attention: ``Reshape`` to rank 6, two permutes, ``Reshape``). qnnx-opcheck refuses the rank-6 tensor between the
+    two (QNN HTP takes rank <= 5) and pins Transpose to the CPU EP, but ONNX Runtime fuses the pair before
+    placement, so the refused node could not be kept off QNN and the whole graph ran in PyTorch. Made one, the chain
+    is ``Reshape -> Transpose -> Reshape``, which :class:`FoldHighRankTranspose` brings to rank <= 5.
+    """
+
+    name = "compose_high_rank_transposes"
+    defect = (
+        "two rank-6 Transposes in a row (einsum's lowering) are refused by QNN HTP, and ONNX Runtime fuses them "
+        "before placement, so they cannot be pinned to the CPU EP: the graph left QNN (Pegasus-X, ProphetNet)"
+    )
+
+    def match(self, node: ir.Node) -> tuple[ir.Node, list[int]] | None:
+        if not _graph.is_op(node, "Transpose"):
+            return None
+        src = node.inputs[0]
+        first = src.producer() if src is not None else None
+        if first is None or not _graph.is_op(first, "Transpose") or src is None:
+            return None
+        shape = _graph.static_shape(src)
+        if shape is None or len(shape) <= _MAX_HTP_RANK or src.is_graph_output() or len(list(src.uses())) != 1:
+            return None
+        outer, inner = _perm(node, len(shape)), _perm(first, len(shape))
+        return first, [inner[k] for k in outer]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        changed = False
+        for node, (first, perm) in self.matched(graph):
+            node.replace_input_with(0, first.inputs[0])
+            node.attributes["perm"] = ir.AttrInt64s("perm", perm)
+            graph.remove(first, safe=True)
+            changed = True
+        return changed
+
+
 @register(order=60)
 class FoldHighRankTranspose(QnnPass):
     """Rewrite ``Reshape -> Transpose -> Reshape`` through a rank-6+ tensor with the same chain at rank <= 5.
@@ -194,6 +249,8 @@ class FoldHighRankTranspose(QnnPass):
         perm_attr = node.attributes.get("perm")
         perm = list(perm_attr.as_ints()) if perm_attr is not None else list(reversed(range(len(shape))))
         merged_shape, merged_perm = _coalesce(shape, perm)
+        if len(merged_shape) > _MAX_HTP_RANK:
+            merged_shape, merged_perm = _coalesce(*_without_unit_axes(shape, perm))
         if len(merged_shape) > _MAX_HTP_RANK:
             return None
         return first, merged_shape, merged_perm
