@@ -141,9 +141,22 @@ def _convbert() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.ConvBertModel(cfg), _ids(12)
 
 
+def _hiera() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Hiera (SAM 2's image encoder) unrolls its tokens into mask units through rank-6 views whose permute moves all
+    six axes apart, splits its rank-6 query/key/value, takes maxima over rank-6 views and normalizes rank-3 scores
+    on a rank-5 view: every pinned op type took the graph below half on QNN and it ran in PyTorch."""
+    import transformers
+
+    cfg = transformers.HieraConfig(
+        embed_dim=16, image_size=[64, 64], num_heads=[1, 2, 4, 8], depths=[1, 1, 1, 1], patch_stride=[4, 4]
+    )
+    return transformers.HieraModel(cfg), torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+
+
 FAMILIES = {
     "bit": _bit,
     "convbert": _convbert,
+    "hiera": _hiera,
     "funnel": _funnel,
     "mamba": _mamba,
     "mobilevit_v2": _mobilevit_v2,

@@ -75,6 +75,31 @@ def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+def transpose_perm(node: ir.Node, rank: int) -> list[int]:
+    """A Transpose's permutation (reversed axes when it has no ``perm``)."""
+    attr = node.attributes.get("perm")
+    return list(attr.as_ints()) if attr is not None else list(reversed(range(rank)))
+
+
+def read_only_by_reshapes(value: ir.Value) -> bool:
+    """Whether ``value`` is read, and only as the data input of Reshapes (not a graph output)."""
+    uses = list(value.uses())
+    return not value.is_graph_output() and bool(uses) and all(u.node.op_type == "Reshape" and u.idx == 0 for u in uses)
+
+
+def product_viewed_at_rank5(view: ir.Node) -> ir.Value | None:
+    """The MatMul's or Gemm's product that Reshape ``view`` reshapes to rank 5 ``[..., N, k]`` (``k > 1``) from
+    ``[..., N]``, the form that stops the process in QNN HTP and that qnnx-opcheck refuses; else None."""
+    product = view.inputs[0] if is_op(view, "Reshape") else None
+    maker = product.producer() if product is not None else None
+    if product is None or maker is None or maker.op_type not in ("MatMul", "Gemm"):
+        return None
+    before, after = static_shape(product), static_shape(view.outputs[0])
+    if before is None or after is None or len(after) != 5 or after[-1] < 2 or after[-2] != before[-1]:
+        return None
+    return product
+
+
 def fresh_names(graph: ir.Graph, prefix: str) -> UniqueNames:
     """Fresh value/node names ``<prefix>_<hint>...`` that collide with nothing in the graph."""
     taken = {v.name for v in graph.inputs if v.name} | set(graph.initializers)

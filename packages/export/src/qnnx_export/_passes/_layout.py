@@ -17,6 +17,7 @@ __all__ = [
     "DropEmptyConcatInputs",
     "FoldHighRankTranspose",
     "ReshapeOfHighRankReshape",
+    "SoftmaxBeforeReshape",
     "TileLayerNormBroadcast",
     "TransposeOfUnitDimsAsReshape",
     "UnsqueezeInt64ToReshape",
@@ -155,9 +156,11 @@ def _coalesce(shape: tuple[int, ...], perm: list[int]) -> tuple[list[int], list[
     return merged_shape, [position[g] for g in range(len(groups))]
 
 
-def _perm(node: ir.Node, rank: int) -> list[int]:
-    attr = node.attributes.get("perm")
-    return list(attr.as_ints()) if attr is not None else list(reversed(range(rank)))
+def coalesce_axes(
+    shape: tuple[int, ...], perm: list[int], *, drop_unit_axes: bool = False
+) -> tuple[list[int], list[int]]:
+    """:func:`_coalesce` of ``shape`` and ``perm``, first without the axes of size 1 when ``drop_unit_axes``."""
+    return _coalesce(*_without_unit_axes(shape, perm)) if drop_unit_axes else _coalesce(shape, perm)
 
 
 def _without_unit_axes(shape: tuple[int, ...], perm: list[int]) -> tuple[tuple[int, ...], list[int]]:
@@ -196,7 +199,7 @@ class ComposeHighRankTransposes(QnnPass):
         shape = _graph.static_shape(src)
         if shape is None or len(shape) <= _MAX_HTP_RANK or src.is_graph_output() or len(list(src.uses())) != 1:
             return None
-        outer, inner = _perm(node, len(shape)), _perm(first, len(shape))
+        outer, inner = _graph.transpose_perm(node, len(shape)), _graph.transpose_perm(first, len(shape))
         return first, [inner[k] for k in outer]
 
     def rewrite(self, graph: ir.Graph) -> bool:
@@ -239,18 +242,12 @@ class FoldHighRankTranspose(QnnPass):
         shape = _graph.static_shape(src)
         if first is None or first.op_type != "Reshape" or shape is None or len(shape) <= _MAX_HTP_RANK:
             return None
-        uses = list(node.outputs[0].uses())
-        if (
-            node.outputs[0].is_graph_output()
-            or not uses
-            or any(u.node.op_type != "Reshape" or u.idx != 0 for u in uses)
-        ):
+        if not _graph.read_only_by_reshapes(node.outputs[0]):
             return None
-        perm_attr = node.attributes.get("perm")
-        perm = list(perm_attr.as_ints()) if perm_attr is not None else list(reversed(range(len(shape))))
-        merged_shape, merged_perm = _coalesce(shape, perm)
+        perm = _graph.transpose_perm(node, len(shape))
+        merged_shape, merged_perm = coalesce_axes(shape, perm)
         if len(merged_shape) > _MAX_HTP_RANK:
-            merged_shape, merged_perm = _coalesce(*_without_unit_axes(shape, perm))
+            merged_shape, merged_perm = coalesce_axes(shape, perm, drop_unit_axes=True)
         if len(merged_shape) > _MAX_HTP_RANK:
             return None
         return first, merged_shape, merged_perm
@@ -343,10 +340,63 @@ class TransposeOfUnitDimsAsReshape(QnnPass):
         return changed
 
 
+# ---------------------------------------------------------------------- a softmax taken before a reshape
+
+
+@register(order=66)
+class SoftmaxBeforeReshape(QnnPass):
+    """Take a softmax over the last axis before the ``Reshape`` that feeds it, when that Reshape keeps the last axis.
+
+    A Reshape that keeps the last axis keeps its rows, and a softmax over the last axis is taken row by row, so the
+    two commute: exact. Attention computed at rank 3 and normalized on a rank-5 view (Hiera's mask units:
+    ``bmm -> [49, 64, 64] -> view [1, 1, 49, 64, 64] -> softmax``) is a Reshape to rank 5 ``[..., N, k]`` of a
+    MatMul's ``[..., N]`` product, which qnnx-opcheck refuses (that form stops the process in QNN HTP), and the
+    pinned Reshape type took the graph below half on QNN. Taken first, the softmax reads the product and the Reshape
+    reads the softmax. Only that refused form is rewritten: other graphs keep theirs.
+    """
+
+    name = "softmax_before_reshape"
+    defect = (
+        "a Reshape to rank 5 of a MatMul's product stops the process in QNN HTP and is refused: attention "
+        "normalized on a rank-5 view of its rank-3 scores (Hiera) had every Reshape pinned to the CPU EP"
+    )
+
+    def match(self, node: ir.Node) -> ir.Node | None:
+        if not _graph.is_op(node, "Softmax"):
+            return None
+        src = node.inputs[0]
+        view = src.producer() if src is not None else None
+        if view is None or not _graph.is_op(view, "Reshape") or src is None or len(list(src.uses())) != 1:
+            return None
+        product = _graph.product_viewed_at_rank5(view)
+        before, after = _graph.static_shape(product), _graph.static_shape(src)
+        if before is None or after is None or before[-1] != after[-1]:
+            return None  # only the refused form, keeping the last axis: other graphs keep theirs
+        attr = node.attributes.get("axis")
+        axis = attr.as_int() if attr is not None else -1
+        if axis % len(after) != len(after) - 1 or src.is_graph_output():
+            return None
+        return view
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_softmax_first")
+        changed = False
+        for node, view in self.matched(graph):
+            x = cast(ir.Value, view.inputs[0])
+            normalized = _graph.new_value(names("rows"), x.dtype, _graph.static_shape(x))
+            attrs = [ir.AttrInt64("axis", -1)]
+            graph.insert_before(view, ir.Node("", "Softmax", [x], attributes=attrs, outputs=[normalized]))
+            view.replace_input_with(0, normalized)
+            _graph.replace_value(graph, node.outputs[0], view.outputs[0])
+            graph.remove(node, safe=True)
+            changed = True
+        return changed
+
+
 # ---------------------------------------------------------------------- zero-width Concat inputs dropped
 
 
-@register(order=61)
+@register(order=65)
 class ReshapeOfHighRankReshape(QnnPass):
     """Make a ``Reshape`` of a rank-6+ ``Reshape``'s output reshape that Reshape's input instead.
 

@@ -1,0 +1,273 @@
+"""Rank-6+ tensors brought to rank <= 5 (QNN HTP's limit) by merging axes: any Transpose as a chain of rank-4 moves,
+reductions, arg-reductions and splits on merged axes. Data movement and the same reductions: exact."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_export._passes import _graph
+from qnnx_export._passes._base import QnnPass, register
+from qnnx_export._passes._layout import coalesce_axes
+
+__all__ = [
+    "DecomposeHighRankTranspose",
+    "HighRankReduceOnMergedAxes",
+    "HighRankSplitOnMergedAxes",
+    "ProductViewTransposedAtRank4",
+]
+
+_MAX_HTP_RANK = 5
+_REDUCE_OPS = frozenset({"ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd"})
+_ARG_OPS = frozenset({"ArgMax", "ArgMin"})
+
+
+def _high_rank_input(node: ir.Node) -> tuple[int, ...] | None:
+    """The static shape of ``node``'s first input when it has rank 6 or more, else None."""
+    shape = _graph.static_shape(node.inputs[0]) if node.inputs else None
+    return shape if shape is not None and len(shape) > _MAX_HTP_RANK else None
+
+
+def _merged(shape: Sequence[int], marked: set[int]) -> tuple[list[int], list[int]]:
+    """``shape`` with each run of neighbouring axes that are all marked, or all not, merged into one axis (an axis
+    of size 1 joins the run before it): the merged shape and the merged axes that hold the marked ones."""
+    sizes: list[int] = []
+    flags: list[bool] = []
+    for axis, size in enumerate(shape):
+        mark = axis in marked
+        if sizes and (flags[-1] == mark or size == 1):
+            sizes[-1] *= size
+        else:
+            sizes.append(size)
+            flags.append(mark)
+    return sizes, [i for i, f in enumerate(flags) if f]
+
+
+def _reshape(graph: ir.Graph, names: Any, before: ir.Node, x: ir.Value, shape: Sequence[int]) -> ir.Value:
+    """``x`` reshaped to ``shape`` by a new Reshape inserted before ``before``."""
+    target = _graph.add_initializer(graph, names("shape"), np.array(list(shape), dtype=np.int64))
+    out = _graph.new_value(names("view"), x.dtype, shape)
+    graph.insert_before(before, ir.Node("", "Reshape", [x, target], outputs=[out]))
+    return out
+
+
+def _replaced(graph: ir.Graph, node: ir.Node, value: ir.Value) -> None:
+    """``value`` takes over the uses of ``node``'s output, and ``node`` is removed."""
+    _graph.replace_value(graph, node.outputs[0], value)
+    graph.remove(node, safe=True)
+
+
+@register(order=62)
+class DecomposeHighRankTranspose(QnnPass):
+    """Compute a rank-6+ Transpose as rank-4 Transposes, each moving one axis to its place.
+
+    Moving the axis at position ``p`` to position ``i < p`` is, on the view ``[prod(before i), prod(i..p-1), size
+    of p, prod(after p)]``, the Transpose ``(0, 2, 1, 3)``; at most one move per axis, none where the moved block or
+    the axis has size 1 (moving it orders nothing). Only the output is rank 6 again, a Reshape its readers see
+    (a Reshape after it folds into one, see ``reshape_of_high_rank_reshape``; splits and reductions are merged too).
+    What ``fold_high_rank_transpose`` (which runs first) leaves: Hiera's mask-unit unroll, ``[B, 14, 2, 14, 2, C]``
+    by ``(0, 2, 4, 1, 3, 5)``, whose six axes all move apart. Data movement only: exact.
+    """
+
+    name = "decompose_high_rank_transpose"
+    defect = (
+        "rank-6 tensors are refused by QNN HTP: a Transpose whose axes all move apart (Hiera's mask units) had its "
+        "op type pinned to the CPU EP, with every other Transpose of the graph"
+    )
+
+    def match(self, node: ir.Node) -> tuple[tuple[int, ...], list[int]] | None:
+        if not _graph.is_op(node, "Transpose"):
+            return None
+        shape = _high_rank_input(node)
+        if shape is None or _graph.static_shape(node.outputs[0]) is None:
+            return None
+        return shape, _graph.transpose_perm(node, len(shape))
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_moves")
+        changed = False
+        for node, (shape, perm) in self.matched(graph):
+            value = cast(ir.Value, node.inputs[0])
+            order, sizes = list(range(len(shape))), list(shape)
+            for i, axis in enumerate(perm):
+                p = order.index(axis)
+                block = math.prod(sizes[i:p])
+                if p == i or block == 1 or sizes[p] == 1:
+                    order.insert(i, order.pop(p))
+                    sizes.insert(i, sizes.pop(p))
+                    continue
+                view = [math.prod(sizes[:i]), block, sizes[p], math.prod(sizes[p + 1 :])]
+                value = _reshape(graph, names, node, value, view)
+                moved = _graph.new_value(names("moved"), value.dtype, [view[0], view[2], view[1], view[3]])
+                graph.insert_before(
+                    node,
+                    ir.Node(
+                        "", "Transpose", [value], attributes=[ir.AttrInt64s("perm", [0, 2, 1, 3])], outputs=[moved]
+                    ),
+                )
+                value = moved
+                order.insert(i, order.pop(p))
+                sizes.insert(i, sizes.pop(p))
+            _replaced(graph, node, _reshape(graph, names, node, value, sizes))
+            changed = True
+        return changed
+
+
+@register(order=63)
+class HighRankReduceOnMergedAxes(QnnPass):
+    """Compute a reduction (ReduceMax/Min/Sum/Mean/Prod, ArgMax/ArgMin) of a rank-6+ tensor on a view that merges
+    neighbouring axes, reduced with reduced and kept with kept, then reshape to the node's output.
+
+    Hiera's mask-unit attention takes the maximum over a rank-6 view ``[1, H, 49, 4, 16, C]``; the merged view has
+    rank 5 or less whenever the reduced axes form at most two runs. The same elements are reduced (an arg-reduction
+    counts positions along one axis, unchanged by merging the others), so the result is PyTorch's.
+    """
+
+    name = "high_rank_reduce_on_merged_axes"
+    defect = (
+        "rank-6 tensors are refused by QNN HTP: a reduction over a rank-6 view (Hiera's mask-unit maximum) had its op "
+        "type pinned to the CPU EP"
+    )
+
+    def match(self, node: ir.Node) -> tuple[list[int], list[int], tuple[int, ...]] | None:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _REDUCE_OPS | _ARG_OPS:
+            return None
+        shape = _high_rank_input(node)
+        out = _graph.static_shape(node.outputs[0])
+        if shape is None or out is None:
+            return None
+        rank = len(shape)
+        if node.op_type in _ARG_OPS:
+            attr = node.attributes.get("axis")
+            axes = [attr.as_int() if attr is not None else 0]
+        else:
+            given = _graph.const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+            attr = node.attributes.get("axes")
+            if given is not None:
+                axes = [int(a) for a in given.reshape(-1)]
+            elif attr is not None:
+                axes = list(attr.as_ints())
+            else:
+                axes = []
+            noop = node.attributes.get("noop_with_empty_axes")
+            if not axes and noop is not None and noop.as_int():
+                return None
+            axes = axes or list(range(rank))
+        merged, reduced = _merged(shape, {a % rank for a in axes})
+        if len(merged) > _MAX_HTP_RANK or not reduced or (node.op_type in _ARG_OPS and len(reduced) != 1):
+            return None  # more than rank 5 still, or only axes of size 1 reduced (left as they are)
+        return merged, reduced, out
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_reduce")
+        changed = False
+        for node, (merged, reduced, out_shape) in self.matched(graph):
+            x = _reshape(graph, names, node, cast(ir.Value, node.inputs[0]), merged)
+            kept = [1 if i in reduced else s for i, s in enumerate(merged)]
+            result = _graph.new_value(names("reduced"), node.outputs[0].dtype, kept)
+            attrs = [a for name, a in node.attributes.items() if name not in ("axes", "axis", "keepdims")]
+            attrs.append(ir.AttrInt64("keepdims", 1))
+            inputs: list[ir.Value | None] = [x]
+            if node.op_type in _ARG_OPS:
+                attrs.append(ir.AttrInt64("axis", reduced[0]))
+            elif "axes" in node.attributes:  # an opset that takes the axes as an attribute
+                attrs.append(ir.AttrInt64s("axes", reduced))
+            else:
+                inputs.append(_graph.add_initializer(graph, names("axes"), np.array(reduced, dtype=np.int64)))
+            graph.insert_before(node, ir.Node("", node.op_type, inputs, attributes=attrs, outputs=[result]))
+            _replaced(graph, node, _reshape(graph, names, node, result, out_shape))
+            changed = True
+        return changed
+
+
+@register(order=64)
+class HighRankSplitOnMergedAxes(QnnPass):
+    """Split a rank-6+ tensor on the view ``[prod(before), size, prod(after)]`` of its axis, and reshape each part
+    to its output's shape (``torch.unbind`` of Hiera's rank-6 ``qkv``). The same elements in each part: exact."""
+
+    name = "high_rank_split_on_merged_axes"
+    defect = (
+        "rank-6 tensors are refused by QNN HTP: splitting a rank-6 tensor (Hiera's query, key and value) had its op "
+        "type pinned to the CPU EP"
+    )
+
+    def match(self, node: ir.Node) -> tuple[list[int], list[tuple[int, ...]]] | None:
+        if not _graph.is_op(node, "Split"):
+            return None
+        shape = _high_rank_input(node)
+        outs = [_graph.static_shape(o) for o in node.outputs]
+        if shape is None or any(o is None for o in outs):
+            return None
+        attr = node.attributes.get("axis")
+        axis = (attr.as_int() if attr is not None else 0) % len(shape)
+        view = [math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])]
+        return view, [cast(tuple[int, ...], o) for o in outs]
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_split")
+        changed = False
+        for node, (view, outs) in self.matched(graph):
+            x = _reshape(graph, names, node, cast(ir.Value, node.inputs[0]), view)
+            sizes = [math.prod(o) // (view[0] * view[2]) for o in outs]
+            split = _graph.add_initializer(graph, names("sizes"), np.array(sizes, dtype=np.int64))
+            parts = [_graph.new_value(names("part"), x.dtype, [view[0], s, view[2]]) for s in sizes]
+            attrs = [ir.AttrInt64("axis", 1)]
+            graph.insert_before(node, ir.Node("", "Split", [x, split], attributes=attrs, outputs=parts))
+            for old, part, shape in zip(node.outputs, parts, outs, strict=True):
+                _graph.replace_value(graph, old, _reshape(graph, names, node, part, shape))
+            graph.remove(node, safe=True)
+            changed = True
+        return changed
+
+
+@register(order=67)
+class ProductViewTransposedAtRank4(QnnPass):
+    """Rewrite ``MatMul -> Reshape to rank 5 -> Transpose -> Reshape`` at rank 4 when the permutation allows.
+
+    Attention's ``probs @ v`` at rank 3, ``[8, 16, 16]``, viewed as ``[1, 2, 4, 16, 16]`` to move its heads
+    (Hiera's mask units) is a Reshape to rank 5 ``[..., N, k]`` of a MatMul's ``[..., N]`` product, a form that stops
+    the process in QNN HTP and that qnnx-opcheck refuses. Merging the axes the Transpose keeps together and dropping
+    the axes of size 1 (which order nothing) moves the same elements to the same places through a rank-4 view,
+    which that refusal does not cover. Exact (data movement only). Only that refused form is rewritten: other
+    rank-5 chains run as they are.
+    """
+
+    name = "product_view_transposed_at_rank4"
+    defect = (
+        "a Reshape to rank 5 [..., N, k] of a MatMul's product stops the process in QNN HTP and is refused: "
+        "attention's product viewed at rank 5 to move its heads (Hiera) had every Reshape pinned to the CPU EP"
+    )
+
+    def match(self, node: ir.Node) -> tuple[ir.Value, list[int], list[int]] | None:
+        if not _graph.is_op(node, "Transpose"):
+            return None
+        view_out = node.inputs[0]
+        view = view_out.producer() if view_out is not None else None
+        if view is None or view_out is None or len(list(view_out.uses())) != 1:
+            return None
+        product, shape = _graph.product_viewed_at_rank5(view), _graph.static_shape(view_out)
+        if product is None or shape is None or not _graph.read_only_by_reshapes(node.outputs[0]):
+            return None  # not the refused form
+        perm = _graph.transpose_perm(node, len(shape))
+        merged, merged_perm = coalesce_axes(shape, perm, drop_unit_axes=True)
+        if len(merged) >= _MAX_HTP_RANK:
+            return None
+        return product, merged, merged_perm
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_rank4")
+        changed = False
+        for node, (product, merged, perm) in self.matched(graph):
+            flat = _reshape(graph, names, node, product, merged)
+            moved = _graph.new_value(names("moved"), flat.dtype, [merged[a] for a in perm])
+            graph.insert_before(
+                node, ir.Node("", "Transpose", [flat], attributes=[ir.AttrInt64s("perm", perm)], outputs=[moved])
+            )
+            for use in list(node.outputs[0].uses()):
+                use.node.replace_input_with(0, moved)
+            changed = True
+        return changed
