@@ -144,3 +144,33 @@ def test_nll_loss_mean_of_only_ignored_targets_is_nan() -> None:
     out = compile_and_run(F.nll_loss, (x, target), backend)
     assert backend.exported[0].fast_path_declined is None
     assert not -65504 <= float(out) <= 65504
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=shapes(min_rank=1, max_rank=4, max_side=5), acos=st.booleans(), seed=seeds())
+def test_asin_and_acos_from_atan_match_eager_on_the_cpu_ep(shape: list[int], acos: bool, seed: int) -> None:
+    """asin and acos, written from Atan (QNN HTP declines Asin and Acos), equal eager within float32 rounding on
+    [-1, 1] and give NaN outside it, as eager."""
+    fn = torch.acos if acos else torch.asin
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) * 2.4 - 1.2
+    out, ref = _on_cpu_ep(fn, x), fn(x)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    inside = ~torch.isnan(ref)
+    if bool(inside.any()):
+        assert float((out[inside] - ref[inside]).abs().max()) <= 1e-6
+
+
+def test_asin_acos_and_atan_run_on_qnn_within_float16_rounding_of_their_input() -> None:
+    """On the HTP simulator (CPU fallback off), over [-1, 1], asin and acos are within 5e-3 of eager on float16's
+    rounding of the input (the input's own rounding moves asin by up to 1.4e-2 near +-1); atan runs as Atan.
+    Outside [-1, 1] the result is a number beyond float16's range (HTP's NaN), which the backend's check of every
+    call turns into a call in PyTorch."""
+    x = torch.linspace(-1, 1, 2001)
+    for fn in (torch.asin, torch.acos, torch.atan):
+        backend = Capture(qnn_session, FAST)
+        out = compile_and_run(fn, (x,), backend)
+        assert backend.exported[0].fast_path_declined is None
+        assert float((out - fn(x.half().float())).abs().max()) <= 5e-3
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(torch.asin, (torch.tensor([1.5, -2.0, 0.5]),), backend)
+    assert bool((out[:2].abs() > 65504).all()) and abs(float(out[2]) - 0.5236) < 2e-3

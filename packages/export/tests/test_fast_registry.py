@@ -60,6 +60,11 @@ def _bools(*shape: int) -> Make:
     return lambda: torch.rand(shape) > 0.5
 
 
+def _unit(*shape: int) -> Callable[[], torch.Tensor]:
+    """Values in (-1, 1), the domain of asin and acos."""
+    return lambda: torch.rand(*shape) * 1.98 - 0.99
+
+
 def _positive(*shape: int) -> Make:
     return lambda: torch.rand(shape) + 0.5
 
@@ -160,6 +165,9 @@ EXAMPLES: dict[str, _Example] = {
     "aten.sin.default": _ex(lambda x: aten.sin.default(x), _X),
     "aten.cos.default": _ex(lambda x: aten.cos.default(x), _X),
     "aten.erf.default": _ex(lambda i: aten.erf.default(i), _ints(3, 4)),
+    "aten.asin.default": _ex(lambda x: aten.asin.default(x), _unit(3, 4)),
+    "aten.acos.default": _ex(lambda x: aten.acos.default(x), _unit(3, 4)),
+    "aten.atan.default": _ex(lambda x: aten.atan.default(x), _X),
     "aten.floor.default": _ex(lambda x: aten.floor.default(x), _wide(3, 4)),
     "aten.ceil.default": _ex(lambda x: aten.ceil.default(x), _wide(3, 4)),
     "aten.clamp.default": _ex(lambda x: aten.clamp.default(x, -0.5, 0.75), _X),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +37,7 @@ _FLOAT = {
     aten.sin.default: "Sin",
     aten.cos.default: "Cos",
     aten.erf.default: "Erf",
+    aten.atan.default: "Atan",
 }
 
 
@@ -52,6 +54,27 @@ def _unary(t: Translator, node: Node, x: Node) -> ir.Value:
 @handles(*_FLOAT)
 def _float_unary(t: Translator, node: Node, x: Node) -> ir.Value:
     return t.out(_FLOAT[node.target], [t.operand(x, node.meta["val"].dtype)])  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
+
+
+@handles(aten.asin.default, aten.acos.default)
+def _asin_acos(t: Translator, node: Node, x: Node) -> ir.Value:
+    """``asin(x) = 2 atan(x / (1 + sqrt((1 - x)(1 + x))))`` and ``acos(x) = pi/2 - asin(x)`` from Atan, which QNN HTP
+    has (it declines Asin and Acos). The half-angle form never divides by zero on [-1, 1], and ``(1 - x)(1 + x)``
+    keeps ``1 - x^2`` exact in float16 near +-1, where the square would lose it. NaN outside [-1, 1], as PyTorch."""
+    val = node.meta["val"]
+    dtype, shape = val.dtype, tuple(val.shape)
+
+    def emit(op: str, *inputs: ir.Value) -> ir.Value:
+        return t.emit1(op, list(inputs), dtype=dtype, shape=shape)
+
+    z, one = t.operand(x, dtype), t.scalar(1, dtype)
+    root = emit("Sqrt", emit("Mul", emit("Sub", one, z), emit("Add", one, z)))
+    half = emit("Atan", emit("Div", z, emit("Add", one, root)))
+    angle = emit("Mul", half, t.scalar(2, dtype))
+    if node.target == aten.acos.default:
+        angle = emit("Sub", t.scalar(math.pi / 2, dtype), angle)
+    outside = t.emit1("Greater", [emit("Abs", z), one], dtype=torch.bool, shape=shape)
+    return t.out("Where", [outside, t.scalar(math.nan, dtype), angle])
 
 
 @handles(aten.rsqrt.default)
