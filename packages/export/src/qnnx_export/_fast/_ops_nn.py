@@ -122,8 +122,7 @@ def _batch_norm(
         raise Declined("batch norm in training mode with running statistics (it would update them)")
     if mean is None or var is None:
         raise Declined("batch norm without running statistics")
-    scale = t.value(w) if w is not None else t.initializer(torch.ones(c, dtype=dtype), "bn_scale")
-    shift = t.value(b) if b is not None else t.initializer(torch.zeros(c, dtype=dtype), "bn_shift")
+    scale, shift = _channel_affine(t, w, b, c, dtype)
     val = node.meta["val"][0]
     out = t.emit1(
         "BatchNormalization",
@@ -133,6 +132,15 @@ def _batch_norm(
         shape=tuple(val.shape),
     )
     return (out, None, None)
+
+
+def _channel_affine(
+    t: Translator, w: Node | None, b: Node | None, c: int, dtype: torch.dtype
+) -> tuple[ir.Value, ir.Value]:
+    """A batch norm's per-channel scale and shift: its weight and bias, or ones and zeros."""
+    scale = t.value(w) if w is not None else t.initializer(torch.ones(c, dtype=dtype), "bn_scale")
+    shift = t.value(b) if b is not None else t.initializer(torch.zeros(c, dtype=dtype), "bn_shift")
+    return scale, shift
 
 
 def _batch_statistics_norm(
@@ -148,8 +156,7 @@ def _batch_statistics_norm(
         raise Declined(f"batch norm of a rank-{len(shape)} input")
     c = shape[1]
     dtype = node.meta["val"][0].dtype
-    scale = t.value(w) if w is not None else t.initializer(torch.ones(c, dtype=dtype), "in_scale")
-    shift = t.value(b) if b is not None else t.initializer(torch.zeros(c, dtype=dtype), "in_shift")
+    scale, shift = _channel_affine(t, w, b, c, dtype)
     attrs: Attrs = {"epsilon": float(eps)}
     if shape[0] == 1 and len(shape) in (3, 4):
         out = t.emit1("InstanceNormalization", [t.value(x), scale, shift], attrs, dtype=dtype, shape=shape)

@@ -75,6 +75,10 @@ def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+MAX_HTP_RANK = 5
+"""QNN HTP takes tensors of rank 5 at most."""
+
+
 def transpose_perm(node: ir.Node, rank: int) -> list[int]:
     """A Transpose's permutation (reversed axes when it has no ``perm``)."""
     attr = node.attributes.get("perm")

@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
-from qnnx_export._passes._layout import coalesce_axes
+from qnnx_export._passes._layout import FoldHighRankTranspose, coalesce_axes
 
 __all__ = [
     "DecomposeHighRankTranspose",
@@ -21,7 +21,7 @@ __all__ = [
     "ProductViewTransposedAtRank4",
 ]
 
-_MAX_HTP_RANK = 5
+_MAX_HTP_RANK = _graph.MAX_HTP_RANK
 _REDUCE_OPS = frozenset({"ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd"})
 _ARG_OPS = frozenset({"ArgMax", "ArgMin"})
 
@@ -225,15 +225,15 @@ class HighRankSplitOnMergedAxes(QnnPass):
 
 
 @register(order=67)
-class ProductViewTransposedAtRank4(QnnPass):
+class ProductViewTransposedAtRank4(FoldHighRankTranspose):
     """Rewrite ``MatMul -> Reshape to rank 5 -> Transpose -> Reshape`` at rank 4 when the permutation allows.
 
     Attention's ``probs @ v`` at rank 3, ``[8, 16, 16]``, viewed as ``[1, 2, 4, 16, 16]`` to move its heads
     (Hiera's mask units) is a Reshape to rank 5 ``[..., N, k]`` of a MatMul's ``[..., N]`` product, a form that stops
     the process in QNN HTP and that qnnx-opcheck refuses. Merging the axes the Transpose keeps together and dropping
     the axes of size 1 (which order nothing) moves the same elements to the same places through a rank-4 view,
-    which that refusal does not cover. Exact (data movement only). Only that refused form is rewritten: other
-    rank-5 chains run as they are.
+    which that refusal does not cover: :class:`FoldHighRankTranspose`'s rewrite, on another match. Exact (data
+    movement only). Only that refused form is rewritten: other rank-5 chains run as they are.
     """
 
     name = "product_view_transposed_at_rank4"
@@ -242,7 +242,8 @@ class ProductViewTransposedAtRank4(QnnPass):
         "attention's product viewed at rank 5 to move its heads (Hiera) had every Reshape pinned to the CPU EP"
     )
 
-    def match(self, node: ir.Node) -> tuple[ir.Value, list[int], list[int]] | None:
+    def match(self, node: ir.Node) -> tuple[ir.Node, list[int], list[int]] | None:
+        """The refused view, the merged shape and permutation (the fold's rewrite then makes them), or None."""
         if not _graph.is_op(node, "Transpose"):
             return None
         view_out = node.inputs[0]
@@ -256,18 +257,4 @@ class ProductViewTransposedAtRank4(QnnPass):
         merged, merged_perm = coalesce_axes(shape, perm, drop_unit_axes=True)
         if len(merged) >= _MAX_HTP_RANK:
             return None
-        return product, merged, merged_perm
-
-    def rewrite(self, graph: ir.Graph) -> bool:
-        names = _graph.fresh_names(graph, "qnnx_rank4")
-        changed = False
-        for node, (product, merged, perm) in self.matched(graph):
-            flat = _reshape(graph, names, node, product, merged)
-            moved = _graph.new_value(names("moved"), flat.dtype, [merged[a] for a in perm])
-            graph.insert_before(
-                node, ir.Node("", "Transpose", [flat], attributes=[ir.AttrInt64s("perm", perm)], outputs=[moved])
-            )
-            for use in list(node.outputs[0].uses()):
-                use.node.replace_input_with(0, moved)
-            changed = True
-        return changed
+        return view, merged, merged_perm

@@ -125,7 +125,7 @@ class TileLayerNormBroadcast(QnnPass):
 
 # ------------------------------------------------------------- rank > 5 Reshape/Transpose/Reshape -> rank <= 5
 
-_MAX_HTP_RANK = 5
+_MAX_HTP_RANK = _graph.MAX_HTP_RANK
 # The least size of an innermost axis kept as an axis of its own (see FoldHighRankTranspose): the classes measured
 # kept apart start at 4 channels. Nor is it kept when the axis before it would have its size: a MatMul's [..., N]
 # product reshaped to rank 5 [..., N, k] stops the process (SIGSEGV) inside QNN HTP (2x2 windows of 2 channels).
