@@ -50,7 +50,7 @@ BACKEND_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("programs; the exporters' checks and the QDQ model", ("_program", "_faithful", "_quantize")),
     ("export", ("_export",)),
     ("check", ("_check",)),
-    ("build", ("_build",)),
+    ("build; the outputs PyTorch computes beside a QNN graph", ("_build", "_host_outputs")),
     ("the device chain; run one static graph", ("_chain", "_variant")),
     ("save and load", ("_aot", "_aot_load")),
     ("run: the callable Dynamo gets", ("_compiled",)),

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 import qnnx_backend
 from qnnx_backend._compare import FP16_MAX
-from qnnx_backend._untrusted import BeyondHalfRange, NaNInput, check_half_range, check_no_nan
+from qnnx_backend._untrusted import BeyondHalfRange, NaNInput, check_half_range, check_inputs
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
 _floats = st.one_of(
@@ -53,17 +53,48 @@ def test_integer_and_empty_outputs_are_not_checked():
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 @given(arrays=_ARRAYS)
-def test_nan_inputs_are_found_and_infinities_pass(arrays):
-    """The first input holding a NaN is named; infinities and large finite values are not NaN (HTP reads them as
-    its largest numbers, which attention masks rely on)."""
+def test_nan_inputs_are_found_and_out_of_range_inputs_are_clipped(arrays):
+    """The first input holding a NaN is named. Otherwise every input reaches HTP within +-65504: an array within
+    range is fed as it is (the same object), one with an infinity or a larger magnitude as a clipped copy (the
+    caller's array untouched)."""
     feed = {f"in{k}": a for k, a in enumerate(arrays)}
+    kept = {n: a.copy() for n, a in feed.items()}
     bad = [n for n, a in feed.items() if np.isnan(a).any()]
     if bad:
         with pytest.raises(NaNInput) as info:
-            check_no_nan(list(feed), feed)
+            check_inputs(list(feed), feed)
         assert info.value.input == bad[0]
-    else:
-        check_no_nan(list(feed), feed)
+        return
+    given_arrays = dict(feed)
+    check_inputs(list(feed), feed)
+    for name, array in feed.items():
+        original = given_arrays[name]
+        np.testing.assert_array_equal(original, kept[name])
+        assert array.dtype == original.dtype and array.shape == original.shape
+        if np.all(np.abs(original.astype(np.float64)) <= FP16_MAX):
+            assert array is original
+        else:
+            np.testing.assert_array_equal(array, np.clip(original, -FP16_MAX, FP16_MAX))
+
+
+def _signs(m: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return m < 0, m > 0, torch.softmax(x + m, dim=-1)
+
+
+def test_an_input_beyond_half_range_is_compared_as_eager_compares_it():
+    """A float input beyond float16's range on a later call (an attention mask of float32's minimum, -inf, 1e5)
+    is compared as eager PyTorch compares it, on the NPU; HTP alone read ``x < 0`` as False for each of them."""
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    fn = torch.compile(_signs, backend="qnn", options={"soc_model": 60, "device": "npu", "strict": True})
+    x = torch.linspace(-1, 1, 8).reshape(1, 8)
+    fn(torch.zeros(1, 8), x)
+    lowest = torch.finfo(torch.float32).min
+    m = torch.tensor([[lowest, -1e5, -70000.0, -FP16_MAX, float("-inf"), 0.0, 1e5, 3.0]])
+    got, ref = fn(m, x), _signs(m, x)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    torch.testing.assert_close(got[2], ref[2], atol=2e-3, rtol=2e-3)
+    assert [r.device for r in qnnx_backend.compile_reports()] == ["npu"]
 
 
 def _gate(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -156,6 +156,13 @@ def _variant_record(graph: SavableGraph, variant: QnnVariant, blobs: list[bytes]
             "then save it"
         )
     rep = variant.report
+    if rep.host_outputs:
+        raise SavedGraphError(
+            f"graph {rep.graph_id} computes its output(s) {', '.join(map(str, rep.host_outputs))} in PyTorch (beyond "
+            "float16's range: an attention mask for the next graph), and a saved function holds no PyTorch graph: "
+            "save a function whose graphs return no such value (e.g. compile the whole model with fullgraph=True), "
+            "or keep compiling it in the process that runs it"
+        )
     record: dict[str, Any] = {
         "kind": "qnn" if isinstance(program, QnnProgram) else "none",
         "signature": program.signature.to_dict(),

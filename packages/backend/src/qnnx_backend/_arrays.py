@@ -21,7 +21,7 @@ from typing import Any
 
 from qnnx_backend import _payload, _scratch
 from qnnx_backend._parts import PartedModel, open_parts
-from qnnx_backend._untrusted import UntrustedRun, check_half_range, check_no_nan
+from qnnx_backend._untrusted import UntrustedRun, check_half_range, check_inputs
 from qnnx_backend.errors import QnnDeviceError, QnnRuntimeError, SavedGraphError, SavedInputError
 
 logger = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class ArrayModel:
             feed[spec["name"]] = array.astype(spec["onnx_dtype"], copy=False)
         floats = [spec["name"] for spec in self._signature["inputs"] if spec["onnx_dtype"] in ("float32", "float16")]
         try:
-            check_no_nan(floats, feed)
+            check_inputs(floats, feed)
             outs = self._session.run(self._output_order, feed)
             check_half_range(self._output_order, outs)
         except UntrustedRun as untrusted:

@@ -22,6 +22,7 @@ from qnnx_backend._build import build_program, build_quantized
 from qnnx_backend._calibrate import Calibration
 from qnnx_backend._compare import EagerReference
 from qnnx_backend._export import CompileContext, analyze, export_report
+from qnnx_backend._host_outputs import HostOutputsProgram, HostSplit, separate
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._program import Program
 from qnnx_backend._session import DeviceRejected
@@ -107,6 +108,11 @@ def place(
     attempts: list[_report.Attempt] = []
     # One context for every device of the chain: the graph is exported (and quantized) once.
     ctx = CompileContext(gm=gm, args=args, options=opts, analysis=analysis, timings=timings, calibration=calibration)
+    whole = ctx
+    host: HostSplit | None = None
+    if "npu" in devices and probe.backend("npu").available:
+        # Light outputs beyond float16's range (a mask for the next graph) are computed in PyTorch beside the graph.
+        ctx, host = separate(ctx)
     for pos, dev in enumerate(devices):
         nxt = devices[pos + 1] if pos + 1 < len(devices) else "eager PyTorch"
         t = time.perf_counter()
@@ -125,6 +131,8 @@ def place(
                 program = build_program(ctx, dev)
             if attempts:
                 _confirm_usable(dev)
+            if host is not None:
+                program = HostOutputsProgram(program, host)
         except DeviceRejected as exc:
             attempts.append(_report.Attempt(device=dev, ok=False, reason=exc.cause, seconds=time.perf_counter() - t))
             if opts.strict and device != "auto":
@@ -151,11 +159,12 @@ def place(
             timings=timings,
             quantization=quantization,
             export=program.export,
+            host_outputs=host.host_positions if host is not None else (),
             **base,
         )
         _report.record(rep)
         logger.info("%s", rep.summary())
-        return program, rep, ctx.memo.eager
+        return program, rep, whole.memo.eager
     reasons = "; ".join(f"{a.device}: {a.reason}" for a in attempts) or "no QNN device was tried"
     if opts.strict:  # device='auto' with strict: no device of the chain took the graph
         raise QnnDeviceError(device, f"no QNN device could take the graph ({reasons})")

@@ -85,6 +85,9 @@ class GraphExplanation:
     export: ExportReport | None = None
     """How the graph was exported (the exporter, why the direct translator declined, the op types of the model
     explained); None when it was not exported (device ``"cpu"``, refused by the analysis, or the export failed)."""
+    host_outputs: tuple[int, ...] = ()
+    """The positions of the graph's outputs that PyTorch would compute beside the QNN graph: light outputs beyond
+    float16's range (see ``CompileReport.host_outputs``); the nodes listed are those of the graph without them."""
 
     def nodes_on_qnn(self) -> int:
         """Nodes placed (or predicted) on QNN."""
@@ -142,6 +145,9 @@ class ExplainReport:
                 lines.append(f"  {g.export.summary()}")
             if g.passes_applied:
                 lines.append(f"  rewrite passes: {', '.join(g.passes_applied)}")
+            if g.host_outputs and g.final_device != "eager":
+                where = ", ".join(map(str, g.host_outputs))
+                lines.append(f"  output(s) {where} computed in PyTorch beside QNN (beyond float16's range)")
             if g.quantization is not None:
                 lines.append(f"  quantized: {g.quantization.summary()} (example inputs, ORT CPU EP)")
             if g.weight_bytes is not None:
@@ -219,6 +225,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     from qnnx_backend._build import crashed_compile
     from qnnx_backend._check import fp16_range_refusal
     from qnnx_backend._export import CompileContext, analyze, export_once, export_report
+    from qnnx_backend._host_outputs import separate
     from qnnx_backend._quantize import explain_quantized
     from qnnx_backend._session import DeviceRejected, StagedModel
     from qnnx_backend._trace import compiling
@@ -247,6 +254,9 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=reason, **base))
             continue
         range_ctx = CompileContext(gm=gm, args=list(inputs), options=opts, analysis=analysis)
+        host = None
+        if "npu" in chain and probe.backend("npu").available:  # the compile's own split (_chain.place)
+            range_ctx, host = separate(range_ctx)
         try:
             with compiling():  # export traces with process-global side effects: serialize with Dynamo
                 exported: Any = export_once(range_ctx)  # the float export: an ExportedGraph
@@ -344,6 +354,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
                 max_graph_bytes=opts.max_graph_bytes if parts else None,
                 weight_bytes=held,
                 export=export_report(range_ctx, exported),
+                host_outputs=host.host_positions if host is not None and final != "eager" else (),
                 **base,
             )
         )

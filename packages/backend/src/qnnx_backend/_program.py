@@ -20,7 +20,7 @@ import torch
 from qnnx_backend import _session
 from qnnx_backend._parts import PartedModel, part_infos
 from qnnx_backend._report import ExportReport, PartReport
-from qnnx_backend._untrusted import check_half_range, check_no_nan
+from qnnx_backend._untrusted import check_half_range, check_inputs
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
@@ -271,7 +271,7 @@ class QnnProgram:
         if feed is None:
             return self._run_converting(args)
         if self.checks_half_range:
-            check_no_nan(self._nan_checked, feed)
+            check_inputs(self._nan_checked, feed)
         outs = self.session.run(self._output_names, feed)
         if self.checks_half_range:
             check_half_range(self._output_names, outs)
@@ -302,7 +302,7 @@ class QnnProgram:
                 array = array.astype(want)
             feed[name] = array
         if self.checks_half_range:
-            check_no_nan(self._nan_checked, feed)
+            check_inputs(self._nan_checked, feed)
         outs = self.session.run(self._output_names, feed)
         if self.checks_half_range:
             check_half_range(self._output_names, outs)

@@ -183,6 +183,10 @@ class CompileReport:
     problem_kinds: tuple[str, ...] = ()
     """The kinds of the problems qnnx-export's graph analysis found (``GraphProblem.kind``, e.g.
     ``"input_mutation"``, ``"empty_tensor"``), sorted: any of them keeps the graph in PyTorch (see ``reason``)."""
+    host_outputs: tuple[int, ...] = ()
+    """The positions in the graph's output tuple computed in PyTorch beside the QNN graph, each beyond float16's
+    range on the example inputs and computed without a matmul or convolution (an attention mask handed to the next
+    graph); every other output comes from QNN. Empty: QNN computes every output."""
     export: ExportReport | None = None
     """How the graph was exported to ONNX (the exporter, why the direct translator declined, the op types); None
     when it was not exported (device ``"cpu"``, refused by the analysis or before the export, the export failed,
@@ -222,6 +226,9 @@ class CompileReport:
             detail += "y)" if self.weight_copies == 1 else "ies)"
             if self.context_bytes is not None:
                 detail += f", contexts {size_text(self.context_bytes)} on disk"
+        if self.host_outputs:
+            where = ", ".join(map(str, self.host_outputs))
+            detail += f", output(s) {where} computed in PyTorch (beyond float16's range)"
         if self.bucket is not None:
             detail += f", bucket {list(self.bucket)}"
         if self.quantization is not None:

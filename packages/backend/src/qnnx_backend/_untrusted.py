@@ -1,17 +1,18 @@
 """Calls whose QNN results cannot be trusted (private; imports neither torch nor, until a check runs, numpy).
 
-HTP computes float graphs in float16 and holds no NaN or infinity: it reads a NaN input as an ordinary number and
-returns a number beyond float16's range where a result is NaN or infinite. The checks here find both around one
-run, before anything is written, for the torch path (which then computes the call in PyTorch, or raises) and for
+HTP computes float graphs in float16 and holds no NaN or infinity: it reads a NaN input as an ordinary number, misreads
+an input beyond float16's range, and returns a number beyond that range where a result is NaN or infinite. The checks
+here find NaN inputs and such results around one run (and clip out-of-range inputs to float16's range), before
+anything is written, for the torch path (which then computes the call in PyTorch, or raises) and for
 the torch-free loader (which raises).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FP16_MAX", "BeyondHalfRange", "NaNInput", "UntrustedRun", "check_half_range", "check_no_nan"]
+__all__ = ["FP16_MAX", "BeyondHalfRange", "NaNInput", "UntrustedRun", "check_half_range", "check_inputs"]
 
 FP16_MAX = 65504.0
 """float16's largest finite value. HTP computes float graphs in float16: it saturates there, and where a result is
@@ -67,13 +68,24 @@ def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
         raise BeyondHalfRange(name, worst)
 
 
-def check_no_nan(names: Sequence[str], feed: Mapping[str, Any]) -> None:
-    """Raise :class:`NaNInput` for the first of ``names`` whose array in ``feed`` holds a NaN (one pass over each:
-    NaN propagates through the maximum). Infinities pass: HTP reads them as its largest numbers, which masks rely
-    on."""
+def check_inputs(names: Sequence[str], feed: dict[str, Any]) -> None:
+    """Raise :class:`NaNInput` for the first of ``names`` whose array in ``feed`` holds a NaN, and give HTP every
+    value beyond float16's range (an infinity included) as float16's largest magnitude.
+
+    HTP reads such a value as something no comparison understands: measured on the simulator, ``x < 0`` is False
+    for x = -1e5, -3.4e38 and -inf, and ``x > 0`` is False for 1e5 and inf. Clipped to +-65504 first (a copy in
+    ``feed``; the caller's tensor is untouched), it is what float16 saturation gives: comparisons come out as in
+    eager PyTorch, and an additive attention mask of float32's minimum or -inf still masks. Two passes over each
+    array (NaN propagates through the maximum); a copy only when a value is out of range.
+    """
     import numpy as np
 
     for name in names:
         array = feed.get(name)
-        if array is not None and array.size and np.isnan(array.max()):
+        if array is None or not array.size:
+            continue
+        high = array.max()
+        if np.isnan(high):
             raise NaNInput(name)
+        if high > FP16_MAX or array.min() < -FP16_MAX:
+            feed[name] = np.clip(array, -FP16_MAX, FP16_MAX)
