@@ -950,6 +950,37 @@ def test_bool_cast_to_int64_shape_classes(shape: tuple[int, ...], dtype: int, th
     np.testing.assert_array_equal(got, want)
 
 
+@_examples
+@given(
+    shape=st.lists(_dim, min_size=1, max_size=4).map(tuple),
+    dtype=st.sampled_from([TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL]),
+    data=st.data(),
+    seed=st.integers(0, 2**16),
+)
+def test_integer_pad_as_concat_shape_classes(
+    shape: tuple[int, ...], dtype: int, data: st.DataObject, seed: int
+) -> None:
+    """A constant Pad of int64, int32 or bool (token ids and masks padded to a window), which the QNN EP refuses,
+    runs on QNN as Concats with exactly the CPU EP's values, for any pads of 0 or more on any axes and any pad
+    value."""
+    rank = len(shape)
+    pads = data.draw(st.lists(st.integers(0, 3), min_size=2 * rank, max_size=2 * rank).filter(any), label="pads")
+    np_dtype = {TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_}[dtype]
+    value = data.draw(st.booleans() if dtype == TensorProto.BOOL else st.integers(-5, 5), label="value")
+    out_shape = tuple(n + pads[a] + pads[a + rank] for a, n in enumerate(shape))
+    nodes = [h.make_node("Pad", ["x", "pads", "value"], ["y"], mode="constant")]
+    inits = {"pads": np.array(pads, np.int64), "value": np.array(value, np_dtype)}
+    model = make_model(nodes, [("x", dtype, shape)], [("y", dtype, out_shape)], inits)
+    rng = np.random.default_rng(seed)
+    x = (rng.random(shape) < 0.5) if dtype == TensorProto.BOOL else rng.integers(-1000, 1000, shape).astype(np_dtype)
+    want = _cpu_reference(model, {"x": x})[0]
+    m = to_ir(model)
+    run_passes(m, ("integer_pad_as_concat",))
+    (got,) = qnn_session(to_bytes(m)).run(None, {"x": x})
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -975,6 +1006,7 @@ COVERED_HERE = frozenset(
         "int_cast_to_bool",
         "float_cast_to_bool",
         "bool_cast_to_int64",
+        "integer_pad_as_concat",
         "erf_as_polynomial",
         "sinh_cosh_from_exp",
         *_ELEMENTWISE,

@@ -51,6 +51,8 @@ class SavableGraph(Protocol):
     @property
     def sym_positions(self) -> tuple[int, ...]: ...
     @property
+    def sym_dims(self) -> tuple[tuple[int, int], ...]: ...
+    @property
     def plan(self) -> _buckets.BucketPlan | str | None: ...
     @property
     def examples(self) -> Examples: ...
@@ -99,6 +101,12 @@ def header_and_blobs(graph: SavableGraph, blobs: list[bytes] | None = None) -> t
     Raises:
         SavedGraphError: a variant runs in PyTorch (a saved function has no PyTorch graph), or cannot be saved.
     """
+    if graph.sym_dims:
+        raise SavedGraphError(
+            "the graph has tensors with dynamic dims that Dynamo passes no size argument for (a frame it met with two "
+            "shapes), and a saved function serves sizes by its size arguments: compile with dynamic=False (or "
+            "torch.compile(..., dynamic=False)) before saving"
+        )
     if not graph.variants:
         args = recall(graph.examples)
         key: tuple[object, ...] = ()

@@ -24,11 +24,13 @@ from qnnx_backend._progress import compile_progress
 from qnnx_backend._trace import (
     Examples,
     compiling,
+    dims_key,
     gc_paused,
     op_counts,
     remember,
     size_positions,
     specialize,
+    symbolic_dims,
     writes_arguments,
 )
 from qnnx_backend._variant import PAST_BUDGET, Eager, QnnVariant, Specialized
@@ -63,12 +65,16 @@ class QnnGraph(SerializableCallable):
         self._options = options
         self._lock = threading.Lock()
         self._sym_positions = size_positions(example_inputs)
+        self._sym_dims = symbolic_dims(gm, self._sym_positions)
+        self._dynamic = bool(self._sym_positions or self._sym_dims)
         self._variants: dict[tuple[object, ...], Variant] = {}
         self._budget_warned = False
         self._examples = remember(example_inputs)  # weakly: saving compiles a never-called graph from them
         self._plan: _buckets.BucketPlan | str | None = None
         if self._sym_positions and options.buckets is not None:
             self._plan = _buckets.make_plan(gm, example_inputs, self._sym_positions)
+            if self._sym_dims:
+                self._plan = "a tensor has dynamic dims without size arguments"
             if not isinstance(self._plan, str) and writes_arguments(gm):
                 # Padded copies would take the writes, and the eager neutrality check would apply them to the
                 # caller's tensors: such a graph compiles exact sizes.
@@ -113,6 +119,8 @@ class QnnGraph(SerializableCallable):
                     served = self._call_bucket(args, key, bucket)  # type: ignore[arg-type]
                     if served is not _NOT_NEUTRAL:
                         return served
+        if self._sym_dims:
+            key += dims_key(args, self._sym_dims)
         variant = self._known_variant(key)
         if variant is None:
             variant = self.compile_variant(key, args)
@@ -123,7 +131,7 @@ class QnnGraph(SerializableCallable):
         with self._lock, compiling(), gc_paused():
             variant = self._variants.get(key)
             if variant is None:
-                if self._sym_positions:
+                if self._dynamic:
                     static = specialize(self._gm, args, self._sym_positions)
                     rest = [a for i, a in enumerate(args) if i not in self._sym_positions]
                     variant = Specialized(self._compile(static, rest), self._sym_positions)
@@ -171,7 +179,7 @@ class QnnGraph(SerializableCallable):
         """The variant compiled for ``key``; past the recompile budget a new dynamic size gets the PyTorch one;
         None when ``key`` is still to be compiled."""
         variant = self._variants.get(key)
-        if variant is None and self._sym_positions and self._over_budget():
+        if variant is None and self._dynamic and self._over_budget():
             with self._lock:
                 variant = self._variants.get(key) or self._past_budget(key)
                 self._variants[key] = variant
@@ -242,7 +250,8 @@ class QnnGraph(SerializableCallable):
     # -- quantized graphs --------------------------------------------------------------------------------------
 
     def _size_key(self, args: Sequence[object]) -> tuple[object, ...]:
-        return tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
+        key = tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
+        return key + dims_key(args, self._sym_dims) if self._sym_dims else key
 
     def _call_quantizing(self, args: Sequence[object]) -> Any:
         """A call of a graph compiled with ``quantize``: record under :func:`qnnx_backend.calibrate`, else run the
@@ -280,7 +289,7 @@ class QnnGraph(SerializableCallable):
             self._variants[key] = self._compile_calibrated(args, calibration)
 
     def _compile_calibrated(self, args: Sequence[object], calibration: Calibration) -> Variant:
-        if self._sym_positions:
+        if self._dynamic:
             static = specialize(self._gm, args, self._sym_positions)
             rest = [a for i, a in enumerate(args) if i not in self._sym_positions]
             inner = self._compile(static, rest, calibration=calibration.without(self._sym_positions))
@@ -297,6 +306,11 @@ class QnnGraph(SerializableCallable):
     def sym_positions(self) -> tuple[int, ...]:
         """Positions of the size arguments Dynamo passes (empty for a static graph)."""
         return self._sym_positions
+
+    @property
+    def sym_dims(self) -> tuple[tuple[int, int], ...]:
+        """``(argument position, dim)`` of the dynamic dims Dynamo passes no size argument for (empty usually)."""
+        return self._sym_dims
 
     @property
     def plan(self) -> _buckets.BucketPlan | str | None:

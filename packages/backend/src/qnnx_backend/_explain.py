@@ -228,7 +228,7 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     from qnnx_backend._host_outputs import separate
     from qnnx_backend._quantize import explain_quantized
     from qnnx_backend._session import DeviceRejected, StagedModel
-    from qnnx_backend._trace import compiling
+    from qnnx_backend._trace import compiling, static_variant
 
     opts = BackendOptions.from_mapping(options)
     probe = qnnx_detection.probe()
@@ -247,7 +247,9 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
             )
             continue
         # The compile's own analysis and export (write lifting, the exporter, disable_passes, fp16), so that the
-        # explanation is of the graph the compile would run.
+        # explanation is of the graph the compile would run: a graph with dynamic sizes as its static variant for
+        # these inputs.
+        gm, inputs = static_variant(gm, inputs)
         analysis = analyze(gm, inputs, opts)
         if analysis.problems:
             reason: str | None = "; ".join(p.detail for p in analysis.problems)

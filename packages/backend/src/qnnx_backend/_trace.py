@@ -32,6 +32,48 @@ def size_positions(example_inputs: Sequence[object]) -> tuple[int, ...]:
     )
 
 
+def symbolic_dims(gm: torch.fx.GraphModule, sym_positions: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """``(argument position, dim)`` of every symbolic dim of a tensor placeholder, where Dynamo passes no size
+    argument for it.
+
+    Dynamo marks a dim dynamic when one frame meets two sizes (T5-style attention called for the encoder's and the
+    decoder's lengths in one forward), and it lifts a size argument only where the graph reads the size: the
+    tensor's own example value is then the only record of the dim (or it holds a size Dynamo specialized, still
+    typed as symbolic). Such a graph compiles one static variant per concrete size, like one with size arguments."""
+    found: list[tuple[int, int]] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    passed: set[Any] = set()  # the symbols the size arguments carry
+    for i in sym_positions:
+        size = placeholders[i].meta.get("example_value")
+        if isinstance(size, torch.SymInt):
+            passed |= size.node.expr.free_symbols
+    for i, node in enumerate(placeholders):
+        value = node.meta.get("example_value")
+        if i in sym_positions or not isinstance(value, torch.Tensor):
+            continue
+        for d, size in enumerate(value.shape):
+            # A SymInt without free symbols is a size Dynamo specialized but still typed as symbolic.
+            symbols = size.node.expr.free_symbols if isinstance(size, torch.SymInt) else None
+            if symbols is not None and not (symbols and symbols <= passed):
+                found.append((i, d))
+    return tuple(found)
+
+
+def dims_key(args: Sequence[object], sym_dims: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """The concrete sizes of ``sym_dims`` in a call's arguments."""
+    return tuple(int(args[i].shape[d]) for i, d in sym_dims)  # type: ignore[attr-defined]
+
+
+def static_variant(gm: torch.fx.GraphModule, args: Sequence[object]) -> tuple[torch.fx.GraphModule, list[object]]:
+    """The static graph (and its arguments) that a call with ``args`` compiles, for a graph with dynamic sizes;
+    ``gm`` and ``args`` as they are for a static graph. Dynamo's symbolic example values count at their hints."""
+    positions = size_positions(args)
+    if not positions and not symbolic_dims(gm, positions):
+        return gm, list(args)
+    concrete = [int(a.node.hint) if isinstance(a, torch.SymInt) else a for a in args]
+    return specialize(gm, concrete, positions), [a for i, a in enumerate(concrete) if i not in positions]
+
+
 def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: Sequence[int]) -> torch.fx.GraphModule:
     """A copy of ``gm`` whose symbolic-size placeholders are replaced by the concrete values in ``args``.
 

@@ -1,4 +1,5 @@
-"""Pooling that HTP computes wrongly (average pools, padded max pools), rewritten into windows it computes right."""
+"""Pooling that HTP computes wrongly (average pools, padded max pools), rewritten into windows it computes right; and
+constant padding of integers, which HTP refuses, as the same blocks joined on."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["AvgPoolDropUnusedCountIncludePad", "AvgPoolWholeWindows", "MaxPoolPaddedInput"]
+__all__ = ["AvgPoolDropUnusedCountIncludePad", "AvgPoolWholeWindows", "IntegerPadAsConcat", "MaxPoolPaddedInput"]
 
 
 # ----------------------------------------------------------------- AveragePool count_include_pad without pads
@@ -100,10 +101,12 @@ def _joined_on(
     begin: tuple[int, ...],
     end: tuple[int, ...],
     fill: ir.Value | None = None,
+    first_axis: int = 2,
+    value: float | int | bool = 0,
 ) -> tuple[list[ir.Node], ir.Value, tuple[int, ...]]:
     """``x`` (static shape ``[N, C, *spatial]``) with ``begin``/``end`` elements joined on before and after each
-    spatial axis by ``Concat``, axis by axis: zeros, or ``fill`` (a value of one element, broadcast) added to them.
-    The nodes, the padded value and its shape."""
+    spatial axis (each axis from ``first_axis``) by ``Concat``, axis by axis: blocks of ``value`` (zeros), or
+    ``fill`` (a value of one element, broadcast) added to them. The nodes, the padded value and its shape."""
     shape = cast(tuple[int, ...], _graph.static_shape(x))
     dtype = x.dtype
     np_dtype = cast(ir.DataType, dtype).numpy()
@@ -111,14 +114,14 @@ def _joined_on(
 
     def block(size: int, axis: int) -> ir.Value:
         block_shape = [size if d == axis else n for d, n in enumerate(shape)]
-        zeros = _graph.add_initializer(graph, names("zeros"), np.zeros(block_shape, np_dtype))
+        zeros = _graph.add_initializer(graph, names("zeros"), np.full(block_shape, value, np_dtype))
         if fill is None:
             return zeros
         filled = _graph.new_value(names("filled"), dtype, block_shape)
         nodes.append(ir.Node("", "Add", [zeros, fill], outputs=[filled]))
         return filled
 
-    for axis, (before, after) in enumerate(zip(begin, end, strict=True), start=2):
+    for axis, (before, after) in enumerate(zip(begin, end, strict=True), start=first_axis):
         if not before and not after:
             continue
         inputs = [*([block(before, axis)] if before else []), x, *([block(after, axis)] if after else [])]
@@ -287,3 +290,67 @@ class MaxPoolPaddedInput(QnnPass):
             return [*nodes, ir.Node("", "MaxPool", [padded], attributes=attrs, outputs=[out])], out
 
         return self.replace_matched(graph, "qnnx_maxpool", whole)
+
+
+# ------------------------------------------------------------- constant Pad of integers, joined on with Concat
+
+# Integer and bool Pad: the QNN EP refuses all of them (int32, int64, bool, uint8; onnxruntime-qnn 2.7.0), and
+# Concat takes each but uint8.
+_JOINED_PAD_DTYPES = frozenset({ir.DataType.INT32, ir.DataType.INT64, ir.DataType.BOOL})
+
+
+@dataclass(frozen=True)
+class PadBlocks:
+    begin: tuple[int, ...]
+    end: tuple[int, ...]
+    value: int | bool
+
+
+@register(order=87)
+class IntegerPadAsConcat(QnnPass):
+    """Write a constant-mode ``Pad`` of int32, int64 or bool as blocks of its pad value joined on with ``Concat``.
+
+    The QNN EP refuses Pad of every integer type and of bool ("Failed to add node"), and a model pads its token ids
+    and attention mask to a multiple of a window (Longformer, LED) or a block: one such node put the graph's
+    integer nodes on the CPU EP, and with them most of a small graph. Concat of the same types runs on HTP. Exact:
+    data movement only. Static shapes, constant pads of 0 or more and a constant pad value only.
+    """
+
+    name = "integer_pad_as_concat"
+    defect = "the QNN EP refuses Pad of int32, int64 and bool (the node falls to the CPU EP)"
+
+    def match(self, node: ir.Node) -> PadBlocks | None:
+        """The blocks to join on, for a constant Pad of an integer or bool tensor; or None."""
+        x = _graph.op_input(node, "Pad")
+        shape = _graph.static_shape(x)
+        if x is None or shape is None or x.dtype not in _JOINED_PAD_DTYPES:
+            return None
+        if node.attributes.get_string("mode", "constant") != "constant" or len(node.inputs) < 2:
+            return None
+        pads = _graph.const_array(node.inputs[1])
+        fill = _graph.const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if pads is None or (len(node.inputs) > 2 and node.inputs[2] is not None and fill is None):
+            return None
+        rank = len(shape)
+        axes: list[int] = list(range(rank))
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            given = _graph.const_array(node.inputs[3])
+            if given is None:
+                return None
+            axes = [int(a) % rank for a in given.reshape(-1)] if rank else []
+        pads = pads.reshape(-1)
+        if len(pads) != 2 * len(axes) or (pads < 0).any() or not pads.any():
+            return None
+        begin, end = [0] * rank, [0] * rank
+        for k, axis in enumerate(axes):
+            begin[axis], end[axis] = int(pads[k]), int(pads[k + len(axes)])
+        value = fill.reshape(-1)[0].item() if fill is not None and fill.size else 0
+        return PadBlocks(tuple(begin), tuple(end), value)
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def joined(names: UniqueNames, node: ir.Node, plan: PadBlocks) -> tuple[list[ir.Node], ir.Value]:
+            x = cast(ir.Value, node.inputs[0])
+            nodes, padded, _shape = _joined_on(graph, names, x, plan.begin, plan.end, first_axis=0, value=plan.value)
+            return nodes, padded
+
+        return self.replace_matched(graph, "qnnx_intpad", joined)
