@@ -1031,6 +1031,7 @@ COVERED_ELSEWHERE = {
     "high_rank_split_on_merged_axes": "test_pass_high_rank.py",
     "softmax_before_reshape": "test_pass_high_rank.py",
     "product_view_transposed_at_rank4": "test_pass_high_rank.py",
+    "concat_before_product_view": "test_pass_high_rank.py",
     "log_domain_edges": "test_pass_domain_edges.py",
     "div_by_zero_edges": "test_pass_domain_edges.py",
 }

@@ -296,3 +296,77 @@ def test_hieras_head_move_of_an_attention_product_runs_on_qnn() -> None:
     status, error, last = qnn_error_in_child(after, feeds)
     assert status == 0 and error is not None, f"the child ended with status {status}: {last}"
     assert error < 5e-3, error
+
+
+def _joined_views(lead: list[int], rows: int, left: int, left_from_product: bool) -> onnx.ModelProto:
+    """A MatMul product ``[B, rows, left]`` and a square one ``[B, rows, rows]`` viewed at rank 5 as ``[*lead, rows,
+    left]`` and ``[*lead, rows, rows]`` (the second is the refused form), joined on the last axis: Pegasus-X's global
+    and local score blocks. With ``left_from_product`` False the first block is a plain input of its rank-5 shape."""
+    batch = int(np.prod(lead))
+    nodes = [h.make_node("MatMul", ["c", "d"], ["q"]), h.make_node("Reshape", ["q", "vr"], ["r2"])]
+    inputs = [("c", TensorProto.FLOAT, (batch, rows, 3)), ("d", TensorProto.FLOAT, (3, rows))]
+    if left_from_product:
+        nodes += [h.make_node("MatMul", ["a", "b"], ["p"]), h.make_node("Reshape", ["p", "vl"], ["r1"])]
+        inputs += [("a", TensorProto.FLOAT, (batch, rows, 3)), ("b", TensorProto.FLOAT, (3, left))]
+    else:
+        inputs += [("r1", TensorProto.FLOAT, (*lead, rows, left))]
+    nodes.append(h.make_node("Concat", ["r1", "r2"], ["y"], axis=-1))
+    return make_model(
+        nodes,
+        inputs,
+        [("y", TensorProto.FLOAT, (*lead, rows, left + rows))],
+        {"vl": np.array([*lead, rows, left], np.int64), "vr": np.array([*lead, rows, rows], np.int64)},
+    )
+
+
+def _feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+        for i in model.graph.input
+    }
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lead=shapes(min_rank=3, max_rank=3, max_side=3),
+    rows=st.integers(2, 6),
+    left=st.integers(1, 5),
+    left_from_product=st.booleans(),
+    seed=seeds(),
+)
+def test_views_of_products_joined_on_the_last_axis_are_joined_first(
+    lead: list[int], rows: int, left: int, left_from_product: bool, seed: int
+) -> None:
+    """Rank-5 views of products (and plain rank-5 blocks) joined on the last axis equal their rows joined at rank 2
+    and viewed once; the rewritten graph reshapes no product to rank 5."""
+    model = _joined_views(lead, rows, left, left_from_product)
+    feeds = _feeds(model, seed)
+    after, report, _ = _rewritten(model, ("concat_before_product_view",))
+    assert report["concat_before_product_view"]
+    graph = onnx.load_from_string(after).graph
+    producers = {o: n for n in graph.node for o in n.output}
+    for n in graph.node:
+        shape = (
+            onnx.numpy_helper.to_array(next(i for i in graph.initializer if i.name == n.input[1]))
+            if n.op_type == "Reshape"
+            else None
+        )
+        if shape is not None and len(shape) == 5:
+            assert producers[n.input[0]].op_type == "Concat"
+    np.testing.assert_array_equal(_outputs(after, feeds)[0], _outputs(model, feeds)[0])
+
+
+def test_pegasus_x_joined_score_blocks_run_on_qnn() -> None:
+    """Global and local score blocks of Pegasus-X's shape class (``[1, 2, 2, 8, 4]`` and ``[1, 2, 2, 8, 8]`` from
+    rank-3 products; the second stops QNN as it is), joined and softmaxed: after the rewrite the graph runs on QNN, in a child process in case it
+    stops one, with eager's values."""
+    model = _joined_views([1, 2, 2], 8, 4, True)
+    model.graph.node.append(h.make_node("Softmax", ["y"], ["z"], axis=-1))
+    model.graph.output[0].name = "z"
+    feeds = _feeds(model, 0)
+    after, report, _ = _rewritten(model, ("concat_before_product_view",))
+    assert report["concat_before_product_view"]
+    status, error, last = qnn_error_in_child(after, feeds)
+    assert status == 0 and error is not None, f"the child ended with status {status}: {last}"
+    assert error < 5e-3, error

@@ -1,5 +1,6 @@
 """Rank-6+ tensors brought to rank <= 5 (QNN HTP's limit) by merging axes: any Transpose as a chain of rank-4 moves,
-reductions, arg-reductions and splits on merged axes. Data movement and the same reductions: exact."""
+reductions, arg-reductions and splits on merged axes; and the rank-5 views of a product that stop QNN, moved behind
+the op that reads them. Data movement and the same reductions: exact."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from qnnx_export._passes._base import QnnPass, register
 from qnnx_export._passes._layout import FoldHighRankTranspose, coalesce_axes
 
 __all__ = [
+    "ConcatBeforeProductView",
     "DecomposeHighRankTranspose",
     "HighRankReduceOnMergedAxes",
     "HighRankSplitOnMergedAxes",
@@ -258,3 +260,61 @@ class ProductViewTransposedAtRank4(FoldHighRankTranspose):
         if len(merged) >= _MAX_HTP_RANK:
             return None
         return view, merged, merged_perm
+
+
+@register(order=68)
+class ConcatBeforeProductView(QnnPass):
+    """Join rank-5 views on their last axis before viewing them, when one of them is a refused view of a product.
+
+    Global-local attention (Pegasus-X) computes its two score blocks at rank 3 and views each at rank 5, ``bmm ->
+    [2, 512, 512] -> view [1, 2, 1, 512, 512]``, then joins them on the last axis: a Reshape to rank 5 ``[..., N,
+    k]`` of a MatMul's ``[..., N]`` product, the form that stops the process in QNN HTP and that qnnx-opcheck
+    refuses, and the pinned Reshape type took the graph below half on QNN. Views that keep the last axis keep their
+    rows, so each input is taken as ``[rows, last]`` (its view's source, reshaped), the rows are joined at rank 2
+    and one Reshape gives the joined rank-5 shape: the same elements in the same places, exact. Only a Concat with
+    such a view among its inputs is rewritten: other graphs keep theirs.
+    """
+
+    name = "concat_before_product_view"
+    defect = (
+        "a Reshape to rank 5 [..., N, k] of a MatMul's product stops the process in QNN HTP and is refused: "
+        "global-local attention (Pegasus-X) joined such views and had every Reshape pinned to the CPU EP"
+    )
+
+    def match(self, node: ir.Node) -> list[tuple[ir.Value, int]] | None:
+        """Each input's row source and its last dim, or None when the node is not the refused form."""
+        if not _graph.is_op(node, "Concat"):
+            return None
+        out = _graph.static_shape(node.outputs[0])
+        if out is None or len(out) != _MAX_HTP_RANK or node.attributes.get_int("axis", 0) % len(out) != len(out) - 1:
+            return None
+        sources: list[tuple[ir.Value, int]] = []
+        refused = False
+        for x in node.inputs:
+            shape = _graph.static_shape(x)
+            if x is None or shape is None or len(shape) != len(out):
+                return None
+            view = x.producer()
+            source = view.inputs[0] if view is not None and _graph.is_op(view, "Reshape") else None
+            kept = _graph.static_shape(source)
+            if view is not None and source is not None and kept and kept[-1] == shape[-1] and len(list(x.uses())) == 1:
+                refused = refused or _graph.product_viewed_at_rank5(view) is not None
+                sources.append((source, shape[-1]))
+            else:
+                sources.append((x, shape[-1]))
+        return sources if refused else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        names = _graph.fresh_names(graph, "qnnx_concat_first")
+        changed = False
+        for node, sources in self.matched(graph):
+            out = cast(tuple[int, ...], _graph.static_shape(node.outputs[0]))
+            rows = math.prod(out[:-1])
+            parts = [_reshape(graph, names, node, x, (rows, last)) for x, last in sources]
+            joined = _graph.new_value(names("rows"), parts[0].dtype, (rows, out[-1]))
+            graph.insert_before(
+                node, ir.Node("", "Concat", parts, attributes=[ir.AttrInt64("axis", 1)], outputs=[joined])
+            )
+            _replaced(graph, node, _reshape(graph, names, node, joined, out))
+            changed = True
+        return changed
