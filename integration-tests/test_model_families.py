@@ -226,6 +226,42 @@ def test_prophetnet_runs_wholly_on_qnn_with_eagers_outputs() -> None:
     assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
 
 
+def test_pegasus_x_runs_wholly_on_qnn_with_eagers_outputs() -> None:
+    """Pegasus-X's global-local attention views its square local score block, a rank-3 product, at rank 5 and joins
+    it with the global block on the last axis: the refused view pinned every Reshape and the whole graph ran in
+    PyTorch. Joined as rows first, the encoder-decoder forward is one graph on the NPU with eager's decoder states."""
+    import transformers
+
+    cfg = transformers.PegasusXConfig(
+        vocab_size=256,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_global_tokens=4,
+        block_size=16,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    model = transformers.PegasusXModel(cfg).eval()
+    ids, decoder_ids = _ids(12), _ids(5)
+    forward = lambda a, b: model(input_ids=a, decoder_input_ids=b).last_hidden_state  # noqa: E731
+    with torch.no_grad():
+        ref = forward(ids, decoder_ids)
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.compile(forward, backend="qnn", options=NPU_RAW)(ids, decoder_ids)
+    reports = list(qnnx_backend.compile_reports())
+    assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
+    assert "concat_before_product_view" in reports[0].passes_applied
+    assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
+
+
 class _PickedKeys(torch.nn.Module):
     """Attention over keys picked by index, DeepSeek-V3.2's sparse-attention way: a bool mask set by ``scatter`` at
     the picked positions (which the direct translator writes as a Where on bool), then a masked softmax."""
