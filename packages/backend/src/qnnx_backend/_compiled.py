@@ -31,6 +31,7 @@ from qnnx_backend._trace import (
     size_positions,
     specialize,
     symbolic_dims,
+    typed_symbolic,
     writes_arguments,
 )
 from qnnx_backend._variant import PAST_BUDGET, Eager, QnnVariant, Specialized
@@ -66,7 +67,7 @@ class QnnGraph(SerializableCallable):
         self._lock = threading.Lock()
         self._sym_positions = size_positions(example_inputs)
         self._sym_dims = symbolic_dims(gm, self._sym_positions)
-        self._dynamic = bool(self._sym_positions or self._sym_dims)
+        self._dynamic = bool(self._sym_positions or self._sym_dims) or typed_symbolic(gm)
         self._variants: dict[tuple[object, ...], Variant] = {}
         self._budget_warned = False
         self._examples = remember(example_inputs)  # weakly: saving compiles a never-called graph from them

@@ -38,8 +38,9 @@ def symbolic_dims(gm: torch.fx.GraphModule, sym_positions: Sequence[int]) -> tup
 
     Dynamo marks a dim dynamic when one frame meets two sizes (T5-style attention called for the encoder's and the
     decoder's lengths in one forward), and it lifts a size argument only where the graph reads the size: the
-    tensor's own example value is then the only record of the dim (or it holds a size Dynamo specialized, still
-    typed as symbolic). Such a graph compiles one static variant per concrete size, like one with size arguments."""
+    tensor's own example value is then the only record of the dim. Such a graph compiles one static variant per
+    concrete size, like one with size arguments. (A dim Dynamo specialized to a constant but still typed as symbolic
+    varies with nothing: see :func:`typed_symbolic`.)"""
     found: list[tuple[int, int]] = []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     passed: set[Any] = set()  # the symbols the size arguments carry
@@ -52,11 +53,20 @@ def symbolic_dims(gm: torch.fx.GraphModule, sym_positions: Sequence[int]) -> tup
         if i in sym_positions or not isinstance(value, torch.Tensor):
             continue
         for d, size in enumerate(value.shape):
-            # A SymInt without free symbols is a size Dynamo specialized but still typed as symbolic.
             symbols = size.node.expr.free_symbols if isinstance(size, torch.SymInt) else None
-            if symbols is not None and not (symbols and symbols <= passed):
+            if symbols and not symbols <= passed:
                 found.append((i, d))
     return tuple(found)
+
+
+def typed_symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether a tensor placeholder's example value has a dim typed as symbolic, one Dynamo specialized to a
+    constant included: such a graph needs its static copy (:func:`specialize`) even when no size varies."""
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        if isinstance(value, torch.Tensor) and any(isinstance(size, torch.SymInt) for size in value.shape):
+            return True
+    return False
 
 
 def dims_key(args: Sequence[object], sym_dims: Sequence[tuple[int, int]]) -> tuple[int, ...]:
@@ -68,7 +78,7 @@ def static_variant(gm: torch.fx.GraphModule, args: Sequence[object]) -> tuple[to
     """The static graph (and its arguments) that a call with ``args`` compiles, for a graph with dynamic sizes;
     ``gm`` and ``args`` as they are for a static graph. Dynamo's symbolic example values count at their hints."""
     positions = size_positions(args)
-    if not positions and not symbolic_dims(gm, positions):
+    if not positions and not typed_symbolic(gm):
         return gm, list(args)
     concrete = [int(a.node.hint) if isinstance(a, torch.SymInt) else a for a in args]
     return specialize(gm, concrete, positions), [a for i, a in enumerate(concrete) if i not in positions]
