@@ -116,6 +116,34 @@ class _Counter(nn.Module):
         return x * self.count
 
 
+class _CastsItsLayer(nn.Module):
+    """``self.proj = self.proj.to(dtype)`` in forward, as Switch Transformers' router casts its classifier."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.proj = self.proj.to(self.dtype)
+        return self.proj(x.to(self.dtype))
+
+
+def test_a_cast_of_a_layer_to_its_own_dtype_writes_nothing() -> None:
+    """``module.to(dtype)`` in forward records ``weight.set_(weight.to(dtype))``; to the dtype the weight already
+    has, the ``to`` returns the weight itself and nothing is written (the graph was refused as an unliftable write);
+    a ``set_`` from a real cast still writes."""
+    model = _CastsItsLayer(torch.float32).eval()
+    with torch.no_grad():
+        cap = only(capture(model, torch.randn(2, 4))[0])
+    assert any(str(getattr(n.target, "__name__", n.target)).endswith("set_") for n in cap.gm.graph.nodes)
+    assert cap.analysis.mutated_indices == () and cap.analysis.exportable
+    for node in cap.gm.graph.nodes:  # the same graph with a cast that changes the dtype: a write again
+        if node.op == "call_method" and node.target == "to":
+            node.meta["example_value"] = node.meta["example_value"].to(torch.float64)
+    assert qe.analyze(cap.gm, cap.example_inputs).mutated_indices != ()
+
+
 def test_buffer_mutation_detected() -> None:
     """self.count += 1 on a buffer is a buffer_mutation problem."""
     cap = only(capture(_Counter(), torch.randn(2))[0])

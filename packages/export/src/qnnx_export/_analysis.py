@@ -265,9 +265,33 @@ def _mutated_arg(node: Any) -> Any:
         # Python's operator module: only its i* functions (handled above) write in place; and_, or_, not_
         # (what Dynamo records for &, |, not) end with "_" but write nothing.
         return None
+    if name.endswith("set_") and _set_to_itself(node):
+        return None
     if name.endswith("_") and not name.endswith("__") and name not in ("requires_grad_",):
         return first if isinstance(first, torch.fx.Node) else None
     return None
+
+
+def _set_to_itself(node: Any) -> bool:
+    """Whether ``node`` is ``x.set_(x.to(...))`` where the ``to`` changes neither dtype nor device, so it returns
+    ``x`` itself and the ``set_`` writes nothing: what ``module.to(dtype)`` (or ``.float()``) in a forward records
+    for a parameter already of that dtype (Switch Transformers' router casts its classifier each call)."""
+    import torch.fx
+
+    if len(node.args) < 2 or not all(isinstance(a, torch.fx.Node) for a in node.args[:2]):
+        return False
+    x, source = node.args[0], node.args[1]
+    if source.op != "call_method" or source.target != "to" or not source.args or source.args[0] is not x:
+        return False
+    copy_flag = source.kwargs.get("copy", source.args[4] if len(source.args) > 4 else False)
+    before, after = x.meta.get("example_value"), source.meta.get("example_value")
+    return (
+        copy_flag is False
+        and isinstance(before, torch.Tensor)
+        and isinstance(after, torch.Tensor)
+        and before.dtype == after.dtype
+        and before.device == after.device
+    )
 
 
 def _node_writes(gm: torch.fx.GraphModule, placeholders: Sequence[Any]) -> Iterator[tuple[Any, list[Any]]]:
