@@ -73,9 +73,11 @@ class QnnGraph(SerializableCallable):
         self._examples = remember(example_inputs)  # weakly: saving compiles a never-called graph from them
         self._plan: _buckets.BucketPlan | str | None = None
         if self._sym_positions and options.buckets is not None:
-            self._plan = _buckets.make_plan(gm, example_inputs, self._sym_positions)
-            if self._sym_dims:
-                self._plan = "a tensor has dynamic dims without size arguments"
+            self._plan = (
+                "a tensor has dynamic dims without size arguments"
+                if self._sym_dims
+                else _buckets.make_plan(gm, example_inputs, self._sym_positions)
+            )
             if not isinstance(self._plan, str) and writes_arguments(gm):
                 # Padded copies would take the writes, and the eager neutrality check would apply them to the
                 # caller's tensors: such a graph compiles exact sizes.
@@ -121,7 +123,7 @@ class QnnGraph(SerializableCallable):
                     if served is not _NOT_NEUTRAL:
                         return served
         if self._sym_dims:
-            key += dims_key(args, self._sym_dims)
+            key = self._size_key(args)
         variant = self._known_variant(key)
         if variant is None:
             variant = self.compile_variant(key, args)
