@@ -27,22 +27,38 @@ def _encoder(kind: str) -> torch.nn.Module:
     return DistilBertModel(cfg).eval()
 
 
+def _check_lengths(model: torch.nn.Module, compiled: object, lengths: tuple[int, ...]) -> None:
+    """Call ``compiled`` at each length (a batch of 2, the second half-masked) and compare with eager."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n in lengths:
+            ids = torch.randint(1, 100, (2, n), generator=generator)
+            mask = torch.ones(2, n, dtype=torch.long)
+            mask[1, n // 2 :] = 0
+            got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state  # type: ignore[operator]
+            assert_close_fp16(got, model(input_ids=ids, attention_mask=mask).last_hidden_state, rel=5e-2)
+
+
 @pytest.mark.parametrize("kind", ["bert", "distilbert"])
 def test_twelve_lengths_compile_at_most_five_graphs(kind: str) -> None:
     """12 prompt lengths from 5 to 77 (with attention masks) need at most 5 static QNN graphs, all right."""
     model = _encoder(kind)
-    compiled = torch.compile(model, backend="qnn", options={"soc_model": 60})
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n in LENGTHS:
-            ids = torch.randint(1, 100, (2, n), generator=generator)
-            mask = torch.ones(2, n, dtype=torch.long)
-            mask[1, n // 2 :] = 0
-            got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
-            assert_close_fp16(got, model(input_ids=ids, attention_mask=mask).last_hidden_state, rel=5e-2)
+    _check_lengths(model, torch.compile(model, backend="qnn", options={"soc_model": 60}), LENGTHS)
     reports = qnnx_backend.compile_reports()
     assert all(r.on_qnn for r in reports), [r.summary() for r in reports]
     assert len(reports) <= 5, [r.summary() for r in reports]
+    assert any(r.bucket is not None for r in reports)
+
+
+def test_dynamic_true_serves_lengths_from_buckets_on_the_npu() -> None:
+    """torch.compile(dynamic=True) on BERT: Dynamo passes the modules' eps, dropout p and attention scaling as 0-d
+    tensors read by .item(); each is made a constant of its value, and every length runs on QNN, right (before, the
+    first call raised DataDependentOutputException)."""
+    model = _encoder("bert")
+    options = {"soc_model": 60, "strict": True}
+    _check_lengths(model, torch.compile(model, backend="qnn", options=options, dynamic=True), LENGTHS[:6])
+    reports = qnnx_backend.compile_reports()
+    assert reports and all(r.on_qnn for r in reports), [r.summary() for r in reports]
     assert any(r.bucket is not None for r in reports)
 
 

@@ -53,6 +53,8 @@ class SavableGraph(Protocol):
     @property
     def sym_dims(self) -> tuple[tuple[int, int], ...]: ...
     @property
+    def scalar_positions(self) -> tuple[int, ...]: ...
+    @property
     def plan(self) -> _buckets.BucketPlan | str | None: ...
     @property
     def examples(self) -> Examples: ...
@@ -106,6 +108,13 @@ def header_and_blobs(graph: SavableGraph, blobs: list[bytes] | None = None) -> t
             "the graph has tensors with dynamic dims that Dynamo passes no size argument for (a frame it met with two "
             "shapes), and a saved function serves sizes by its size arguments: compile with dynamic=False (or "
             "torch.compile(..., dynamic=False)) before saving"
+        )
+    if graph.scalar_positions:
+        raise SavedGraphError(
+            f"the graph takes {len(graph.scalar_positions)} Python number(s) that Dynamo passes as tensors (a "
+            "module's eps or dropout p, a float argument: Dynamo does not specialize floats under dynamic=True), and "
+            "a saved function serves calls by their sizes alone: compile with dynamic=False (torch.compile(..., "
+            "dynamic=False)) before saving"
         )
     if not graph.variants:
         args = recall(graph.examples)

@@ -28,6 +28,8 @@ from qnnx_backend._trace import (
     gc_paused,
     op_counts,
     remember,
+    scalar_positions,
+    scalars_key,
     size_positions,
     specialize,
     symbolic_dims,
@@ -67,7 +69,10 @@ class QnnGraph(SerializableCallable):
         self._lock = threading.Lock()
         self._sym_positions = size_positions(example_inputs)
         self._sym_dims = symbolic_dims(gm, self._sym_positions)
-        self._dynamic = bool(self._sym_positions or self._sym_dims) or typed_symbolic(gm)
+        self._scalar_positions = scalar_positions(gm)
+        # The arguments a static variant does not take: sizes and scalars, which it holds as constants.
+        self._dropped = tuple(sorted({*self._sym_positions, *self._scalar_positions}))
+        self._dynamic = bool(self._dropped or self._sym_dims) or typed_symbolic(gm)
         self._variants: dict[tuple[object, ...], Variant] = {}
         self._budget_warned = False
         self._examples = remember(example_inputs)  # weakly: saving compiles a never-called graph from them
@@ -122,7 +127,7 @@ class QnnGraph(SerializableCallable):
                     served = self._call_bucket(args, key, bucket)  # type: ignore[arg-type]
                     if served is not _NOT_NEUTRAL:
                         return served
-        if self._sym_dims:
+        if self._sym_dims or self._scalar_positions:
             key = self._size_key(args)
         variant = self._known_variant(key)
         if variant is None:
@@ -134,12 +139,7 @@ class QnnGraph(SerializableCallable):
         with self._lock, compiling(), gc_paused():
             variant = self._variants.get(key)
             if variant is None:
-                if self._dynamic:
-                    static = specialize(self._gm, args, self._sym_positions)
-                    rest = [a for i, a in enumerate(args) if i not in self._sym_positions]
-                    variant = Specialized(self._compile(static, rest), self._sym_positions)
-                else:
-                    variant = self._compile(self._gm, list(args))
+                variant = self._compile_specialized(args) if self._dynamic else self._compile(self._gm, list(args))
                 self._variants[key] = variant
         return variant
 
@@ -147,7 +147,7 @@ class QnnGraph(SerializableCallable):
         """Run the static graph of ``bucket`` on padded arguments and slice the outputs back to ``sizes``."""
         plan = self._plan
         assert isinstance(plan, _buckets.BucketPlan)
-        key = ("bucket", *bucket)
+        key = ("bucket", *bucket, *scalars_key(args, self._scalar_positions))
         variant = self._known_variant(key)
         if variant is None:
             with self._lock, compiling(), gc_paused():
@@ -156,10 +156,7 @@ class QnnGraph(SerializableCallable):
                     problem = _buckets.neutral(self._gm, args, plan, bucket)
                     if problem is not None:
                         return self._not_neutral(sizes, bucket, problem)
-                    padded = _buckets.pad(args, plan, bucket)
-                    static = specialize(self._gm, padded, self._sym_positions)
-                    rest = [a for i, a in enumerate(padded) if i not in self._sym_positions]
-                    variant = Specialized(self._compile(static, rest, bucket=bucket), self._sym_positions)
+                    variant = self._compile_specialized(_buckets.pad(args, plan, bucket), bucket=bucket)
                     self._variants[key] = variant
         if isinstance(variant, Eager):
             return variant(args)
@@ -196,6 +193,10 @@ class QnnGraph(SerializableCallable):
         """A new shape past ``max_graphs``: run it in PyTorch (one warning per graph), or raise under strict."""
         seen = [k for k, v in self._variants.items() if not (isinstance(v, Eager) and v.report.reason == PAST_BUDGET)]
         sizes = ", ".join(str(list(k)) for k in seen)
+        if self._scalar_positions:
+            sizes += (
+                f" (each key ends with the values of {len(self._scalar_positions)} Python number(s) passed as tensors)"
+            )
         cause = (
             f"{len(seen)} static QNN graphs were compiled for the dynamic sizes {sizes} (max_graphs="
             f"{self._options.max_graphs}); size {list(key)} is not compiled. Raise max_graphs, or mark the dimension "
@@ -206,18 +207,54 @@ class QnnGraph(SerializableCallable):
         if not self._budget_warned:
             self._budget_warned = True
             warnings.warn(f"qnn backend: {cause}; new sizes run in PyTorch.", QnnFallbackWarning, stacklevel=3)
+        return self._eager(PAST_BUDGET)
+
+    def _eager(self, reason: str) -> Eager:
+        """The whole graph in PyTorch, decided before any compile, with its recorded report."""
         rep = _report.CompileReport(
             graph_id=_report.next_graph_id(),
             device="eager",
             requested_device=self._options.device,
             strict=False,
-            reason=PAST_BUDGET,
+            reason=reason,
             fx_ops=op_counts(self._gm),
         )
         _report.record(rep)
         return Eager(self._gm, rep)
 
     # -- compilation ---------------------------------------------------------------------------------------------
+
+    def _compile_specialized(
+        self,
+        args: Sequence[object],
+        *,
+        bucket: tuple[int, ...] | None = None,
+        calibration: Calibration | None = None,
+    ) -> Variant:
+        """Compile the static copy of the graph for ``args``: its sizes and scalar arguments become constants."""
+        try:
+            static = specialize(self._gm, args, self._sym_positions, self._scalar_positions)
+        except Exception as exc:  # a data-dependent read Dynamo kept in the graph, and the like
+            return self._unspecializable(exc)
+        rest = [a for i, a in enumerate(args) if i not in self._dropped]
+        inner = self._compile(
+            static, rest, bucket=bucket, calibration=calibration.without(self._dropped) if calibration else None
+        )
+        return Specialized(inner, self._dropped)
+
+    def _unspecializable(self, exc: Exception) -> Eager:
+        """The graph runs in PyTorch (or raises under strict): its static copy could not be made."""
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        cause = (
+            f"the graph's static copy for these sizes could not be made ({type(exc).__name__}: {detail[:200]}); "
+            "it reads a value from a tensor's data (an .item() Dynamo kept in the graph)"
+        )
+        if self._options.strict:
+            raise UnsupportedGraphError(
+                [cause], "Compile with dynamic=False, or keep the value a Python number outside the compiled code."
+            ) from exc
+        warnings.warn(f"qnn backend: {cause}; running the original PyTorch graph.", QnnFallbackWarning, stacklevel=4)
+        return self._eager(cause)
 
     def _compile(
         self,
@@ -253,8 +290,9 @@ class QnnGraph(SerializableCallable):
     # -- quantized graphs --------------------------------------------------------------------------------------
 
     def _size_key(self, args: Sequence[object]) -> tuple[object, ...]:
+        """The key of a call's variant: its sizes, then its scalar arguments' values."""
         key = tuple(int(args[i]) for i in self._sym_positions)  # type: ignore[call-overload]
-        return key + dims_key(args, self._sym_dims) if self._sym_dims else key
+        return key + dims_key(args, self._sym_dims) + scalars_key(args, self._scalar_positions)
 
     def _call_quantizing(self, args: Sequence[object]) -> Any:
         """A call of a graph compiled with ``quantize``: record under :func:`qnnx_backend.calibrate`, else run the
@@ -293,10 +331,7 @@ class QnnGraph(SerializableCallable):
 
     def _compile_calibrated(self, args: Sequence[object], calibration: Calibration) -> Variant:
         if self._dynamic:
-            static = specialize(self._gm, args, self._sym_positions)
-            rest = [a for i, a in enumerate(args) if i not in self._sym_positions]
-            inner = self._compile(static, rest, calibration=calibration.without(self._sym_positions))
-            return Specialized(inner, self._sym_positions)
+            return self._compile_specialized(args, calibration=calibration)
         return self._compile(self._gm, list(args), calibration=calibration)
 
     # -- what saving reads (see _aot) ------------------------------------------------------------------------
@@ -309,6 +344,11 @@ class QnnGraph(SerializableCallable):
     def sym_positions(self) -> tuple[int, ...]:
         """Positions of the size arguments Dynamo passes (empty for a static graph)."""
         return self._sym_positions
+
+    @property
+    def scalar_positions(self) -> tuple[int, ...]:
+        """Positions of the scalar arguments Dynamo passes as 0-d tensors (empty usually; see _trace)."""
+        return self._scalar_positions
 
     @property
     def sym_dims(self) -> tuple[tuple[int, int], ...]:

@@ -74,21 +74,66 @@ def dims_key(args: Sequence[object], sym_dims: Sequence[tuple[int, int]]) -> tup
     return tuple(int(args[i].shape[d]) for i, d in sym_dims)  # type: ignore[attr-defined]
 
 
+def scalar_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """The positions of the 0-d tensor arguments that the graph reads only through ``.item()``.
+
+    Where Dynamo does not specialize Python floats (``torch.compile(dynamic=True)``, or a float that changed between
+    calls), it passes each one as a 0-d tensor and reads it back with ``.item()`` inside the graph: a module's
+    ``eps``, a dropout's ``p``, an attention's ``scaling``, a float argument. A static graph needs the number itself,
+    so such an argument is specialized by its value, as a size argument is by its size (one variant per value: the
+    value is part of the variant's key)."""
+    found: list[int] = []
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        value = node.meta.get("example_value")
+        if (
+            isinstance(value, torch.Tensor)
+            and value.dim() == 0
+            and node.users
+            and all(u.op == "call_method" and u.target == "item" and len(u.args) == 1 for u in node.users)
+        ):
+            found.append(i)
+    return tuple(found)
+
+
+def scalars_key(args: Sequence[object], positions: Sequence[int]) -> tuple[object, ...]:
+    """The Python values of the scalar arguments at ``positions`` (see :func:`scalar_positions`)."""
+    return tuple(args[i].item() for i in positions)  # type: ignore[attr-defined]
+
+
 def static_variant(gm: torch.fx.GraphModule, args: Sequence[object]) -> tuple[torch.fx.GraphModule, list[object]]:
-    """The static graph (and its arguments) that a call with ``args`` compiles, for a graph with dynamic sizes;
-    ``gm`` and ``args`` as they are for a static graph. Dynamo's symbolic example values count at their hints."""
+    """The static graph (and its arguments) that a call with ``args`` compiles, for a graph with dynamic sizes or
+    scalar arguments; ``gm`` and ``args`` as they are for a static graph. Dynamo's symbolic example values count at
+    their hints."""
     positions = size_positions(args)
-    if not positions and not typed_symbolic(gm):
+    scalars = scalar_positions(gm)
+    if not positions and not scalars and not typed_symbolic(gm):
         return gm, list(args)
     concrete = [int(a.node.hint) if isinstance(a, torch.SymInt) else a for a in args]
-    return specialize(gm, concrete, positions), [a for i, a in enumerate(concrete) if i not in positions]
+    dropped = set(positions) | set(scalars)
+    return specialize(gm, concrete, positions, scalars), [a for i, a in enumerate(concrete) if i not in dropped]
 
 
-def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: Sequence[int]) -> torch.fx.GraphModule:
+def _substitute(gm: torch.fx.GraphModule, node: torch.fx.Node, value: object) -> None:
+    """Replace every use of ``node`` by the constant ``value`` and erase it."""
+    for user in list(node.users):
+        # mypy cannot infer a lambda that binds loop variables through default arguments.
+        user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
+    gm.graph.erase_node(node)
+
+
+def specialize(
+    gm: torch.fx.GraphModule,
+    args: Sequence[object],
+    sym_positions: Sequence[int],
+    scalar_positions: Sequence[int] = (),
+) -> torch.fx.GraphModule:
     """A copy of ``gm`` whose symbolic-size placeholders are replaced by the concrete values in ``args``.
 
     Dynamo passes sizes of dynamic dimensions as extra SymInt placeholders; the QNN path compiles one static
-    graph per concrete shape, so each such placeholder becomes a Python constant. The original gm is not touched.
+    graph per concrete shape, so each such placeholder becomes a Python constant. Each scalar argument (at
+    ``scalar_positions``, see :func:`scalar_positions`) becomes its value: its ``.item()`` reads are replaced by
+    the number. The original gm is not touched.
     """
     static = copy.deepcopy(gm)
     placeholders = [n for n in static.graph.nodes if n.op == "placeholder"]
@@ -99,12 +144,12 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: 
         if source is not None and getattr(mine, "_dynamo_source", None) is None:
             mine._dynamo_source = source
     for pos in sym_positions:
+        _substitute(static, placeholders[pos], args[pos])
+    for pos in scalar_positions:
         node = placeholders[pos]
-        value = args[pos]
-        for user in list(node.users):
-            # mypy cannot infer a lambda that binds loop variables through default arguments.
-            user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
-            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)  # type: ignore[misc]
+        number = args[pos].item()  # type: ignore[attr-defined]
+        for read in list(node.users):  # the .item() reads
+            _substitute(static, read, number)
         static.graph.erase_node(node)
     static.recompile()
     # Every node still carries Dynamo's symbolic example value; propagate fake tensors of the concrete inputs so
@@ -112,7 +157,8 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object], sym_positions: 
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    concrete = [a for i, a in enumerate(args) if i not in set(sym_positions)]
+    dropped = set(sym_positions) | set(scalar_positions)
+    concrete = [a for i, a in enumerate(args) if i not in dropped]
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in concrete]
     FakeTensorProp(static, mode).propagate_dont_convert_inputs(*fakes)
