@@ -124,3 +124,23 @@ def test_saving_a_graph_with_scalar_arguments_names_the_fix(tmp_path):
         aot = compiled.aot_compile(((x, 0.5), {}))
         with pytest.raises(SavedGraphError, match="dynamic=False"):
             aot.save_compiled_function(str(tmp_path / "saved.bin"))
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return x.reshape(x.shape[0] // 2, -1) * 2, x.shape[0] // 2
+
+
+def test_a_graph_that_returns_size_arithmetic_runs_on_the_npu():
+    """Under dynamic=True a graph may return a size it computed (Funnel returns its pooled length): in the static
+    copy that size is a constant output, where the translators were handed a number to translate and the graph ran
+    in PyTorch."""
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    compiled = torch.compile(_halves, backend="qnn", options=_OPTIONS, dynamic=True)
+    with torch.no_grad():
+        for rows in (4, 6):
+            x = torch.randn(rows, 8)
+            got, half = compiled(x)
+            torch.testing.assert_close(got, _halves(x)[0], atol=1e-2, rtol=1e-2)
+            assert half == rows // 2
+    assert [r.device for r in qnnx_backend.compile_reports()] == ["npu", "npu"]

@@ -21,7 +21,13 @@ from typing import Any
 
 from qnnx_backend import _payload, _scratch
 from qnnx_backend._parts import PartedModel, open_parts
-from qnnx_backend._untrusted import UntrustedRun, check_half_range, check_inputs
+from qnnx_backend._untrusted import (
+    UntrustedRun,
+    check_half_range,
+    check_inputs,
+    check_integer_inputs,
+    integer_bounds,
+)
 from qnnx_backend.errors import QnnDeviceError, QnnRuntimeError, SavedGraphError, SavedInputError
 
 logger = logging.getLogger(__name__)
@@ -167,13 +173,14 @@ class ArrayModel:
         floats = [spec["name"] for spec in self._signature["inputs"] if spec["onnx_dtype"] in ("float32", "float16")]
         try:
             check_inputs(floats, feed)
+            check_integer_inputs(integer_bounds(self._signature["inputs"]), feed)
             outs = self._session.run(self._output_order, feed)
             check_half_range(self._output_order, outs)
         except UntrustedRun as untrusted:
             raise QnnRuntimeError(
                 f"the loaded {self.model_name}: {untrusted}; {untrusted.why}, so this call's results cannot be trusted "
                 "(and there is no PyTorch here to compute it). Fix: keep the inputs finite and the graph's values "
-                "within +-65504, or compute such inputs with the compiled model (device='auto' computes them in PyTorch)."
+                "within +-65504 and the integer inputs within the bound named, or compute such inputs with the compiled model (device='auto' computes them in PyTorch)."
             ) from untrusted
         slots: list[Any] = []
         for k, slot in enumerate(self._signature["outputs"]):

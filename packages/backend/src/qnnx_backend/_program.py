@@ -20,7 +20,7 @@ import torch
 from qnnx_backend import _session
 from qnnx_backend._parts import PartedModel, part_infos
 from qnnx_backend._report import ExportReport, PartReport
-from qnnx_backend._untrusted import check_half_range, check_inputs
+from qnnx_backend._untrusted import check_half_range, check_inputs, check_integer_inputs, integer_bounds
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
@@ -264,6 +264,8 @@ class QnnProgram:
         self._nan_checked = tuple(
             spec.name for spec in signature.inputs if spec.name in floats and spec.arg_index not in written
         )
+        # Integer inputs beyond which the graph's int32 arithmetic may saturate on HTP (qnnx-export bounds them).
+        self._int_bounds = integer_bounds(signature.inputs)
 
     def run(self, args: Sequence[object]) -> Any:
         """Run on QNN; torch tensors in, torch tensors out, in the graph's output structure."""
@@ -272,6 +274,8 @@ class QnnProgram:
             return self._run_converting(args)
         if self.checks_half_range:
             check_inputs(self._nan_checked, feed)
+            if self._int_bounds:
+                check_integer_inputs(self._int_bounds, feed)
         outs = self.session.run(self._output_names, feed)
         if self.checks_half_range:
             check_half_range(self._output_names, outs)
@@ -303,6 +307,8 @@ class QnnProgram:
             feed[name] = array
         if self.checks_half_range:
             check_inputs(self._nan_checked, feed)
+            if self._int_bounds:
+                check_integer_inputs(self._int_bounds, feed)
         outs = self.session.run(self._output_names, feed)
         if self.checks_half_range:
             check_half_range(self._output_names, outs)

@@ -111,12 +111,18 @@ def _opcheck_version() -> str:
         return str(qnnx_opcheck.__version__)
 
 
+# What a cache entry's metadata must hold, bumped when a released version's entries would miss a field the call path
+# relies on (2: the integer inputs' bounds in the signature), so that no older entry is served without it.
+_ENTRY_FORMAT = "2"
+
+
 def versions() -> dict[str, str]:
     """The versions a compiled context depends on (part of its cache key)."""
     import qnnx_export
 
     return {
         **runtime_versions(),
+        "entry-format": _ENTRY_FORMAT,
         "torch": torch.__version__,
         "qnnx-export": qnnx_export.__version__,
         # A cached context skips opcheck: a table that now refuses a node must not be bypassed by an old entry.

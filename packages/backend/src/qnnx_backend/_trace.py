@@ -162,6 +162,17 @@ def specialize(
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in concrete]
     FakeTensorProp(static, mode).propagate_dont_convert_inputs(*fakes)
+    # Size arithmetic is now on constants: a node whose value is a plain number (a size, a product of sizes) is that
+    # number, so that a graph returning one (Funnel's pooled length) returns a constant, not a value to translate.
+    # A read of a tensor's data (.item(), .tolist()) is never a plain number here.
+    for node in list(static.graph.nodes):
+        if (
+            node.op in ("call_function", "call_method")
+            and type(node.meta.get("val")) in (int, float, bool)
+            and node.target not in ("item", "tolist")
+        ):
+            _substitute(static, node, node.meta["val"])
+    static.recompile()
     for node in static.graph.nodes:
         if "val" in node.meta:
             node.meta["example_value"] = node.meta["val"]

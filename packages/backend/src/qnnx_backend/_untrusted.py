@@ -1,10 +1,11 @@
 """Calls whose QNN results cannot be trusted (private; imports neither torch nor, until a check runs, numpy).
 
 HTP computes float graphs in float16 and holds no NaN or infinity: it reads a NaN input as an ordinary number, misreads
-an input beyond float16's range, and returns a number beyond that range where a result is NaN or infinite. The checks
-here find NaN inputs and such results around one run (and clip out-of-range inputs to float16's range), before
-anything is written, for the torch path (which then computes the call in PyTorch, or raises) and for
-the torch-free loader (which raises).
+an input beyond float16's range, and returns a number beyond that range where a result is NaN or infinite. It computes
+integers in int32 and saturates. The checks here find NaN inputs, integer inputs beyond the bounds qnnx-export proved
+for the graph's int32 arithmetic, and such results around one run (and clip out-of-range inputs to float16's range),
+before anything is written, for the torch path (which then computes the call in PyTorch, or raises) and for the
+torch-free loader (which raises).
 """
 
 from __future__ import annotations
@@ -12,7 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FP16_MAX", "BeyondHalfRange", "NaNInput", "UntrustedRun", "check_half_range", "check_inputs"]
+__all__ = [
+    "FP16_MAX",
+    "BeyondHalfRange",
+    "IntegerBeyondBound",
+    "NaNInput",
+    "UntrustedRun",
+    "check_half_range",
+    "check_inputs",
+    "check_integer_inputs",
+    "integer_bounds",
+]
 
 FP16_MAX = 65504.0
 """float16's largest finite value. HTP computes float graphs in float16: it saturates there, and where a result is
@@ -51,6 +62,37 @@ class NaNInput(UntrustedRun):
     def __init__(self, name: str) -> None:
         self.input = name
         super().__init__(f"ONNX input {name!r} holds NaN")
+
+
+class IntegerBeyondBound(UntrustedRun):
+    """An integer input of a QNN call is larger than the graph's integer arithmetic provably takes."""
+
+    why = (
+        "HTP computes integers in int32 and saturates, and with an input this large the graph's integer arithmetic "
+        "may leave int32 (where PyTorch's int64 does not overflow)"
+    )
+
+    def __init__(self, name: str, value: int, bound: int) -> None:
+        self.input = name
+        super().__init__(f"ONNX input {name!r} holds {value}, beyond {bound} in magnitude")
+
+
+def integer_bounds(inputs: Sequence[Any]) -> tuple[tuple[str, int], ...]:
+    """``(name, max_abs)`` of the signature's inputs that carry a bound (``InputSpec`` objects or their dicts)."""
+    pairs = ((i["name"], i.get("max_abs")) if isinstance(i, dict) else (i.name, i.max_abs) for i in inputs)
+    return tuple((name, int(bound)) for name, bound in pairs if bound is not None)
+
+
+def check_integer_inputs(bounds: Sequence[tuple[str, int]], feed: dict[str, Any]) -> None:
+    """Raise :class:`IntegerBeyondBound` for the first ``(name, max_abs)`` of ``bounds`` whose array in ``feed``
+    holds a magnitude above ``max_abs`` (two passes over each such array; they are ids, positions and masks)."""
+    for name, bound in bounds:
+        array = feed.get(name)
+        if array is None or not array.size:
+            continue
+        high, low = int(array.max()), int(array.min())
+        if high > bound or low < -bound:
+            raise IntegerBeyondBound(name, high if high > bound else low, bound)
 
 
 def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:

@@ -216,15 +216,16 @@ class QnnVariant:
         return out
 
     def _untrusted(self, args: Sequence[object], untrusted: UntrustedRun) -> Any:
-        """A call with a NaN input, or whose QNN result holds HTP's stand-in for NaN or an infinity: this call is
-        computed in PyTorch (the arguments are untouched: nothing was written), later calls run on the device again."""
+        """A call with a NaN input, an integer input beyond what the graph's int32 arithmetic takes, or whose QNN
+        result holds HTP's stand-in for NaN or an infinity: this call is computed in PyTorch (the arguments are
+        untouched: nothing was written), later calls run on the device again."""
         self.range_recomputed += 1
         cause = f"{untrusted}; {untrusted.why}"
         if self._options.strict:
             raise QnnRuntimeError(
                 f"qnn backend: graph {self.report.graph_id} on {self.report.device}: {cause}. The arguments are "
                 "unchanged. Fix: device='auto' (such calls are then computed in PyTorch), or keep the graph's "
-                "values finite and within +-65504."
+                "values finite and within +-65504 and its integer inputs within the bound named."
             ) from untrusted
         if self.range_recomputed == 1:
             warnings.warn(

@@ -490,6 +490,9 @@ def export(
     t4 = time.perf_counter()
 
     names = {name: i for name, i in user_inputs}
+    from qnnx_export._int_ranges import integer_input_bounds  # onnx_ir and the passes' helpers: at export time
+
+    bounds = integer_input_bounds(model)
     specs: list[InputSpec] = []
     for value in model.graph.inputs:
         if value.name not in names:
@@ -506,6 +509,7 @@ def export(
                 dtype=dtype_name(t.dtype),
                 onnx_dtype=_ir_to_torch_dtype_name(value.dtype),
                 shape=tuple(t.shape),
+                max_abs=bounds.get(value.name),
             )
         )
     complex_outputs = set(gm.meta.get(COMPLEX_OUTPUTS, ()))

@@ -73,6 +73,9 @@ class InputSpec:
         dtype: torch dtype name of the Dynamo argument.
         onnx_dtype: torch dtype name the ONNX input expects (differs when legalized, e.g. int64 -> int32).
         shape: Static shape.
+        max_abs: For an integer input, the largest magnitude up to which the graph's integer arithmetic provably
+            stays within int32 (which HTP computes integers in, saturating); None when any int32 value is safe.
+            The caller computes a call whose input goes beyond it elsewhere.
     """
 
     name: str
@@ -80,6 +83,7 @@ class InputSpec:
     dtype: str
     onnx_dtype: str
     shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    max_abs: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -304,6 +308,7 @@ class GraphSignature:
                     "dtype": s.dtype,
                     "onnx_dtype": s.onnx_dtype,
                     "shape": list(s.shape),
+                    **({"max_abs": s.max_abs} if s.max_abs is not None else {}),
                 }
                 for s in self.inputs
             ],
@@ -327,6 +332,7 @@ class GraphSignature:
                         dtype=s["dtype"],
                         onnx_dtype=s["onnx_dtype"],
                         shape=tuple(int(x) for x in s["shape"]),
+                        max_abs=None if s.get("max_abs") is None else int(s["max_abs"]),
                     )
                     for s in d["inputs"]
                 ),

@@ -1,0 +1,259 @@
+"""How large an exported graph's integer inputs may be before its int32 arithmetic can overflow (interval analysis).
+
+HTP computes integers in int32 and saturates where PyTorch (int64) does not overflow at all: ``x * 1000003 % 65521``
+of an x near 10**6 came back 32872 for every element on the simulator, and ``(2**31 - 1) + 5`` came back
+2147483647. The first call's accuracy guard sees that only when the first call's values already overflow; a later
+call with larger integers would be silently wrong. So the export bounds, for each int32 input, the magnitude up to
+which no integer node of the graph can leave int32 (intervals propagated through the graph), and the caller checks
+each call's integer inputs against those bounds (a call beyond them is computed elsewhere).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from qnnx_export._passes._graph import const_array, static_shape
+
+__all__ = ["INT32_MAX", "integer_input_bounds"]
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+_FP16_MAX = 65504  # a float HTP casts to an integer is a float16 value
+
+Interval = tuple[int, int]
+# The QNN EP computes int64 tensors as int32 (an int64 graph input arrives as int32 already): both overflow there.
+_AS_INT32 = frozenset({ir.DataType.INT32, ir.DataType.INT64})
+_INTS = {
+    ir.DataType.INT8: (-(2**7), 2**7 - 1),
+    ir.DataType.UINT8: (0, 2**8 - 1),
+    ir.DataType.INT16: (-(2**15), 2**15 - 1),
+    ir.DataType.UINT16: (0, 2**16 - 1),
+    ir.DataType.INT32: (INT32_MIN, INT32_MAX),
+    ir.DataType.UINT32: (0, 2**32 - 1),
+    ir.DataType.INT64: (INT32_MIN, INT32_MAX),
+    ir.DataType.UINT64: (0, 2**64 - 1),
+}
+# Ops that move or select values without computing new ones: the output holds values of these inputs.
+_SELECT: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(
+        ("Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand", "Tile", "Slice"), (0,)
+    ),
+    **dict.fromkeys(("Gather", "GatherElements", "GatherND", "Split", "ReduceMax", "ReduceMin", "Sort"), (0,)),
+    **dict.fromkeys(("DepthToSpace", "SpaceToDepth", "MaxPool", "Resize", "Compress", "TopK"), (0,)),
+    "Where": (1, 2),
+    **dict.fromkeys(("ScatterND", "ScatterElements", "Pad"), (0, 2)),
+}
+# Integer arithmetic this analysis does not bound: a graph with one on int32 is not bounded at all.
+_UNBOUNDED = frozenset(
+    {"MatMul", "Gemm", "Einsum", "Pow", "ReduceProd", "ReduceSumSquare", "ReduceL1", "ReduceL2", "Conv", "CumProd"}
+    | {"MatMulInteger", "ConvInteger", "BitShift"}
+)
+
+
+class _Unbounded(Exception):
+    """An int32 node whose values the analysis cannot bound."""
+
+
+def _union(*intervals: Interval | None) -> Interval | None:
+    known = [i for i in intervals if i is not None]
+    return (min(i[0] for i in known), max(i[1] for i in known)) if known else None
+
+
+def _products(a: Interval, b: Interval) -> Interval:
+    corners = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+    return min(corners), max(corners)
+
+
+def _sum_of(n: int, x: Interval) -> Interval:
+    """The range of any sum of 1 to ``n`` values of ``x``."""
+    return min(x[0], n * x[0]), max(x[1], n * x[1])
+
+
+def _magnitude(x: Interval) -> int:
+    return max(abs(x[0]), abs(x[1]))
+
+
+class _Ranges:
+    """Intervals of the integer values of a graph, for given intervals of its integer inputs."""
+
+    def __init__(self, inputs: Mapping[str, Interval]) -> None:
+        self.inputs = inputs
+        self.memo: dict[int, Interval | None] = {}
+
+    def of(self, value: ir.Value | None) -> Interval | None:
+        """The interval of ``value`` (None: not an integer, or no value)."""
+        if value is None or value.dtype not in _INTS:
+            return None
+        found = self.memo.get(id(value), ())
+        if found != ():
+            return found  # type: ignore[return-value]
+        array = const_array(value)
+        if array is not None:
+            interval = (int(array.min()), int(array.max())) if array.size else (0, 0)
+        elif value.name is not None and value.name in self.inputs and value.producer() is None:
+            interval = self.inputs[value.name]
+        else:
+            interval = _INTS[value.dtype]  # a value no rule bounds holds anything its type holds
+        self.memo[id(value)] = interval
+        return interval
+
+    def set(self, value: ir.Value | None, interval: Interval | None) -> None:
+        if value is not None and value.dtype in _INTS and interval is not None:
+            low, high = _INTS[value.dtype]
+            self.memo[id(value)] = (max(low, interval[0]), min(high, interval[1]))
+
+
+def _count(value: ir.Value | None, axes: Sequence[int] | None) -> int:
+    """The number of elements a reduction over ``axes`` (all when None or empty) adds up."""
+    shape = static_shape(value)
+    if shape is None:
+        raise _Unbounded("a reduction over a dynamic shape")
+    if not axes:
+        return max(1, math.prod(shape))
+    return max(1, math.prod(shape[a] for a in axes))
+
+
+def _axes(node: ir.Node) -> list[int]:
+    rank = len(static_shape(node.inputs[0]) or ())
+    given = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    if given is None:
+        attr = node.attributes.get("axes")
+        given = np.array(attr.as_ints() if attr is not None else [], dtype=np.int64)
+    return [int(a) % rank for a in np.asarray(given).reshape(-1)] if rank else []
+
+
+def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
+    """The intervals of ``node``'s outputs (raises :class:`_Unbounded` for integer arithmetic it cannot bound)."""
+    op = node.op_type
+    ins = [r.of(v) for v in node.inputs]
+    out = node.outputs[0]
+    if op in _SELECT:
+        picked = _union(*(ins[i] for i in _SELECT[op] if i < len(ins)))
+        if op == "TopK" and len(node.outputs) > 1:
+            return [picked, (0, INT32_MAX)]
+        if op == "Pad" and len(ins) < 3:
+            picked = _union(picked, (0, 0))
+        return [picked] * len(node.outputs)
+    if op in ("Concat", "Max", "Min", "Sum", "Mean"):
+        known = [i for i in ins if i is not None]
+        if op == "Sum":
+            return [(sum(i[0] for i in known), sum(i[1] for i in known)) if len(known) == len(ins) else None]
+        if op in ("Max", "Min") and len(known) == len(ins):
+            pick = max if op == "Max" else min
+            return [(pick(i[0] for i in known), pick(i[1] for i in known))]
+        return [_union(*ins)]
+    a = ins[0] if ins else None
+    b = ins[1] if len(ins) > 1 else None
+    if op in ("Add", "Sub", "Mul") and a is not None and b is not None:
+        if op == "Add":
+            return [(a[0] + b[0], a[1] + b[1])]
+        if op == "Sub":
+            return [(a[0] - b[1], a[1] - b[0])]
+        return [_products(a, b)]
+    if op == "Neg" and a is not None:
+        return [(-a[1], -a[0])]
+    if op == "Abs" and a is not None:
+        return [(0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1])), _magnitude(a))]
+    if op == "Sign":
+        return [(-1, 1)]
+    if op == "Div" and a is not None and b is not None:
+        return [(-_magnitude(a), _magnitude(a))]
+    if op == "Mod" and a is not None and b is not None:
+        m = max(_magnitude(b) - 1, 0)
+        return [(-min(m, _magnitude(a)), min(m, _magnitude(a)))]
+    if op == "Clip" and a is not None:
+        low = ins[1][0] if len(ins) > 1 and ins[1] is not None else a[0]
+        high = ins[2][1] if len(ins) > 2 and ins[2] is not None else a[1]
+        return [(max(a[0], low), min(a[1], high))]
+    if op == "ReduceSum" and a is not None:
+        return [_sum_of(_count(node.inputs[0], _axes(node)), a)]
+    if op == "CumSum" and a is not None:
+        shape = static_shape(node.inputs[0])
+        axis = const_array(node.inputs[1])
+        if shape is None or axis is None:
+            raise _Unbounded("a cumulative sum over a dynamic shape")
+        return [_sum_of(shape[int(axis) % len(shape)] if shape else 1, a)]
+    if op == "Cast":
+        source = node.inputs[0].dtype if node.inputs and node.inputs[0] is not None else None
+        if source == ir.DataType.BOOL:
+            return [(0, 1)]
+        if source is not None and source.is_floating_point():
+            return [(-_FP16_MAX, _FP16_MAX)]
+        return [a]
+    if op in ("Shape", "Size"):
+        shape = static_shape(node.inputs[0])
+        n = max([*(shape or ()), math.prod(shape or ())], default=0) if shape is not None else INT32_MAX
+        return [(0, n)]
+    if op in ("ArgMax", "ArgMin", "NonZero"):
+        shape = static_shape(node.inputs[0])
+        return [(0, max(shape) if shape else INT32_MAX)]
+    if op == "Range" and len(ins) == 3 and ins[0] is not None and ins[1] is not None:
+        return [_union(ins[0], ins[1])]
+    if out.dtype in _AS_INT32 and op in _UNBOUNDED:
+        raise _Unbounded(f"{op} on {out.dtype}")
+    return [None] * len(node.outputs)  # no rule: each output holds what its type holds
+
+
+def _first_overflow(nodes: Sequence[ir.Node], inputs: Mapping[str, Interval]) -> str | None:
+    """The first int32 node that may leave int32 for integer inputs within ``inputs``, else None (raises
+    :class:`_Unbounded`)."""
+    r = _Ranges(inputs)
+    for node in nodes:
+        intervals = _computed(node, r)
+        for value, interval in zip(node.outputs, intervals):
+            if interval is None:
+                continue
+            if value.dtype in _AS_INT32 and (interval[0] < INT32_MIN or interval[1] > INT32_MAX):
+                return node.name or node.op_type
+            r.set(value, interval)
+    return None
+
+
+def _largest(safe: Callable[[int], bool]) -> int:
+    """The largest bound in [0, INT32_MAX] for which ``safe`` holds (``safe`` is monotone: true up to a point); -1
+    when it holds for none."""
+    if safe(INT32_MAX):
+        return INT32_MAX
+    if not safe(0):
+        return -1
+    low, high = 0, INT32_MAX  # safe(low), not safe(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if safe(mid) else (low, mid)
+    return low
+
+
+def integer_input_bounds(model: ir.Model) -> dict[str, int]:
+    """``{input name: largest magnitude}`` for the int32 graph inputs that need a bound: with every such input
+    within its bound (and the others anything int32 holds), no int32 node of the graph can overflow. An input the
+    graph only indexes with, compares or casts to float needs none, and is not listed. Empty when no input needs
+    one, and also when the graph holds integer arithmetic the analysis cannot bound (it then proves nothing)."""
+    graph = model.graph
+    inputs = [v.name for v in graph.inputs if v.dtype == ir.DataType.INT32 and v.name]
+    if not inputs:
+        return {}
+    nodes = [n for n in graph if any(o.dtype in _INTS for o in n.outputs)]
+    if not any(o.dtype in _AS_INT32 for n in nodes for o in n.outputs):
+        return {}
+    full = (INT32_MIN, INT32_MAX)
+    try:
+        if _first_overflow(nodes, dict.fromkeys(inputs, full)) is None:
+            return {}
+        # Inputs that cannot overflow anything on their own (ids that only index) keep the full range.
+        free = [n for n in inputs if _first_overflow(nodes, {**dict.fromkeys(inputs, (0, 0)), n: full}) is None]
+        bounded = [n for n in inputs if n not in free]
+
+        def safe(bound: int) -> bool:
+            ranges = {**dict.fromkeys(free, full), **dict.fromkeys(bounded, (-bound, bound))}
+            return _first_overflow(nodes, ranges) is None
+
+        bound = _largest(safe)
+        if bound < 0:  # the free inputs together overflow: bound them all
+            bounded, free = inputs, []
+            bound = _largest(safe)
+    except _Unbounded:
+        return {}
+    return {} if bound < 0 else dict.fromkeys(bounded, bound)

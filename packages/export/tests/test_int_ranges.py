@@ -1,0 +1,127 @@
+"""Integer input bounds: within the bound an exported graph records for an integer input, no integer value the graph
+computes leaves int32 (HTP computes integers in int32 and saturates); ids that only index need no bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from export_capture import capture, only
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qnnx_export as qe
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+# Integer expressions over two int64 inputs x, y ([8] each): each step combines the running value with x, y or a
+# constant by an op PyTorch computes in int64 without overflow for these magnitudes.
+_STEP = st.tuples(
+    st.sampled_from(["add", "sub", "mul", "mod", "cumsum", "sum", "neg", "abs", "max", "clamp"]),
+    st.sampled_from(["x", "y", "c"]),
+    st.integers(-70000, 70000),
+)
+
+
+def _program(steps):
+    def fn(x, y):
+        v = x
+        for op, other, c in steps:
+            o = {"x": x, "y": y, "c": torch.full_like(x, c)}[other]
+            if op == "add":
+                v = v + o
+            elif op == "sub":
+                v = v - o
+            elif op == "mul":
+                v = v * o
+            elif op == "mod":
+                v = v % (abs(c) + 1)
+            elif op == "cumsum":
+                v = v.cumsum(0)
+            elif op == "sum":
+                v = v.sum().expand(8)
+            elif op == "neg":
+                v = -v
+            elif op == "abs":
+                v = v.abs()
+            elif op == "max":
+                v = torch.maximum(v, o)
+            else:
+                v = v.clamp(-abs(c), abs(c))
+        return v
+
+    return fn
+
+
+def _intermediates(exported: qe.ExportedGraph, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Every integer value of the exported model, computed in int64 by ONNX Runtime's CPU EP."""
+    model = onnx.ModelProto()
+    model.CopyFrom(exported.model)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    ints = [
+        vi
+        for vi in inferred.graph.value_info
+        if vi.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+    ]
+    model.graph.output.extend(ints)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in session.run(None, feed) if np.asarray(o).dtype.kind == "i"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(_STEP, min_size=1, max_size=5),
+    scale=st.sampled_from([1.0, 0.5, 1e-3]),
+    fill=st.sampled_from(["high", "low", "random"]),
+    seed=st.integers(0, 2**16),
+)
+def test_within_the_bounds_no_integer_value_leaves_int32(steps, scale, fill, seed):
+    """Property: inputs within each input's recorded bound (any int32 value where none is recorded), at either end
+    of it or anywhere inside, give integer values that all fit int32, computed exactly (int64) on ONNX Runtime's CPU
+    EP."""
+    fn = _program(steps)
+    x0 = torch.arange(8, dtype=torch.int64)
+    g = only(capture(fn, x0, x0 + 1)[0])
+    exported = qe.export(g.gm, g.example_inputs, analysis=g.analysis)
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for spec in exported.signature.inputs:
+        bound = spec.max_abs if spec.max_abs is not None else _INT32_MAX
+        limit = int(bound * scale)
+        dtype = np.int32 if spec.onnx_dtype == "int32" else np.int64
+        if fill == "random":
+            values = rng.integers(-limit, limit, size=spec.shape, endpoint=True)
+        else:
+            values = np.full(spec.shape, limit if fill == "high" else -limit)
+        feed[spec.name] = values.astype(dtype)
+    for value in _intermediates(exported, feed):
+        assert value.min() >= _INT32_MIN and value.max() <= _INT32_MAX, (steps, feed)
+
+
+def test_a_product_gets_the_bound_that_keeps_it_in_int32():
+    g = only(capture(lambda x: x * 1000003 % 65521, torch.arange(8))[0])
+    (spec,) = qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature.inputs
+    assert spec.max_abs == _INT32_MAX // 1000003
+
+
+def test_a_sum_gets_the_bound_of_its_count():
+    g = only(capture(lambda x: x.sum(), torch.arange(8))[0])
+    (spec,) = qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature.inputs
+    assert spec.max_abs == _INT32_MAX // 8
+
+
+def test_ids_that_only_index_need_no_bound():
+    table = torch.randn(100, 4)
+    g = only(capture(lambda ids, mask: (table[ids] * 2, mask.cumsum(-1)), torch.arange(6), torch.ones(6).long())[0])
+    specs = {s.arg_index: s for s in qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature.inputs}
+    bounds = [s.max_abs for s in specs.values() if s.onnx_dtype == "int32"]
+    assert sorted(b for b in bounds if b is not None) == [_INT32_MAX // 6]  # the mask's running sum, not the ids
+    assert None in bounds
+
+
+def test_the_bounds_survive_the_signatures_round_trip():
+    g = only(capture(lambda x: x * 7, torch.arange(8))[0])
+    signature = qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature
+    assert signature.inputs[0].max_abs == _INT32_MAX // 7
+    assert qe.GraphSignature.from_dict(signature.to_dict()) == signature
