@@ -37,17 +37,23 @@ def _sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x + y
 
 
+def _running(x: torch.Tensor) -> torch.Tensor:
+    return x.cumsum(0)
+
+
 @pytest.mark.parametrize(
     ("fn", "small", "large"),
     [
         (_hash, (torch.arange(8),), (torch.arange(8) + 10**6,)),
         (_sum, (torch.arange(4), torch.arange(4)), (torch.full((4,), 2**31 - 1), torch.full((4,), 5))),
+        (_running, (torch.arange(10),), (torch.arange(10) * 1000003 + 1,)),
     ],
 )
 def test_a_later_call_beyond_int32_arithmetic_is_computed_in_pytorch(fn, small, large):
     """The first call fits int32 and passes the accuracy guard; a later call whose arithmetic leaves int32 (HTP
-    returned 32872 for every element of the hash, and 2**31 - 1 for the sum) gets eager's values, and the graph stays
-    on the NPU for the calls after it."""
+    returned 32872 for every element of the hash, and 2**31 - 1 for the sum) or float32's exact integers (HTP's
+    integer running sum rounded 17920949 to 17920948) gets eager's values, and the graph stays on the NPU for the
+    calls after it."""
     torch._dynamo.reset()
     qnnx_backend.clear_compile_reports()
     compiled = torch.compile(fn, backend="qnn", options={"soc_model": 60, "device": "npu"})

@@ -2,7 +2,7 @@
 
 HTP computes integers in int32 and saturates where PyTorch (int64) does not overflow at all: ``x * 1000003 % 65521``
 of an x near 10**6 came back 32872 for every element on the simulator, and ``(2**31 - 1) + 5`` came back
-2147483647. The first call's accuracy guard sees that only when the first call's values already overflow; a later
+2147483647. Its integer ReduceSum and CumSum add up in float32, exact only up to 2**24. The first call's accuracy guard sees that only when the first call's values already overflow; a later
 call with larger integers would be silently wrong. So the export bounds, for each int32 input, the magnitude up to
 which no integer node of the graph can leave int32 (intervals propagated through the graph), and the caller checks
 each call's integer inputs against those bounds (a call beyond them is computed elsewhere).
@@ -22,6 +22,10 @@ __all__ = ["INT32_MAX", "integer_input_bounds"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 _FP16_MAX = 65504  # a float HTP casts to an integer is a float16 value
+# HTP adds up integers in float32 in ReduceSum and CumSum: exact up to 2**24 (a cumulative sum of int64 values came
+# back 17920948 for 17920949, a sum 124530528 for 124530520), so their results must stay within it.
+_FLOAT32_EXACT = 2**24
+_SUMMED_IN_FLOAT32 = frozenset({"ReduceSum", "CumSum"})
 
 Interval = tuple[int, int]
 # The QNN EP computes int64 tensors as int32 (an int64 graph input arrives as int32 already): both overflow there.
@@ -203,10 +207,11 @@ def _first_overflow(nodes: Sequence[ir.Node], inputs: Mapping[str, Interval]) ->
     r = _Ranges(inputs)
     for node in nodes:
         intervals = _computed(node, r)
+        low, high = (-_FLOAT32_EXACT, _FLOAT32_EXACT) if node.op_type in _SUMMED_IN_FLOAT32 else (INT32_MIN, INT32_MAX)
         for value, interval in zip(node.outputs, intervals):
             if interval is None:
                 continue
-            if value.dtype in _AS_INT32 and (interval[0] < INT32_MIN or interval[1] > INT32_MAX):
+            if value.dtype in _AS_INT32 and (interval[0] < low or interval[1] > high):
                 return node.name or node.op_type
             r.set(value, interval)
     return None
