@@ -41,19 +41,33 @@ def _running(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(0)
 
 
+_INDEX = torch.tensor([0, 1, 0, 2, 1, 0, 2, 1, 0, 2])
+
+
+def _index_add(x: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(3, dtype=torch.int64).index_add(0, _INDEX, x)
+
+
+def _below(x: torch.Tensor) -> torch.Tensor:
+    return x.float() < 16777217.0
+
+
 @pytest.mark.parametrize(
     ("fn", "small", "large"),
     [
         (_hash, (torch.arange(8),), (torch.arange(8) + 10**6,)),
         (_sum, (torch.arange(4), torch.arange(4)), (torch.full((4,), 2**31 - 1), torch.full((4,), 5))),
         (_running, (torch.arange(10),), (torch.arange(10) * 1000003 + 1,)),
+        (_index_add, (torch.arange(10),), (torch.arange(10) * 1000003 + 1,)),
+        (_below, (torch.arange(10),), (torch.arange(10) * 1000003 + 1,)),
     ],
 )
 def test_a_later_call_beyond_int32_arithmetic_is_computed_in_pytorch(fn, small, large):
     """The first call fits int32 and passes the accuracy guard; a later call whose arithmetic leaves int32 (HTP
-    returned 32872 for every element of the hash, and 2**31 - 1 for the sum) or float32's exact integers (HTP's
-    integer running sum rounded 17920949 to 17920948) gets eager's values, and the graph stays on the NPU for the
-    calls after it."""
+    returned 32872 for every element of the hash, and 2**31 - 1 for the sum), float32's exact integers (HTP's
+    integer running sum rounded 17920949 to 17920948, and so did its index_add) or float16's range (an integer cast
+    to float saturated at 65504, so 1000004 < 16777217.0 came out False) gets eager's values, and the graph stays on
+    the NPU for the calls after it."""
     torch._dynamo.reset()
     qnnx_backend.clear_compile_reports()
     compiled = torch.compile(fn, backend="qnn", options={"soc_model": 60, "device": "npu"})

@@ -131,3 +131,18 @@ def test_the_bounds_survive_the_signatures_round_trip():
     signature = qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature
     assert signature.inputs[0].max_abs == _INT32_MAX // 7
     assert qe.GraphSignature.from_dict(signature.to_dict()) == signature
+
+
+def test_independent_inputs_get_their_own_bounds():
+    """A product and a cast to float (float16 on HTP: 65504 at most) bound their own inputs, not each other's."""
+    g = only(capture(lambda x, m: (x * 113, m.float() * 2), torch.arange(8), torch.ones(8).long())[0])
+    bounds = {s.arg_index: s.max_abs for s in qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature.inputs}
+    assert sorted(bounds.values()) == [65504, _INT32_MAX // 113]
+
+
+def test_an_index_add_is_bounded_as_a_sum_of_its_updates():
+    """HTP adds a ScatterND's updates up in float32: ten updates into any element stay within 2**24."""
+    index = torch.tensor([0, 1, 0, 2, 1, 0, 2, 1, 0, 2])
+    g = only(capture(lambda x: torch.zeros(3, dtype=torch.int64).index_add(0, index, x), torch.arange(10))[0])
+    specs = qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature.inputs
+    assert [s.max_abs for s in specs if s.max_abs is not None] == [2**24 // 10]

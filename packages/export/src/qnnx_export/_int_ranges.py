@@ -2,7 +2,8 @@
 
 HTP computes integers in int32 and saturates where PyTorch (int64) does not overflow at all: ``x * 1000003 % 65521``
 of an x near 10**6 came back 32872 for every element on the simulator, and ``(2**31 - 1) + 5`` came back
-2147483647. Its integer ReduceSum and CumSum add up in float32, exact only up to 2**24. The first call's accuracy guard sees that only when the first call's values already overflow; a later
+2147483647. Its integer ReduceSum, CumSum and ScatterND add add up in float32, exact only up to 2**24, and an integer
+cast to a float is a float16 value, which saturates beyond 65504 (``x.float() < 16777217.0`` was False for 65537). The first call's accuracy guard sees that only when the first call's values already overflow; a later
 call with larger integers would be silently wrong. So the export bounds, for each int32 input, the magnitude up to
 which no integer node of the graph can leave int32 (intervals propagated through the graph), and the caller checks
 each call's integer inputs against those bounds (a call beyond them is computed elsewhere).
@@ -134,6 +135,16 @@ def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     op = node.op_type
     ins = [r.of(v) for v in node.inputs]
     out = node.outputs[0]
+    reduction = node.attributes.get("reduction")
+    if op in ("ScatterND", "ScatterElements") and reduction is not None and reduction.as_string() != "none":
+        data, updates = ins[0], ins[2] if len(ins) > 2 else None
+        how = reduction.as_string()
+        if how == "mul":
+            raise _Unbounded(f"{op} with reduction mul")
+        if data is None or updates is None or how != "add":
+            return [_union(data, updates)]
+        n = math.prod(static_shape(node.inputs[2]) or (INT32_MAX,))  # each element takes at most every update
+        return [(data[0] + min(0, n * updates[0]), data[1] + max(0, n * updates[1]))]
     if op in _SELECT:
         picked = _union(*(ins[i] for i in _SELECT[op] if i < len(ins)))
         if op == "TopK" and len(node.outputs) > 1:
@@ -201,13 +212,33 @@ def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     return [None] * len(node.outputs)  # no rule: each output holds what its type holds
 
 
+def _summed_in_float32(node: ir.Node) -> bool:
+    reduction = node.attributes.get("reduction")
+    return node.op_type in _SUMMED_IN_FLOAT32 or (
+        node.op_type in ("ScatterND", "ScatterElements") and reduction is not None and reduction.as_string() == "add"
+    )
+
+
+def _int_to_float(node: ir.Node) -> bool:
+    """A Cast of an integer to a float: HTP holds the result in float16, which saturates beyond 65504."""
+    source = node.inputs[0] if node.op_type == "Cast" and node.inputs else None
+    target = node.outputs[0].dtype if source is not None else None
+    return source is not None and source.dtype in _INTS and target is not None and target.is_floating_point()
+
+
 def _first_overflow(nodes: Sequence[ir.Node], inputs: Mapping[str, Interval]) -> str | None:
-    """The first int32 node that may leave int32 for integer inputs within ``inputs``, else None (raises
+    """The first node whose integer values may leave what HTP holds them in, for integer inputs within ``inputs``
+    (int32; float32's exact integers for a sum; float16's range for an integer cast to a float), else None (raises
     :class:`_Unbounded`)."""
     r = _Ranges(inputs)
     for node in nodes:
+        if _int_to_float(node):
+            source = r.of(node.inputs[0])
+            if source is not None and _magnitude(source) > _FP16_MAX:
+                return node.name or node.op_type
+            continue
         intervals = _computed(node, r)
-        low, high = (-_FLOAT32_EXACT, _FLOAT32_EXACT) if node.op_type in _SUMMED_IN_FLOAT32 else (INT32_MIN, INT32_MAX)
+        low, high = (-_FLOAT32_EXACT, _FLOAT32_EXACT) if _summed_in_float32(node) else (INT32_MIN, INT32_MAX)
         for value, interval in zip(node.outputs, intervals):
             if interval is None:
                 continue
@@ -232,33 +263,48 @@ def _largest(safe: Callable[[int], bool]) -> int:
 
 
 def integer_input_bounds(model: ir.Model) -> dict[str, int]:
-    """``{input name: largest magnitude}`` for the int32 graph inputs that need a bound: with every such input
-    within its bound (and the others anything int32 holds), no int32 node of the graph can overflow. An input the
-    graph only indexes with, compares or casts to float needs none, and is not listed. Empty when no input needs
-    one, and also when the graph holds integer arithmetic the analysis cannot bound (it then proves nothing)."""
+    """``{input name: largest magnitude}`` for the integer graph inputs that need a bound: with every such input
+    within its bound (and the others anything int32 holds), no integer value of the graph leaves what HTP holds it
+    in. An input the graph only indexes with or compares needs none, and is not listed. Empty when no input needs
+    one, and also when the graph holds integer arithmetic the analysis cannot bound (it then proves nothing).
+
+    Each input gets its own bound (the largest with the other bounded inputs at 0); when those bounds together are
+    not safe (the inputs are combined), all of them are scaled down by one factor until they are."""
     graph = model.graph
     inputs = [v.name for v in graph.inputs if v.dtype == ir.DataType.INT32 and v.name]
     if not inputs:
         return {}
-    nodes = [n for n in graph if any(o.dtype in _INTS for o in n.outputs)]
-    if not any(o.dtype in _AS_INT32 for n in nodes for o in n.outputs):
+    nodes = [n for n in graph if any(o.dtype in _INTS for o in n.outputs) or _int_to_float(n)]
+    if not nodes:
         return {}
     full = (INT32_MIN, INT32_MAX)
+
+    def safe(bounds: Mapping[str, int]) -> bool:
+        ranges = {n: (-bounds[n], bounds[n]) if n in bounds else full for n in inputs}
+        return _first_overflow(nodes, ranges) is None
+
+    def scaled(bounded: Sequence[str]) -> dict[str, int] | None:
+        """Bounds of ``bounded`` (the other inputs free): each input's own, scaled down together until safe."""
+
+        def own(name: str) -> int:
+            return _largest(lambda b: safe({**dict.fromkeys(bounded, 0), name: b}))
+
+        alone = {n: own(n) for n in bounded}
+        if not alone or any(b < 0 for b in alone.values()):
+            return None
+        if safe(alone):
+            return alone
+        steps = 1 << 20
+        k = _largest(lambda k: k <= steps and safe({n: b * k // steps for n, b in alone.items()}))
+        return None if k < 0 else {n: b * min(k, steps) // steps for n, b in alone.items()}
+
     try:
-        if _first_overflow(nodes, dict.fromkeys(inputs, full)) is None:
+        if safe({}):
             return {}
-        # Inputs that cannot overflow anything on their own (ids that only index) keep the full range.
-        free = [n for n in inputs if _first_overflow(nodes, {**dict.fromkeys(inputs, (0, 0)), n: full}) is None]
-        bounded = [n for n in inputs if n not in free]
-
-        def safe(bound: int) -> bool:
-            ranges = {**dict.fromkeys(free, full), **dict.fromkeys(bounded, (-bound, bound))}
-            return _first_overflow(nodes, ranges) is None
-
-        bound = _largest(safe)
-        if bound < 0:  # the free inputs together overflow: bound them all
-            bounded, free = inputs, []
-            bound = _largest(safe)
+        zero = dict.fromkeys(inputs, 0)
+        # Inputs that leave every value in range on their own (ids that only index) keep the full range, unless
+        # they overflow together with the others: then every input is bounded.
+        alone = scaled([n for n in inputs if not safe({**zero, n: INT32_MAX})]) or scaled(inputs)
     except _Unbounded:
         return {}
-    return {} if bound < 0 else dict.fromkeys(bounded, bound)
+    return alone or {}
