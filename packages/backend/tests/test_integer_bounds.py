@@ -92,3 +92,19 @@ def test_under_strict_a_call_beyond_the_bound_raises_and_names_it():
         assert torch.equal(compiled(torch.arange(8) + 2140), _scale(torch.arange(8) + 2140))
         with pytest.raises(QnnRuntimeError, match="beyond 2147 in magnitude"):
             compiled(torch.arange(8) + 2141)
+
+
+def test_after_a_first_call_beyond_the_bound_the_next_call_is_the_one_checked():
+    """A first call computed in PyTorch (an integer input beyond its bound) has not checked the device against
+    eager: the accuracy guard checks the next call that runs on it."""
+    from qnnx_backend._compiled import live_graphs
+
+    torch._dynamo.reset()
+    compiled = torch.compile(_scale, backend="qnn", options={"soc_model": 60, "device": "npu"})
+    with torch.no_grad():
+        with pytest.warns(QnnFallbackWarning, match="beyond"):
+            assert torch.equal(compiled(torch.arange(8) + 10**6), _scale(torch.arange(8) + 10**6))
+        (variant,) = live_graphs()[-1].variants.values()
+        assert not variant._verified
+        assert torch.equal(compiled(torch.arange(8)), _scale(torch.arange(8)))
+        assert variant._verified
