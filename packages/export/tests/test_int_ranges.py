@@ -146,3 +146,30 @@ def test_an_index_add_is_bounded_as_a_sum_of_its_updates():
     g = only(capture(lambda x: torch.zeros(3, dtype=torch.int64).index_add(0, index, x), torch.arange(10))[0])
     specs = qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature.inputs
     assert [s.max_abs for s in specs if s.max_abs is not None] == [2**24 // 10]
+
+
+def _scaled_by_filled(typed: bool) -> onnx.ModelProto:
+    """``x * ConstantOfShape([4], 1000)`` on an int64 input, with or without the filled constant's type."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    fill = helper.make_node("ConstantOfShape", ["s"], ["c"], value=numpy_helper.from_array(np.array([1000], np.int64)))
+    graph = helper.make_graph(
+        [fill, helper.make_node("Mul", ["x", "c"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [4])],
+        [numpy_helper.from_array(np.array([4], np.int64), "s")],
+        value_info=[helper.make_tensor_value_info("c", TensorProto.INT64, [4])] if typed else [],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def test_a_filled_constant_bounds_an_int64_input_and_an_untyped_operand_proves_nothing():
+    """An int64 input (computed as int32 on HTP) times a ConstantOfShape of 1000 gets 2**31 // 1000. Without the
+    constant's type its range is unknown: the analysis then claims no bound at all rather than a wrong one."""
+    import onnx_ir as ir
+
+    from qnnx_export._int_ranges import integer_input_bounds
+
+    assert integer_input_bounds(ir.serde.deserialize_model(_scaled_by_filled(True))) == {"x": _INT32_MAX // 1000}
+    assert integer_input_bounds(ir.serde.deserialize_model(_scaled_by_filled(False))) == {}

@@ -58,6 +58,11 @@ _UNBOUNDED = frozenset(
 )
 
 
+# Ops that can leave int32 by adding or multiplying, and how many of their inputs are operands: an operand whose type
+# is not known (so neither is its range) leaves their result unbounded.
+_ADDING = {"Add": 2, "Sub": 2, "Mul": 2, "Neg": 1, "Abs": 1, "ReduceSum": 1, "CumSum": 1}
+
+
 class _Unbounded(Exception):
     """An int32 node whose values the analysis cannot bound."""
 
@@ -155,13 +160,17 @@ def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     if op in ("Concat", "Max", "Min", "Sum", "Mean"):
         known = [i for i in ins if i is not None]
         if op == "Sum":
-            return [(sum(i[0] for i in known), sum(i[1] for i in known)) if len(known) == len(ins) else None]
+            if len(known) != len(ins):
+                raise _Unbounded("Sum of a value whose type is unknown")
+            return [(sum(i[0] for i in known), sum(i[1] for i in known))]
         if op in ("Max", "Min") and len(known) == len(ins):
             pick = max if op == "Max" else min
             return [(pick(i[0] for i in known), pick(i[1] for i in known))]
         return [_union(*ins)]
     a = ins[0] if ins else None
     b = ins[1] if len(ins) > 1 else None
+    if out.dtype in _AS_INT32 and op in _ADDING and any(i is None for i in ins[: _ADDING[op]]):
+        raise _Unbounded(f"{op} of a value whose type is unknown")
     if op in ("Add", "Sub", "Mul") and a is not None and b is not None:
         if op == "Add":
             return [(a[0] + b[0], a[1] + b[1])]
@@ -205,6 +214,10 @@ def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     if op in ("ArgMax", "ArgMin", "NonZero"):
         shape = static_shape(node.inputs[0])
         return [(0, max(shape) if shape else INT32_MAX)]
+    if op == "ConstantOfShape":
+        value = node.attributes.get("value")
+        array = value.as_tensor().numpy() if value is not None else np.zeros(1)
+        return [(int(array.min()), int(array.max())) if array.size and array.dtype.kind in "iub" else None]
     if op == "Range" and len(ins) == 3 and ins[0] is not None and ins[1] is not None:
         return [_union(ins[0], ins[1])]
     if out.dtype in _AS_INT32 and op in _UNBOUNDED:
@@ -271,7 +284,7 @@ def integer_input_bounds(model: ir.Model) -> dict[str, int]:
     Each input gets its own bound (the largest with the other bounded inputs at 0); when those bounds together are
     not safe (the inputs are combined), all of them are scaled down by one factor until they are."""
     graph = model.graph
-    inputs = [v.name for v in graph.inputs if v.dtype == ir.DataType.INT32 and v.name]
+    inputs = [v.name for v in graph.inputs if v.dtype in _AS_INT32 and v.name]
     if not inputs:
         return {}
     nodes = [n for n in graph if any(o.dtype in _INTS for o in n.outputs) or _int_to_float(n)]
