@@ -90,6 +90,7 @@ class ArrayModel:
         self._graph_args = [None if a is None else int(a) for a in call["graph_args"]]
         self._outputs = [dict(r) for r in call["outputs"]]
         self._signature = record["signature"]
+        self._int_bounds = integer_bounds(self._signature["inputs"])
         self._out_dtypes = list(record["out_dtypes"])
         self.model_name = str(call["model"])
         """The class of the model that was saved (``module.QualName``), for messages."""
@@ -173,14 +174,15 @@ class ArrayModel:
         floats = [spec["name"] for spec in self._signature["inputs"] if spec["onnx_dtype"] in ("float32", "float16")]
         try:
             check_inputs(floats, feed)
-            check_integer_inputs(integer_bounds(self._signature["inputs"]), feed)
+            check_integer_inputs(self._int_bounds, feed)
             outs = self._session.run(self._output_order, feed)
             check_half_range(self._output_order, outs)
         except UntrustedRun as untrusted:
             raise QnnRuntimeError(
                 f"the loaded {self.model_name}: {untrusted}; {untrusted.why}, so this call's results cannot be trusted "
                 "(and there is no PyTorch here to compute it). Fix: keep the inputs finite and the graph's values "
-                "within +-65504 and the integer inputs within the bound named, or compute such inputs with the compiled model (device='auto' computes them in PyTorch)."
+                "within +-65504 and the integer inputs within the bound named, or compute such inputs with the "
+                "compiled model (device='auto' computes them in PyTorch)."
             ) from untrusted
         slots: list[Any] = []
         for k, slot in enumerate(self._signature["outputs"]):

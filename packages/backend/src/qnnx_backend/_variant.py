@@ -202,7 +202,8 @@ class QnnVariant:
         try:
             out = self._program.run(args)
         except UntrustedRun as untrusted:
-            self._verified = self._verified and not checking  # the next trusted call is the one the guard checks
+            if checking:
+                self._verified = False  # no trusted run yet: the guard checks the next call that runs on the device
             return self._untrusted(args, untrusted)
         except Exception as exc:  # a run-time failure of the EP (e.g. an NPU subsystem restart)
             out = self._recover(args, exc)

@@ -1,12 +1,13 @@
-"""How large an exported graph's integer inputs may be before its int32 arithmetic can overflow (interval analysis).
+"""How large an exported graph's integer inputs may be before HTP computes its integers wrongly (interval analysis).
 
 HTP computes integers in int32 and saturates where PyTorch (int64) does not overflow at all: ``x * 1000003 % 65521``
 of an x near 10**6 came back 32872 for every element on the simulator, and ``(2**31 - 1) + 5`` came back
 2147483647. Its integer ReduceSum, CumSum and ScatterND add add up in float32, exact only up to 2**24, and an integer
-cast to a float is a float16 value, which saturates beyond 65504 (``x.float() < 16777217.0`` was False for 65537). The first call's accuracy guard sees that only when the first call's values already overflow; a later
-call with larger integers would be silently wrong. So the export bounds, for each int32 input, the magnitude up to
-which no integer node of the graph can leave int32 (intervals propagated through the graph), and the caller checks
-each call's integer inputs against those bounds (a call beyond them is computed elsewhere).
+cast to a float is a float16 value, which saturates beyond 65504 (``x.float() < 16777217.0`` was False for 65537).
+The first call's accuracy guard sees that only when the first call's values already leave those ranges; a later
+call with larger integers would be silently wrong. So the export bounds, for each integer input, the magnitude up to
+which no value of the graph can leave them (intervals propagated through the graph), and the caller checks each
+call's integer inputs against those bounds (a call beyond them is computed elsewhere).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import onnx_ir as ir
 
 from qnnx_export._passes._graph import const_array, static_shape
 
-__all__ = ["INT32_MAX", "integer_input_bounds"]
+__all__ = ["integer_input_bounds"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 _FP16_MAX = 65504  # a float HTP casts to an integer is a float16 value
@@ -64,7 +65,7 @@ _ADDING = {"Add": 2, "Sub": 2, "Mul": 2, "Neg": 1, "Abs": 1, "ReduceSum": 1, "Cu
 
 
 class _Unbounded(Exception):
-    """An int32 node whose values the analysis cannot bound."""
+    """An integer node whose values the analysis cannot bound."""
 
 
 def _union(*intervals: Interval | None) -> Interval | None:
