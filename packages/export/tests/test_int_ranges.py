@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 from export_capture import capture, only
 from hypothesis import given, settings
@@ -173,3 +174,18 @@ def test_a_filled_constant_bounds_an_int64_input_and_an_untyped_operand_proves_n
 
     assert integer_input_bounds(ir.serde.deserialize_model(_scaled_by_filled(True))) == {"x": _INT32_MAX // 1000}
     assert integer_input_bounds(ir.serde.deserialize_model(_scaled_by_filled(False))) == {}
+
+
+@pytest.mark.parametrize(
+    ("fn", "shape", "count"),
+    [
+        (lambda x: x.sum((1, 3)), (2, 3, 1, 5), 15),
+        (lambda x: x.cumsum(2), (1, 2, 6, 1, 3), 6),
+        (lambda x: x.sum(-1, keepdim=True), (3, 1, 7, 1), 1),
+    ],
+)
+def test_reductions_at_rank_4_and_5_count_the_reduced_axes(fn, shape, count):
+    """A sum over some axes of a rank-4 or rank-5 tensor (size-1 axes included) is bounded by the elements it adds."""
+    g = only(capture(fn, torch.zeros(shape, dtype=torch.int64))[0])
+    (spec,) = qe.export(g.gm, g.example_inputs, analysis=g.analysis).signature.inputs
+    assert spec.max_abs == 2**24 // count
