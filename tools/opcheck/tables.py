@@ -598,8 +598,35 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "kind": "rejected",
         "ops": ["ConvTranspose"],
         "reason": "QNN HTP refuses ConvTranspose with a dilation above 1.",
+        "fix": "dilate the kernel instead (zeros between its taps) and convolve at dilation 1 (qnnx-export's "
+        "convtranspose_dilated_kernel pass)",
         "evidence": "conformance htp 2.7.0 soc60 2026-12-01 (tools/opcheck/conformance.py): dilations [2, 2] refused "
         "at session creation; pads, strides, output_padding and output_shape right (7.1e-4)",
+    }
+    p["convtranspose3d_pads_differ"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["ConvTranspose"],
+        "reason": "QNN HTP computes a 3-D ConvTranspose wrongly when its first two spatial axes are padded "
+        "differently (errors of 1.2-1.7 times the output's scale).",
+        "fix": "convolve without pads and crop the output with a Slice (qnnx-export's convtranspose_normal_form pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-06: ConvTranspose of x[2, 2, 3, 4, 4] and [2, 2, 2, 3, 4], kernel "
+        "3x3x3, strides 1 and 2: pads (begin, end per axis) [1,0,0,1,0,0], [0,1,0,0,1,0], [0,1,1,0,1,1], "
+        "[1,0,1,1,0,1] and [1,0,0,0,0,0] wrong (1.15-1.67 of the scale); [1,1,1,1,1,1], [1,1,1,0,0,0], "
+        "[0,0,0,1,1,1], [0,0,1,0,0,1], [1,1,0,1,1,0] and no pads right (1e-3); 1-D and 2-D with pads differing "
+        "between axes right",
+    }
+    p["convtranspose3d_strides_differ"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["ConvTranspose"],
+        "reason": "QNN HTP computes a 3-D ConvTranspose wrongly when its last two spatial axes have different "
+        "strides (errors of 0.9-1.5 times the output's scale).",
+        "fix": "put zeros between the input's rows on those axes and convolve at stride 1 there (qnnx-export's "
+        "convtranspose_normal_form pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-06: ConvTranspose of x[2, 2, 3, 3, 3], kernels 3x3x3 and 2x2x2, "
+        "no pads: strides [1,2,1], [1,1,2], [2,2,1], [2,1,2] and [3,3,1] wrong (0.95-1.49 of the scale) or failed; "
+        "[2,1,1], [1,2,2] and [2,2,2] right (1e-3); 2-D with strides [1,2], [2,1] and [3,1] right",
     }
     p["node_conditions"] = _node_conditions()
     p["partial_weight_block"] = {

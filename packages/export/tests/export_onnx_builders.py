@@ -291,3 +291,42 @@ def window_attention_output(
     x = rng.standard_normal((rows, heads, area, head_dim)).astype(np.float32)
     model = make_model(nodes, [("x", TensorProto.FLOAT, x.shape)], [("y", TensorProto.FLOAT, None)], inits)
     return model, {"x": x}
+
+
+def conv_transpose(
+    spatial: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    groups: int,
+    weight_input: bool,
+    seed: int = 0,
+    output_padding: Sequence[int] | None = None,
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A ConvTranspose of ``x[2, 2 * groups, *spatial]`` into ``3 * groups`` channels with a bias, its weight an
+    initializer or (``weight_input``) a graph input; ``pads`` holds the begin pads then the end pads. Feeds for its
+    inputs."""
+    rng = np.random.default_rng(seed)
+    cin, cout = 2 * groups, 3
+    w = rng.standard_normal((cin, cout, *kernel)).astype(np.float32)
+    x = rng.standard_normal((2, cin, *spatial)).astype(np.float32)
+    inits = {"b": rng.standard_normal(cout * groups).astype(np.float32)}
+    inputs = [("x", TensorProto.FLOAT, x.shape)]
+    feeds = {"x": x}
+    if weight_input:
+        inputs.append(("w", TensorProto.FLOAT, w.shape))
+        feeds["w"] = w
+    else:
+        inits["w"] = w
+    node = h.make_node(
+        "ConvTranspose",
+        ["x", "w", "b"],
+        ["y"],
+        strides=list(strides),
+        pads=list(pads),
+        dilations=list(dilations),
+        group=groups,
+        **({"output_padding": list(output_padding)} if output_padding else {}),
+    )
+    return make_model([node], inputs, [("y", TensorProto.FLOAT, None)], inits), feeds

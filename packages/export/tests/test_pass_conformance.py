@@ -20,6 +20,7 @@ import onnx_ir as ir
 import pytest
 from export_onnx_builders import (
     avgpool,
+    conv_transpose,
     einsum,
     make_model,
     pool,
@@ -981,6 +982,65 @@ def test_integer_pad_as_concat_shape_classes(
     np.testing.assert_array_equal(got, want)
 
 
+# ------------------------------------------------------------------------------------ ConvTranspose dilation
+
+
+@pytest.mark.parametrize(
+    ("spatial", "kernel", "strides", "pads", "dilations", "groups", "weight_input"),
+    [
+        ([7], [3], [2], [1, 0], [3], 1, False),
+        ([5], [2], [1], [0, 0], [2], 2, True),
+        ([4, 5], [3, 2], [2, 2], [1, 0, 2, 1], [2, 3], 1, False),
+        ([3, 4], [2, 3], [1, 1], [0, 1, 1, 0], [3, 2], 2, True),
+        ([3, 3], [3, 3], [2, 2], [0, 0, 0, 0], [1, 2], 1, True),
+        ([2, 3, 3], [2, 2, 2], [1, 1, 1], [0, 0, 0, 0, 0, 0], [2, 2, 2], 1, False),
+        ([2, 2, 3], [2, 1, 2], [2, 2, 2], [1, 0, 0, 0, 0, 1], [2, 1, 3], 1, True),
+    ],
+)
+def test_convtranspose_dilated_kernel_runs_on_qnn(
+    spatial: list[int],
+    kernel: list[int],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    groups: int,
+    weight_input: bool,
+) -> None:
+    """A ConvTranspose with a dilation above 1, which QNN HTP refuses, runs wholly on QNN once its kernel is
+    dilated, within fp16 tolerance of the original: ranks 1-3, strides, asymmetric pads, groups, and a weight that
+    is a constant or computed at run time."""
+    model, feeds = conv_transpose(spatial, kernel, strides, pads, dilations, groups, weight_input, seed=len(spatial))
+    passes = ("convtranspose_dilated_kernel", "convtranspose_normal_form")  # the default order: pads last
+    _check(model, feeds, passes, _cpu_reference, must_build=True)
+
+
+@pytest.mark.parametrize(
+    ("spatial", "strides", "pads", "output_padding"),
+    [
+        ([3, 4, 4], [1, 1, 1], [1, 0, 0, 1, 0, 0], None),
+        ([2, 3, 4], [2, 2, 2], [0, 1, 0, 0, 1, 0], None),
+        ([3, 4, 4], [2, 2, 2], [1, 0, 1, 1, 0, 1], None),
+        ([2, 3, 4], [1, 1, 1], [0, 1, 1, 0, 1, 1], None),
+        ([3, 3, 3], [1, 2, 1], [1, 0, 0, 0, 1, 0], None),
+        ([3, 3, 3], [2, 2, 1], [0, 0, 0, 0, 0, 0], None),
+        ([2, 3, 3], [1, 1, 3], [0, 0, 0, 0, 0, 0], None),
+        ([2, 3, 3], [1, 2, 2], [0, 1, 1, 0, 1, 1], [0, 1, 1]),
+        ([4, 3], [1, 2], [1, 0, 1, 0], [0, 1]),
+        ([3, 4], [3, 1], [0, 1, 1, 0], [2, 0]),
+    ],
+)
+def test_convtranspose_normal_form_runs_on_qnn(
+    spatial: list[int], strides: list[int], pads: list[int], output_padding: list[int] | None
+) -> None:
+    """ConvTransposes QNN HTP computes 1-3 times the output's scale off (3-D with the first two spatial axes padded
+    differently or the last two strided differently; output_padding with uneven strides, such as a video decoder's
+    ``stride=(1, 2, 2), padding=(0, 1, 1), output_padding=(0, 1, 1)``) are within fp16 tolerance on QNN in their
+    normal form."""
+    kernel = [3] * len(spatial)
+    model, feeds = conv_transpose(spatial, kernel, strides, pads, [1] * len(spatial), 1, False, 5, output_padding)
+    _check(model, feeds, ("convtranspose_normal_form",), _cpu_reference, must_build=True)
+
+
 # The passes whose emitted ops this file proves over shape classes, and where the others are proven.
 COVERED_HERE = frozenset(
     {
@@ -1009,6 +1069,8 @@ COVERED_HERE = frozenset(
         "integer_pad_as_concat",
         "erf_as_polynomial",
         "sinh_cosh_from_exp",
+        "convtranspose_dilated_kernel",
+        "convtranspose_normal_form",
         *_ELEMENTWISE,
     }
 )

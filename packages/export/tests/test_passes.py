@@ -12,6 +12,7 @@ import pytest
 from export_onnx_builders import (
     add_layernorm,
     avgpool,
+    conv_transpose,
     einsum,
     erf_gelu,
     gathernd,
@@ -1301,3 +1302,68 @@ def test_sinh_cosh_from_exp_keeps_results(shape: list[int], op: str, scale: floa
     (want,) = _run(model.SerializeToString(), {"x": x})
     (got,) = _run(after, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+
+
+@st.composite
+def _conv_transposes(draw: st.DrawFn) -> dict[str, object]:
+    """A ConvTranspose of rank 1-3 with at least one dilation above 1, its strides, pads and groups."""
+    rank = draw(st.integers(1, 3))
+    kernel = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    dilations = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank).filter(lambda d: max(d) > 1))
+    span = [(k - 1) * d for k, d in zip(kernel, dilations, strict=True)]
+    begin = [draw(st.integers(0, s)) for s in span]
+    end = [draw(st.integers(0, s - b)) for s, b in zip(span, begin, strict=True)]
+    return {
+        "spatial": draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank)),
+        "kernel": kernel,
+        "strides": draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank)),
+        "pads": begin + end,
+        "dilations": dilations,
+        "groups": draw(st.integers(1, 2)),
+        "weight_input": draw(st.booleans()),
+    }
+
+
+@given(case=_conv_transposes(), seed=seeds())
+def test_convtranspose_dilated_kernel_keeps_results(case: dict[str, object], seed: int) -> None:
+    """A ConvTranspose with a dilation above 1 becomes one at dilation 1 of the dilated kernel (at export for a
+    constant weight, in the graph for a weight computed at run time), and computes the same output on the CPU EP at
+    ranks 1-3, with strides, asymmetric pads and groups."""
+    model, feeds = conv_transpose(**case, seed=seed)  # type: ignore[arg-type]  # the strategy's dict holds each argument's type
+    after, changed, _ = _apply(model, "convtranspose_dilated_kernel")
+    assert changed
+    (node,) = [n for n in onnx.load_from_string(after).graph.node if n.op_type == "ConvTranspose"]
+    assert all(a.ints == [1] * len(a.ints) for a in node.attribute if a.name == "dilations")
+    _assert_same(model.SerializeToString(), after, feeds, exact=False)
+
+
+@given(
+    rank=st.integers(1, 3),
+    data=st.data(),
+    bias=st.booleans(),
+    seed=seeds(),
+)
+def test_convtranspose_normal_form_keeps_results(rank: int, data: st.DataObject, bias: bool, seed: int) -> None:
+    """A ConvTranspose QNN HTP gets wrong (3-D with the first two spatial axes padded differently or the last two
+    strided differently, output_padding with uneven strides) becomes one without pads, output_padding or bias, at
+    stride 1 on the axes it spreads, and the exact steps after it; it computes the same output on the CPU EP."""
+    ints = st.lists(st.integers(1, 3), min_size=rank, max_size=rank)
+    spatial = data.draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank))
+    kernel, strides = data.draw(ints), data.draw(ints)
+    pads = data.draw(st.lists(st.integers(0, 2), min_size=2 * rank, max_size=2 * rank))
+    op = [data.draw(st.integers(0, s - 1)) for s in strides]
+    sizes = [
+        (n - 1) * s + k + o - pads[a] - pads[rank + a]
+        for a, (n, s, k, o) in enumerate(zip(spatial, strides, kernel, op))
+    ]
+    model, feeds = conv_transpose(spatial, kernel, strides, pads, [1] * rank, 1, False, seed, output_padding=op)
+    if not bias:
+        model.graph.node[0].input.pop()
+    after, changed, _ = _apply(model, "convtranspose_normal_form")
+    uneven = len(set(strides)) > 1
+    wrong_class = (uneven and any(op)) or (
+        rank == 3 and ((pads[0], pads[3]) != (pads[1], pads[4]) or strides[1] != strides[2])
+    )
+    assert changed == wrong_class
+    if changed and min(sizes) >= 1:
+        _assert_same(model.SerializeToString(), after, feeds, exact=False)

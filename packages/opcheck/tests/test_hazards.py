@@ -666,6 +666,28 @@ def test_convtranspose_dilation(dilations: list[int], refused: bool) -> None:
     assert (_check(m).verdicts[0].status == "unsupported") is refused
 
 
+@given(
+    strides=st.lists(st.integers(1, 3), min_size=3, max_size=3),
+    pads=st.lists(st.integers(0, 1), min_size=6, max_size=6),
+)
+def test_convtranspose_3d_defects(strides: list[int], pads: list[int]) -> None:
+    """A 3-D ConvTranspose is refused exactly when QNN HTP computes it wrongly: its first two spatial axes padded
+    differently, or its last two strided differently; a 2-D one with the same attributes on its axes is not."""
+    w = const_init("w", np.ones((2, 3, 3, 3, 3), np.float32))
+    conv = node("ConvTranspose", ["x", "w"], ["y"], strides=strides, pads=pads)
+    m = model([conv], [inp("x", [1, 2, 3, 3, 3])], ["y"], [w])
+    wrong = (pads[0], pads[3]) != (pads[1], pads[4]) or strides[1] != strides[2]
+    verdict = _check(m).verdicts[0]
+    assert (verdict.status == "unsupported") is wrong, verdict.reason
+    flat = model(
+        [node("ConvTranspose", ["x", "w2"], ["y"], strides=strides[1:], pads=[pads[1], pads[2], pads[4], pads[5]])],
+        [inp("x", [1, 2, 3, 3])],
+        ["y"],
+        [const_init("w2", np.ones((2, 3, 3, 3), np.float32))],
+    )
+    assert _check(flat).verdicts[0].status != "unsupported"
+
+
 def test_outputs_typed_without_shape_are_accepted() -> None:
     """A graph output with a dtype but no shape (ONNX Runtime runs such models) is checked, not refused."""
     m = unary("Relu")

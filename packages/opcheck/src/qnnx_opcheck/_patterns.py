@@ -685,6 +685,22 @@ class Patterns:
         positions = p.get("inputs", {}).get(node.op_type, [])
         return any(i < len(node.input) and node.input[i] and not self.view.is_const(node.input[i]) for i in positions)
 
+    @rule("convtranspose3d_pads_differ")
+    def _is_convtranspose3d_uneven(self, index: int, node: NodeView) -> bool:
+        """A 3-D ConvTranspose (weight of rank 5) whose first two spatial axes have different (begin, end) pads."""
+        weights = self._static_dims(node.input[1]) if len(node.input) > 1 else None
+        pads = list(self.view.attr(node, "pads") or [])
+        if weights is None or len(weights) != 5 or len(pads) != 6:
+            return False
+        return (pads[0], pads[3]) != (pads[1], pads[4])
+
+    @rule("convtranspose3d_strides_differ")
+    def _is_convtranspose3d_strided_unevenly(self, index: int, node: NodeView) -> bool:
+        """A 3-D ConvTranspose (weight of rank 5) whose last two spatial axes have different strides."""
+        weights = self._static_dims(node.input[1]) if len(node.input) > 1 else None
+        strides = list(self.view.attr(node, "strides") or [])
+        return weights is not None and len(weights) == 5 and len(strides) == 3 and strides[1] != strides[2]
+
     @rule("convtranspose_dilation")
     def _is_dilated(self, index: int, node: NodeView) -> bool:
         """ConvTranspose with a dilation above 1 (QNN HTP refuses it)."""

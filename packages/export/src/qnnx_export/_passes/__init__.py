@@ -12,8 +12,9 @@ and in the default pipeline, which runs the passes by ascending ``order``. Nothi
 exported here are derived from the declarations.
 
 Modules: ``_base`` (:class:`QnnPass` and :func:`register`), ``_graph`` (the graph helpers the passes share), one
-module per pass family (``_fusions``, ``_layout``, ``_high_rank``, ``_gathers``, ``_matmuls``, ``_numerics``, ``_pooling``, ``_transcendental``, ``_dtypes``) and
-``_registry`` (the registry and :func:`run_passes`).
+module per pass family (``_fusions``, ``_layout``, ``_high_rank``, ``_gathers``, ``_matmuls``, ``_numerics``,
+``_pooling``, ``_convolutions``, ``_transcendental``, ``_dtypes``) and ``_registry`` (the registry and
+:func:`run_passes`).
 """
 
 from __future__ import annotations
