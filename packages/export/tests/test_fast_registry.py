@@ -264,6 +264,18 @@ EXAMPLES: dict[str, _Example] = {
     # indexing
     "aten.select.int": _ex(lambda x: aten.select.int(x, 1, -1), _X),
     "aten.embedding.default": _ex(lambda i, w: aten.embedding.default(w, i), _ints(2, 5, high=10), params=[(10, 4)]),
+    "aten._embedding_bag_forward_only.default": _ex(
+        lambda i, o, w: aten._embedding_bag_forward_only.default(w, i, o, False, 1)[0],
+        _ints(7, high=10),
+        lambda: torch.tensor([0, 2, 2, 5]),
+        params=[(10, 4)],
+    ),
+    "aten._embedding_bag.default": _ex(
+        lambda i, o, w: aten._embedding_bag.default(w, i, o, False, 2, False, None, True)[0],
+        _ints(7, high=10),
+        lambda: torch.tensor([0, 3, 7]),
+        params=[(10, 4)],
+    ),
     "aten.gather.default": _ex(lambda x, i: aten.gather.default(x, 1, i), (3, 6), _ints(3, 4, high=6)),
     "aten.index_select.default": _ex(lambda x, i: aten.index_select.default(x, 1, i), (3, 6), _ints(4, high=6)),
     "aten.index.Tensor": _ex(lambda x, i: aten.index.Tensor(x, [None, i]), (3, 6), _ints(2, 2, high=6)),

@@ -12,7 +12,7 @@ import torch
 
 from qnnx_export._fast._nodes import fake, onnx_axis
 from qnnx_export._fast._registry import handles
-from qnnx_export._fast._translator import Declined, Translator
+from qnnx_export._fast._translator import Declined, Translator, ir_dtype
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -48,6 +48,94 @@ def _select(t: Translator, node: Node, x: Node, dim: int, index: int) -> ir.Valu
 @handles(aten.embedding.default)
 def _embedding(t: Translator, node: Node, weight: Node, indices: Node, *args: object) -> ir.Value:
     return t.out("Gather", [t.value(weight), t.value(indices)], {"axis": 0})
+
+
+_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
+
+
+@handles(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def _embedding_bag(
+    t: Translator,
+    node: Node,
+    weight: Node,
+    indices: Node,
+    offsets: Node,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: Node | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> tuple[ir.Value, None, None, None]:
+    """``nn.EmbeddingBag``'s bags (their sum, mean or max; its first output) with static shapes. Bag ``b`` holds
+    positions ``[offsets[b], offsets[b + 1])`` (the last one up to the end, or to the extra last offset), found by
+    comparing each position with the runtime offsets (exact integer comparisons) into a ``[bags, positions]``
+    membership mask, without ``padding_idx``'s positions. The sum is the mask times the gathered rows (scaled by
+    ``per_sample_weights``), one MatMul; the mean that sum divided by the bag's size; the max a ReduceMax of the rows
+    masked to float16's lowest value. An empty bag gives 0, as PyTorch gives. The op's other outputs (offset2bag,
+    bag sizes, max indices) are declined when read."""
+    if any(user.target is not operator.getitem or user.args[1] != 0 for user in node.users):
+        raise Declined(f"{node.target}: an output other than the bags is read")
+    bags = node.meta["val"][0]
+    dtype, (count, width) = bags.dtype, tuple(int(s) for s in bags.shape)
+    n = int(fake(indices).numel())
+    if dtype not in (torch.float32, torch.float16) or fake(indices).dim() != 1 or n == 0 or count == 0:
+        raise Declined(f"{node.target} of {fake(indices).dim()}-d indices to {dtype} bags")
+    index_dtype = fake(offsets).dtype
+    starts = t.value(offsets)
+    if include_last_offset:
+        starts = t.emit1(
+            "Slice", [starts, t.ints([0]), t.ints([count]), t.ints([0])], dtype=index_dtype, shape=(count,)
+        )
+    ends = t.initializer(torch.tensor([n], dtype=index_dtype), "end")
+    if count > 1:  # the next bag's start, then the end of the indices (no empty Slice: HTP holds no empty tensor)
+        following = t.emit1(
+            "Slice", [starts, t.ints([1]), t.ints([count]), t.ints([0])], dtype=index_dtype, shape=(count - 1,)
+        )
+        ends = t.emit1("Concat", [following, ends], {"axis": 0}, dtype=index_dtype, shape=(count,))
+    positions = t.initializer(torch.arange(n, dtype=index_dtype).reshape(1, n), "positions")
+    column = (count, 1)
+
+    def column_of(v: ir.Value) -> ir.Value:
+        return t.emit1("Reshape", [v, t.ints(column)], dtype=index_dtype, shape=column)
+
+    grid = (count, n)
+    after_start = t.emit1("LessOrEqual", [column_of(starts), positions], dtype=torch.bool, shape=grid)
+    before_end = t.emit1("Less", [positions, column_of(ends)], dtype=torch.bool, shape=grid)
+    member = t.emit1("And", [after_start, before_end], dtype=torch.bool, shape=grid)
+    if padding_idx >= 0:
+        ids = t.value(indices)
+        pad = t.emit1("Equal", [ids, t.scalar(padding_idx, fake(indices).dtype)], dtype=torch.bool, shape=(n,))
+        kept = t.emit1("Not", [pad], dtype=torch.bool, shape=(n,))
+        member = t.emit1(
+            "And",
+            [member, t.emit1("Reshape", [kept, t.ints((1, n))], dtype=torch.bool, shape=(1, n))],
+            dtype=torch.bool,
+            shape=grid,
+        )
+    rows = t.emit1("Gather", [t.value(weight), t.value(indices)], {"axis": 0}, dtype=dtype, shape=(n, width))
+    if per_sample_weights is not None:
+        scale = t.emit1("Reshape", [t.operand(per_sample_weights, dtype), t.ints((n, 1))], dtype=dtype, shape=(n, 1))
+        rows = t.emit1("Mul", [rows, scale], dtype=dtype, shape=(n, width))
+    weights = t.emit1("Cast", [member], {"to": int(ir_dtype(dtype))}, dtype=dtype, shape=grid)
+    sizes = t.emit1("ReduceSum", [weights, t.ints([1], "axes")], {"keepdims": 1}, dtype=dtype, shape=column)
+    kind = _BAG_MODES.get(mode)
+    if kind is None:
+        raise Declined(f"{node.target} mode {mode}")
+    if kind == "max":
+        lowest = t.scalar(float(torch.finfo(torch.float16).min), dtype)
+        cube = (count, n, width)
+        spread = t.emit1("Reshape", [member, t.ints((count, n, 1))], dtype=torch.bool, shape=(count, n, 1))
+        masked = t.emit1("Where", [spread, rows, lowest], dtype=dtype, shape=cube)
+        top = t.emit1("ReduceMax", [masked, t.ints([1], "axes")], {"keepdims": 0}, dtype=dtype, shape=(count, width))
+        empty = t.emit1("Equal", [sizes, t.scalar(0.0, dtype)], dtype=torch.bool, shape=column)
+        bag_max = t.emit1("Where", [empty, t.scalar(0.0, dtype), top], dtype=dtype, shape=(count, width))
+        return bag_max, None, None, None
+    total = t.emit1("MatMul", [weights, rows], dtype=dtype, shape=(count, width))
+    if kind == "sum":
+        return total, None, None, None
+    size = t.emit1("Max", [sizes, t.scalar(1.0, dtype)], dtype=dtype, shape=column)
+    return t.emit1("Div", [total, size], dtype=dtype, shape=(count, width)), None, None, None
 
 
 # Ops whose int64 result is a position along an axis, >= 0 (an argmax, or the indices of max/min along a dim).
