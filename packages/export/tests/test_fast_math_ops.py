@@ -174,3 +174,55 @@ def test_asin_acos_and_atan_run_on_qnn_within_float16_rounding_of_their_input() 
     backend = Capture(qnn_session, FAST)
     out = compile_and_run(torch.asin, (torch.tensor([1.5, -2.0, 0.5]),), backend)
     assert bool((out[:2].abs() > 65504).all()) and abs(float(out[2]) - 0.5236) < 2e-3
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=shapes(min_rank=0, max_rank=5, max_side=6), data=st.data(), keepdim=st.booleans(), seed=seeds())
+def test_prod_as_a_tree_of_muls_equals_eager(shape: list[int], data: st.DataObject, keepdim: bool, seed: int) -> None:
+    """prod over one axis (keepdim or not) or of every element, at ranks 0-5 and any axis length (padded with ones
+    to a power of two), equals eager on the CPU EP up to the order of the multiplications, signs and zeros
+    included."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) + 0.3
+    if shape and data.draw(st.booleans()):
+        dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+        fn: Callable[[torch.Tensor], torch.Tensor] = lambda t: torch.prod(t, dim, keepdim=keepdim)  # noqa: E731
+    else:
+        fn = torch.prod
+    torch.testing.assert_close(_on_cpu_ep(fn, x), fn(x), rtol=1e-5, atol=1e-6)
+
+
+def test_prod_on_qnn() -> None:
+    """prod over an axis of 7 (padded to 8) and of every element of a rank-4 tensor runs wholly on the HTP simulator
+    within float16 rounding of eager (QNN HTP has no ReduceProd)."""
+    x = torch.rand(2, 7, 3, 2, generator=torch.Generator().manual_seed(4)) + 0.5
+    close_on_qnn_fast(lambda t: torch.prod(t, 1), x, tol=2e-3)
+    close_on_qnn_fast(torch.prod, x, tol=2e-3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 4)),
+    batch=st.sampled_from([(), (2,), (2, 1)]),
+    p=st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.0, float("inf")]),
+    seed=seeds(),
+)
+def test_cdist_equals_eager(rows: tuple[int, int, int], batch: tuple[int, ...], p: float, seed: int) -> None:
+    """cdist of batched (broadcast) rows for p = 0, 1, 1.5, 2, 3 and inf is the norm of every pair's difference,
+    equal to eager on the CPU EP (eager's p = 2 may use a matmul expansion: agreement to 1e-4 of the scale)."""
+    p_rows, r_rows, m = rows
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(*batch, p_rows, m, generator=g), torch.randn(r_rows, m, generator=g)
+    ref = torch.cdist(a, b, p=p)
+    got = _on_cpu_ep(lambda x, y: torch.cdist(x, y, p=p), a, b)
+    assert got.shape == ref.shape
+    assert float((got - ref).abs().max()) <= 1e-4 * max(float(ref.abs().max()), 1.0)
+
+
+def test_pairwise_distances_on_qnn() -> None:
+    """cdist (p = 2 between rows 1e-3 apart, where the matmul expansion cancels to noise in float16, and p = 1.5)
+    and pdist run wholly on the HTP simulator within float16 rounding of eager."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(8, 16, generator=g) * 3
+    close_on_qnn_fast(lambda x: torch.cdist(x, x + 1e-3), a, tol=2e-3)
+    close_on_qnn_fast(lambda x, y: torch.cdist(x, y, p=1.5), a, torch.randn(2, 5, 16, generator=g), tol=5e-3)
+    close_on_qnn_fast(lambda x: F.pdist(x), a, tol=2e-3)

@@ -259,6 +259,10 @@ EXAMPLES: dict[str, _Example] = {
         lambda x: aten.replication_pad3d.default(x, [1, 0, 2, 1, 0, 1]), (1, 2, 3, 4, 2)
     ),
     "aten.cumprod.default": _ex(lambda x: aten.cumprod.default(x, 1), (2, 5, 3)),
+    "aten.prod.default": _ex(lambda x: aten.prod.default(x), _positive(2, 3)),
+    "aten.prod.dim_int": _ex(lambda x: aten.prod.dim_int(x, 1, True), _positive(2, 5, 3)),
+    "aten._cdist_forward.default": _ex(lambda a, b: aten._cdist_forward.default(a, b, 1.5, None), (2, 5, 3), (4, 3)),
+    "aten._pdist_forward.default": _ex(lambda x: aten._pdist_forward.default(x, 2.0), (5, 3)),
     "aten.logcumsumexp.default": _ex(lambda x: aten.logcumsumexp.default(x, 1), (2, 5, 3)),
     "aten.aminmax.default": _ex(lambda x: (aten.aminmax.default(x)[0], aten.aminmax.default(x, dim=1)[1]), (2, 5, 3)),
     # indexing

@@ -720,8 +720,17 @@ def test_infinity_reaching_an_output_through_where_is_refused() -> None:
         ([node("Mul", ["x", "x"], ["sq"]), node("ReduceSum", ["sq", "ax"], ["b"], keepdims=1)], False),  # L2 norm
         ([node("Abs", ["x"], ["b"])], False),
         ([node("Neg", ["x"], ["b"])], True),
+        (  # a p-norm's root: the sum of fractional powers of |x|
+            [
+                node("Abs", ["x"], ["a"]),
+                node("Pow", ["a", "half"], ["pw"]),
+                node("ReduceSum", ["pw", "ax"], ["b"], keepdims=1),
+            ],
+            False,
+        ),
+        ([node("Pow", ["x", "half"], ["b"])], True),  # a power of a value that may be negative
     ],
-    ids=["input", "sum-of-squares", "abs", "neg"],
+    ids=["input", "sum-of-squares", "abs", "neg", "sum-of-powers-of-abs", "power-of-input"],
 )
 def test_pow_with_fractional_exponent_of_a_non_negative_base(base_nodes: list, refused: bool) -> None:
     """Pow(b, 0.5) is refused only when b may be negative (HTP gives numbers where PyTorch gives NaN)."""

@@ -132,6 +132,7 @@ class ValueAnalysis:
                 and float(np.asarray(exponent).reshape(-1)[0]) % 2 == 0
             ):
                 return True  # an even power
+            return self.non_negative(node.input[0], depth + 1)  # a power of a value >= 0 (a p-norm's sum of powers)
         if op in _KEEPS_NON_NEGATIVE:
             data = [i for i in node.input[: _KEEPS_NON_NEGATIVE[op]] if i]
             return bool(data) and all(self.non_negative(i, depth + 1) for i in data)

@@ -114,6 +114,54 @@ def _sort(t: Translator, node: Node, x: Node, dim: int = -1, descending: bool = 
     return _top_k(t, node, x, int(size), dim, descending)
 
 
+@handles(aten.prod.default, aten.prod.dim_int)
+def _prod(
+    t: Translator,
+    node: Node,
+    x: Node,
+    dim: int | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
+) -> ir.Value:
+    """``torch.prod`` of a float tensor, over one axis or every element, as a tree of Muls: the axis is padded with
+    ones to a power of two, then its halves are multiplied until one position is left (QNN HTP has no ReduceProd).
+    The order of the multiplications differs from PyTorch's, as any reduction's may; an intermediate product
+    beyond float16's range saturates on HTP as a user's own chain of Muls would."""
+    val = node.meta["val"]
+    out_dtype, out_shape = val.dtype, tuple(int(s) for s in val.shape)
+    if out_dtype not in (torch.float32, torch.float16) or fake(x).dtype != out_dtype:
+        raise Declined(f"prod of {fake(x).dtype} to {out_dtype}")
+    shape = tuple(int(s) for s in fake(x).shape)
+    if 0 in shape:
+        raise Declined("prod of an empty tensor")
+    data = t.value(x)
+    if dim is None:  # every element: a flat view
+        shape = (math.prod(shape),)
+        data = t.emit1("Reshape", [data, t.ints(shape)], dtype=out_dtype, shape=shape)
+        axis = 0
+    elif not shape:
+        return data
+    else:
+        axis = onnx_axis(dim, len(shape))
+    n = shape[axis]
+    width = 1 << (n - 1).bit_length()
+    if width > n:
+        pads = [0] * (2 * len(shape))
+        pads[len(shape) + axis] = width - n
+        shape = (*shape[:axis], width, *shape[axis + 1 :])
+        data = t.emit1("Pad", [data, t.ints(pads), t.scalar(1.0, out_dtype)], dtype=out_dtype, shape=shape)
+    while shape[axis] > 1:
+        half = shape[axis] // 2
+        shape = (*shape[:axis], half, *shape[axis + 1 :])
+        first, second = (
+            t.emit1("Slice", [data, t.ints([s]), t.ints([s + half]), t.ints([axis])], dtype=out_dtype, shape=shape)
+            for s in (0, half)
+        )
+        data = t.emit1("Mul", [first, second], dtype=out_dtype, shape=shape)
+    return t.emit1("Reshape", [data, t.ints(out_shape)], dtype=out_dtype, shape=out_shape)
+
+
 # A running product is written as a chain of Muls, one per position: every intermediate is one of the outputs (a
 # prefix product), so nothing overflows float16 on HTP that the output does not show; a log-step scan would form
 # products of inner windows, which can overflow where every prefix is finite.
@@ -268,6 +316,20 @@ def _vector_norm(
         )
     rank = len(shape)
     axes = sorted({onnx_axis(d, rank) for d in dim or ()}) or list(range(rank))
+    return p_norm(t, xv, out_dtype, shape, axes, p, out_shape)
+
+
+def p_norm(
+    t: Translator,
+    xv: ir.Value,
+    out_dtype: torch.dtype,
+    shape: tuple[int, ...],
+    axes: list[int],
+    p: float,
+    out_shape: tuple[int, ...],
+) -> ir.Value:
+    """The ``p``-norm of ``xv`` (of ``shape``, rank >= 1, no empty axis) over ``axes``, reshaped to ``out_shape``, as
+    :func:`_vector_norm` describes it (``p >= 0`` or ``-inf``)."""
     count = math.prod(shape[i] for i in axes)
     if p not in (0, 1, 2, float("inf"), float("-inf")) and count >= _MAX_NORM_ELEMENTS:  # the prescaled sum
         raise Declined(f"vector norm of order {p} over {count} elements (up to {_MAX_NORM_ELEMENTS - 1})")
