@@ -1,6 +1,6 @@
 """Transposed convolutions QNN HTP refuses or computes wrongly, rewritten by qnnx-export into forms it computes
-right: a dilation above 1 (``convtranspose_dilated_kernel``), and 3-D pads or strides differing between axes and
-output_padding with uneven strides (``convtranspose_normal_form``). Each runs wholly on the simulator under strict
+right: a dilation above 1 (``convtranspose_dilated_kernel``), and 3-D pads or strides differing between axes, grouped
+3-D ones and output_padding (``convtranspose_normal_form``). Each runs wholly on the simulator under strict
 with eager's numbers; without the passes qnnx-opcheck refuses each, so strict raises instead of returning numbers
 that are 1-3 times the output's scale off."""
 
@@ -22,9 +22,12 @@ CASES = [
     (3, {"kernel_size": (3, 2, 3), "padding": (1, 0, 0)}, 4),
     (3, {"kernel_size": 2, "stride": (2, 2, 1)}, 4),
     (3, {"kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2}, 3),
+    (3, {"kernel_size": 2, "stride": 2, "groups": 2}, 3),
     (2, {"kernel_size": 3, "stride": (1, 2), "padding": 1, "output_padding": (0, 1)}, 5),
     (2, {"kernel_size": 3, "stride": 2, "padding": 2, "dilation": (2, 3), "groups": 2}, 5),
+    (2, {"kernel_size": 4, "stride": 2, "output_padding": 1}, 5),
     (1, {"kernel_size": 3, "stride": 2, "padding": 1, "dilation": 3}, 7),
+    (1, {"kernel_size": 4, "stride": 3, "padding": 1, "output_padding": 2, "groups": 2, "dilation": 4}, 4),
 ]
 _IDS = [f"{rank}d-" + "-".join(f"{k}{v}" for k, v in kw.items()) for rank, kw, _ in CASES]
 

@@ -1015,29 +1015,43 @@ def test_convtranspose_dilated_kernel_runs_on_qnn(
 
 
 @pytest.mark.parametrize(
-    ("spatial", "strides", "pads", "output_padding"),
+    ("spatial", "kernel", "strides", "pads", "output_padding", "groups", "weight_input"),
     [
-        ([3, 4, 4], [1, 1, 1], [1, 0, 0, 1, 0, 0], None),
-        ([2, 3, 4], [2, 2, 2], [0, 1, 0, 0, 1, 0], None),
-        ([3, 4, 4], [2, 2, 2], [1, 0, 1, 1, 0, 1], None),
-        ([2, 3, 4], [1, 1, 1], [0, 1, 1, 0, 1, 1], None),
-        ([3, 3, 3], [1, 2, 1], [1, 0, 0, 0, 1, 0], None),
-        ([3, 3, 3], [2, 2, 1], [0, 0, 0, 0, 0, 0], None),
-        ([2, 3, 3], [1, 1, 3], [0, 0, 0, 0, 0, 0], None),
-        ([2, 3, 3], [1, 2, 2], [0, 1, 1, 0, 1, 1], [0, 1, 1]),
-        ([4, 3], [1, 2], [1, 0, 1, 0], [0, 1]),
-        ([3, 4], [3, 1], [0, 1, 1, 0], [2, 0]),
+        ([3, 4, 4], 3, [1, 1, 1], [1, 0, 0, 1, 0, 0], None, 1, False),
+        ([2, 3, 4], 3, [2, 2, 2], [0, 1, 0, 0, 1, 0], None, 1, False),
+        ([3, 4, 4], 3, [2, 2, 2], [1, 0, 1, 1, 0, 1], None, 1, False),
+        ([2, 3, 4], 3, [1, 1, 1], [0, 1, 1, 0, 1, 1], None, 1, False),
+        ([3, 3, 3], 3, [1, 2, 1], [1, 0, 0, 0, 1, 0], None, 1, False),
+        ([3, 3, 3], 3, [2, 2, 1], [0, 0, 0, 0, 0, 0], None, 1, False),
+        ([2, 3, 3], 3, [1, 1, 3], [0, 0, 0, 0, 0, 0], None, 1, False),
+        ([2, 3, 3], 3, [1, 2, 2], [0, 1, 1, 0, 1, 1], [0, 1, 1], 1, False),
+        ([4, 3], 3, [1, 2], [1, 0, 1, 0], [0, 1], 1, False),
+        ([3, 4], 3, [3, 1], [0, 1, 1, 0], [2, 0], 1, False),
+        ([4, 4], 3, [3, 3], [1, 1, 1, 1], [2, 2], 1, False),
+        ([4, 4], 4, [2, 2], [0, 0, 0, 0], [1, 1], 1, False),
+        ([4, 4], 6, [2, 2], [0, 0, 0, 0], [1, 1], 1, False),
+        ([4], 9, [3], [1, 1], [2], 1, False),
+        ([4, 4, 4], 3, [1, 1, 1], [0, 0, 0, 0, 0, 0], None, 2, False),
+        ([3, 4, 4], 2, [2, 2, 2], [1, 1, 1, 1, 1, 1], None, 2, True),
     ],
 )
 def test_convtranspose_normal_form_runs_on_qnn(
-    spatial: list[int], strides: list[int], pads: list[int], output_padding: list[int] | None
+    spatial: list[int],
+    kernel: int,
+    strides: list[int],
+    pads: list[int],
+    output_padding: list[int] | None,
+    groups: int,
+    weight_input: bool,
 ) -> None:
-    """ConvTransposes QNN HTP computes 1-3 times the output's scale off (3-D with the first two spatial axes padded
-    differently or the last two strided differently; output_padding with uneven strides, such as a video decoder's
-    ``stride=(1, 2, 2), padding=(0, 1, 1), output_padding=(0, 1, 1)``) are within fp16 tolerance on QNN in their
-    normal form."""
-    kernel = [3] * len(spatial)
-    model, feeds = conv_transpose(spatial, kernel, strides, pads, [1] * len(spatial), 1, False, 5, output_padding)
+    """ConvTransposes QNN HTP computes 0.09-3 times the output's scale off (3-D with the first two spatial axes
+    padded differently or the last two strided differently; output_padding, such as a video decoder's ``stride=(1,
+    2, 2), padding=(0, 1, 1), output_padding=(0, 1, 1)`` or kernel 4 at stride 2 with output_padding 1; grouped 3-D)
+    are within fp16 tolerance on QNN in their normal form."""
+    n = len(spatial)
+    model, feeds = conv_transpose(
+        spatial, [kernel] * n, strides, pads, [1] * n, groups, weight_input, 5, output_padding
+    )
     _check(model, feeds, ("convtranspose_normal_form",), _cpu_reference, must_build=True)
 
 

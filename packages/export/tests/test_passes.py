@@ -1341,12 +1341,17 @@ def test_convtranspose_dilated_kernel_keeps_results(case: dict[str, object], see
     rank=st.integers(1, 3),
     data=st.data(),
     bias=st.booleans(),
+    groups=st.integers(1, 2),
+    weight_input=st.booleans(),
     seed=seeds(),
 )
-def test_convtranspose_normal_form_keeps_results(rank: int, data: st.DataObject, bias: bool, seed: int) -> None:
-    """A ConvTranspose QNN HTP gets wrong (3-D with the first two spatial axes padded differently or the last two
-    strided differently, output_padding with uneven strides) becomes one without pads, output_padding or bias, at
-    stride 1 on the axes it spreads, and the exact steps after it; it computes the same output on the CPU EP."""
+def test_convtranspose_normal_form_keeps_results(
+    rank: int, data: st.DataObject, bias: bool, groups: int, weight_input: bool, seed: int
+) -> None:
+    """A ConvTranspose QNN HTP gets wrong (3-D with the first two spatial axes padded differently, the last two
+    strided differently, or groups; output_padding) becomes one without pads, output_padding or bias, at stride 1 on
+    the axes it spreads, one per group, and the exact steps after it; it computes the same output on the CPU EP, with
+    a constant weight or one given at run time."""
     ints = st.lists(st.integers(1, 3), min_size=rank, max_size=rank)
     spatial = data.draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank))
     kernel, strides = data.draw(ints), data.draw(ints)
@@ -1356,14 +1361,11 @@ def test_convtranspose_normal_form_keeps_results(rank: int, data: st.DataObject,
         (n - 1) * s + k + o - pads[a] - pads[rank + a]
         for a, (n, s, k, o) in enumerate(zip(spatial, strides, kernel, op))
     ]
-    model, feeds = conv_transpose(spatial, kernel, strides, pads, [1] * rank, 1, False, seed, output_padding=op)
+    model, feeds = conv_transpose(spatial, kernel, strides, pads, [1] * rank, groups, weight_input, seed, op)
     if not bias:
         model.graph.node[0].input.pop()
     after, changed, _ = _apply(model, "convtranspose_normal_form")
-    uneven = len(set(strides)) > 1
-    wrong_class = (uneven and any(op)) or (
-        rank == 3 and ((pads[0], pads[3]) != (pads[1], pads[4]) or strides[1] != strides[2])
-    )
-    assert changed == wrong_class
+    three_d = rank == 3 and ((pads[0], pads[3]) != (pads[1], pads[4]) or strides[1] != strides[2] or groups > 1)
+    assert changed == (any(op) or three_d)
     if changed and min(sizes) >= 1:
         _assert_same(model.SerializeToString(), after, feeds, exact=False)

@@ -688,6 +688,24 @@ def test_convtranspose_3d_defects(strides: list[int], pads: list[int]) -> None:
     assert _check(flat).verdicts[0].status != "unsupported"
 
 
+@pytest.mark.parametrize(("output_padding", "refused"), [([0, 0], False), ([1, 1], True), ([0, 1], True)])
+def test_convtranspose_output_padding(output_padding: list[int], refused: bool) -> None:
+    """A ConvTranspose with output_padding is refused, equal strides included (HTP gets some classes wrong)."""
+    w = const_init("w", np.ones((2, 3, 4, 4), np.float32))
+    conv = node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], output_padding=output_padding)
+    m = model([conv], [inp("x", [1, 2, 4, 4])], ["y"], [w])
+    assert (_check(m).verdicts[0].status == "unsupported") is refused
+
+
+@pytest.mark.parametrize(("rank", "groups", "refused"), [(3, 1, False), (3, 2, True), (2, 2, False)])
+def test_grouped_convtranspose_3d(rank: int, groups: int, refused: bool) -> None:
+    """A grouped 3-D ConvTranspose is refused (HTP gets it wrong); one group, or a grouped 2-D one, is not."""
+    w = const_init("w", np.ones((4, 3, *[2] * rank), np.float32))
+    conv = node("ConvTranspose", ["x", "w"], ["y"], group=groups)
+    m = model([conv], [inp("x", [1, 4, *[3] * rank])], ["y"], [w])
+    assert (_check(m).verdicts[0].status == "unsupported") is refused
+
+
 def test_outputs_typed_without_shape_are_accepted() -> None:
     """A graph output with a dtype but no shape (ONNX Runtime runs such models) is checked, not refused."""
     m = unary("Relu")

@@ -694,6 +694,17 @@ class Patterns:
             return False
         return (pads[0], pads[3]) != (pads[1], pads[4])
 
+    @rule("convtranspose_output_padding")
+    def _has_output_padding(self, index: int, node: NodeView) -> bool:
+        """A ConvTranspose with a nonzero output_padding."""
+        return any(int(p) for p in (self.view.attr(node, "output_padding") or []))
+
+    @rule("convtranspose3d_groups")
+    def _is_grouped_convtranspose3d(self, index: int, node: NodeView) -> bool:
+        """A 3-D ConvTranspose (weight of rank 5) with more than one group."""
+        weights = self._static_dims(node.input[1]) if len(node.input) > 1 else None
+        return weights is not None and len(weights) == 5 and int(self.view.attr(node, "group") or 1) > 1
+
     @rule("convtranspose3d_strides_differ")
     def _is_convtranspose3d_strided_unevenly(self, index: int, node: NodeView) -> bool:
         """A 3-D ConvTranspose (weight of rank 5) whose last two spatial axes have different strides."""
