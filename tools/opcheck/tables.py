@@ -684,6 +684,55 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "int64 of [2, 3, 1, 5, 2] and [1, 1, 1, 1, 4]: SIGSEGV; the same Cast of [2, 3, 5, 2]: right; Casts from "
         "int64 at rank 5 fail to finalize (an error, not a crash)",
     }
+    p["matmul_rank5_first_axis_broadcast"] = {
+        "status": "unsupported",
+        "kind": "crash",
+        "ops": ["MatMul"],
+        "reason": "a MatMul of two rank-5 inputs whose first axes differ (one of them 1, broadcast) stops the process "
+        "inside QNN HTP (SIGSEGV at the first run)",
+        "fix": "expand the operand whose first axis is 1 to the other's (Expand) before the MatMul, or run it on the "
+        "CPU EP",
+        "evidence": "measured 2026-12-06 with onnxruntime-qnn 2.7.0 soc60, each in a child process: MatMul [1, 3, 2, 4, "
+        "3] x [3, 3, 2, 3, 4], [3, 3, 2, 4, 3] x [1, 3, 2, 3, 4], [1, 1, 2, 4, 3] x [2, 3, 2, 3, 4] and [3, 3, 1, 4, "
+        "3] x [1, 3, 2, 3, 4]: SIGSEGV; broadcasting on the second or third axis, a rank-5 by rank-4 MatMul, and "
+        "rank 3 and 4 broadcasts (first axis included) run and are right",
+    }
+    p["where_rank5_broadcast"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Where"],
+        "reason": "QNN HTP computes a rank-5 Where wrongly when one of its inputs is rank 5 and broadcasts (a shape "
+        "other than the output's): errors of 0.4-1.8 times the output's scale",
+        "fix": "drop the input's leading 1s (Reshape) or expand it to the output's shape (qnnx-export's "
+        "rank5_broadcast_expanded pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-06: Where with output [2, 3, 4, 2, 3], condition and values drawn "
+        "as the output's shape, a rank-5 broadcast, a lower-rank broadcast or a scalar: 45 of 120 classes wrong, every "
+        "one with a rank-5 broadcasting input (x.masked_fill(mask[1, 3, 1, 2, 3], v): 1.07 off); none without one",
+    }
+    p["pow_rank5_broadcast"] = {
+        "status": "unsupported",
+        "kind": "crash",
+        "ops": ["Pow"],
+        "reason": "a rank-5 Pow with a rank-5 input that broadcasts (a shape other than the output's) stops the process "
+        "inside QNN HTP (SIGSEGV at the first run)",
+        "fix": "expand the input to the output's shape (qnnx-export's rank5_broadcast_expanded pass)",
+        "evidence": "measured 2026-12-06 with onnxruntime-qnn 2.7.0 soc60, each in a child process: Pow of x[2, 3, 4, "
+        "2, 3] by exponents [1, 3, 1, 1, 3], [1, 1, 1, 2, 1], [1, 2, 4, 1, 1] and [1, 1, 1, 1, 1]: SIGSEGV; by [1], a "
+        "rank-4 broadcast and the output's shape: ran",
+    }
+    p["gather_rank5_output"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Gather"],
+        "reason": "QNN HTP computes a Gather by indices of rank >= 2 into a rank-5 output wrongly (errors of 0.7-3.7 "
+        "times the output's scale)",
+        "fix": "gather by the flattened indices and reshape the result (qnnx-export's "
+        "gather_of_vector_by_flat_indices pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-06: Gather of x[3, 4, 2, 3] along axis 1 by [[0, 3]], x[5, 1, 3, 3] "
+        "by [[0, 0, 0]], x[4, 6] by [[[[0, 1]]]], x[2, 3, 4] by [[[0, 1]]], x[5, 1, 1] by [[[0], [0]]] (constant "
+        "indices, negative ones too): 0.66-3.7 of the scale off; the same by the flattened indices, and rank-5 data "
+        "by rank-1 indices, right (1e-3)",
+    }
     p["gather_transposed_vector"] = {
         "status": "unsupported",
         "kind": "crash",

@@ -1369,3 +1369,73 @@ def test_convtranspose_normal_form_keeps_results(
     assert changed == (any(op) or three_d)
     if changed and min(sizes) >= 1:
         _assert_same(model.SerializeToString(), after, feeds, exact=False)
+
+
+_OUT5 = (2, 3, 4, 2, 3)
+
+
+def _rank5_operand() -> st.SearchStrategy[tuple[int, ...]]:
+    """A shape that broadcasts to ``_OUT5``: the output's, a rank-5 broadcast, a lower-rank one or a scalar."""
+    rank5 = st.tuples(*(st.sampled_from([1, d]) for d in _OUT5))
+    lower = st.integers(1, 4).flatmap(lambda r: st.tuples(*(st.sampled_from([1, d]) for d in _OUT5[-r:])))
+    return st.one_of(st.just(_OUT5), rank5, lower, st.just(()))
+
+
+@given(op=st.sampled_from(["Where", "Pow"]), a=_rank5_operand(), b=_rank5_operand(), c=_rank5_operand(), seed=seeds())
+def test_rank5_broadcast_expanded_keeps_results(
+    op: str, a: tuple[int, ...], b: tuple[int, ...], c: tuple[int, ...], seed: int
+) -> None:
+    """A rank-5 Where or Pow keeps no rank-5 input that broadcasts (a Where's loses its leading 1s, else it is
+    expanded; a bool condition whose first axis is not 1 stays) and computes the same output on the CPU EP."""
+    from onnx import helper as h
+
+    rng = np.random.default_rng(seed)
+    b = _OUT5 if len(np.broadcast_shapes(a, b, c)) != 5 or np.broadcast_shapes(a, b, c) != _OUT5 else b
+    feeds = {"a": np.asarray(rng.random(a) + 0.5, np.float32), "b": np.asarray(rng.standard_normal(b), np.float32)}
+    inputs = [("a", TensorProto.FLOAT, a), ("b", TensorProto.FLOAT, b)]
+    names = ["a", "b"]
+    if op == "Where":
+        feeds["c"] = np.asarray(rng.random(c) < 0.5)
+        inputs.append(("c", TensorProto.BOOL, c))
+        names = ["c", "a", "b"]
+    model = make_model([h.make_node(op, names, ["y"])], inputs, [("y", TensorProto.FLOAT, _OUT5)], {})
+    after, _, m = _apply(model, "rank5_broadcast_expanded")
+    (node,) = [n for n in m.graph if n.op_type == op]
+    for value in node.inputs:
+        shape = tuple(value.shape or ())
+        assert len(shape) != 5 or shape == _OUT5 or (value.dtype == 9 and shape[0] != 1)  # 9: BOOL
+    _assert_same(model.SerializeToString(), after, feeds)
+
+
+@given(
+    data_shape=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    data=st.data(),
+    runtime=st.booleans(),
+    seed=seeds(),
+)
+def test_gather_into_rank5_by_flat_indices_keeps_results(
+    data_shape: list[int], data: st.DataObject, runtime: bool, seed: int
+) -> None:
+    """A Gather by indices of rank >= 2 into a rank-5 output (constant indices, negative ones too, or indices given
+    at run time) becomes a Gather by the flattened indices and a Reshape, with the same output on the CPU EP."""
+    from onnx import helper as h
+
+    index_rank = 6 - len(data_shape)
+    axis = data.draw(st.integers(-len(data_shape), len(data_shape) - 1))
+    size = data_shape[axis]
+    index_shape = data.draw(st.lists(st.integers(1, 3), min_size=index_rank, max_size=index_rank))
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(-size, size, index_shape).astype(np.int64)
+    x = rng.standard_normal(data_shape).astype(np.float32)
+    inputs, inits, feeds = [("x", TensorProto.FLOAT, data_shape)], {}, {"x": x}
+    if runtime:
+        inputs.append(("i", TensorProto.INT64, index_shape))
+        feeds["i"] = indices
+    else:
+        inits["i"] = indices
+    model = make_model(
+        [h.make_node("Gather", ["x", "i"], ["y"], axis=axis)], inputs, [("y", TensorProto.FLOAT, None)], inits
+    )
+    after, changed, _ = _apply(model, "gather_of_vector_by_flat_indices")
+    assert changed and _ops(after).count("Reshape") >= 1
+    _assert_same(model.SerializeToString(), after, feeds)

@@ -706,6 +706,72 @@ def test_grouped_convtranspose_3d(rank: int, groups: int, refused: bool) -> None
     assert (_check(m).verdicts[0].status == "unsupported") is refused
 
 
+@pytest.mark.parametrize(
+    ("a", "b", "refused"),
+    [
+        ([1, 3, 2, 4, 3], [3, 3, 2, 3, 4], True),
+        ([3, 3, 2, 4, 3], [1, 3, 2, 3, 4], True),
+        ([3, 3, 1, 4, 3], [3, 3, 2, 3, 4], False),
+        ([3, 3, 2, 4, 3], [3, 3, 2, 3, 4], False),
+        ([1, 3, 2, 4, 3], [3, 2, 3, 4], False),
+        ([1, 2, 4, 3], [3, 2, 3, 4], False),
+    ],
+)
+def test_matmul_rank5_broadcast_on_the_first_axis_is_a_crash(a: list[int], b: list[int], refused: bool) -> None:
+    """A MatMul of two rank-5 inputs broadcast on the first axis stops the process inside QNN HTP: refused as a crash;
+    broadcasting elsewhere, or between ranks 5 and 4, is not."""
+    m = model([node("MatMul", ["a", "b"], ["y"])], [inp("a", a), inp("b", b)], ["y"])
+    v = _check(m).verdicts[0]
+    assert (v.status == "unsupported") is refused
+    if refused:
+        assert v.kind == "crash"
+
+
+@pytest.mark.parametrize(
+    ("op", "shapes", "refused"),
+    [
+        ("Where", [[1, 3, 1, 2, 3], [2, 3, 4, 2, 3], [2, 3, 4, 2, 3]], True),
+        ("Where", [[3, 1, 2, 3], [2, 3, 4, 2, 3], [2, 3, 4, 2, 3]], False),
+        ("Where", [[2, 3, 4, 2, 3], [], [2, 3, 4, 2, 3]], False),
+        ("Where", [[2, 3, 4, 2], [1, 3, 1, 2], [2, 3, 4, 2]], False),
+        ("Pow", [[2, 3, 4, 2, 3], [1, 3, 1, 1, 3]], True),
+        ("Pow", [[2, 3, 4, 2, 3], [1]], False),
+    ],
+)
+def test_rank5_broadcasting_where_and_pow(op: str, shapes: list[list[int]], refused: bool) -> None:
+    """A rank-5 Where (wrong) or Pow (a crash) with a rank-5 input that broadcasts is refused; lower-rank inputs,
+    scalars, the output's shape and rank 4 are not."""
+    names = ["c", "a", "b"][-len(shapes) :]
+    inputs = [inp(n, s, BOOL) if n == "c" else inp(n, s) for n, s in zip(names, shapes, strict=True)]
+    inits = []
+    if op == "Pow":  # a constant whole exponent: vouched for whatever the base's sign
+        inputs, inits = inputs[:1], [const_init("b", np.full(shapes[1], 2.0, np.float32))]
+    m = model([node(op, names, ["y"])], inputs, ["y"], inits)
+    v = _check(m).verdicts[0]
+    assert (v.status == "unsupported") is refused, v.reason
+
+
+@pytest.mark.parametrize(
+    ("data", "indices", "refused"),
+    [
+        ([3, 4, 2, 3], [1, 2], True),
+        ([2, 3, 4], [1, 1, 2], True),
+        ([2, 3, 4, 2, 3], [2], False),
+        ([3, 4, 2], [1, 2], False),
+    ],
+)
+def test_gather_by_2d_indices_into_rank5(data: list[int], indices: list[int], refused: bool) -> None:
+    """A Gather by indices of rank >= 2 into a rank-5 output is refused (HTP gets it wrong); rank-1 indices, or a
+    rank-4 output, are not."""
+    m = model(
+        [node("Gather", ["x", "i"], ["y"], axis=1)],
+        [inp("x", data)],
+        ["y"],
+        [const_init("i", np.zeros(indices, np.int64))],
+    )
+    assert (_check(m).verdicts[0].status == "unsupported") is refused
+
+
 def test_outputs_typed_without_shape_are_accepted() -> None:
     """A graph output with a dtype but no shape (ONNX Runtime runs such models) is checked, not refused."""
     m = unary("Relu")

@@ -86,7 +86,8 @@ def test_gather_by_runtime_indices_along_an_inner_axis_is_refused(
     v = _verdict(_gather(shape, axis, index_shape, runtime), "gather")
     assert (v.status == "unsupported") == refused, v
     if refused:
-        assert v.kind == "wrong_result" and "inner axis" in (v.reason or "")
+        # a rank-5 output (2-D indices into rank-4 data) has a wrong class of its own, which may be named first
+        assert v.kind == "wrong_result" and ("inner axis" in (v.reason or "") or "rank-5 output" in (v.reason or ""))
 
 
 GATHERNDS = [

@@ -520,6 +520,41 @@ class Patterns:
         shape = next((s for s in map(self.view.shape, [*node.output[:1], *node.input[:1]]) if s is not None), None)
         return self.view.attr(node, "to") == 7 and shape is not None and len(shape) == 5
 
+    @rule("matmul_rank5_first_axis_broadcast")
+    def _is_matmul_rank5_broadcast(self, index: int, node: NodeView) -> bool:
+        """A MatMul of two rank-5 inputs whose first axes differ (one broadcast): sizes, or named dims that are not
+        the same name."""
+        shapes = [self.view.shape(i) for i in node.input[:2]] if len(node.input) >= 2 else []
+        if len(shapes) != 2 or any(s is None or len(s) != 5 for s in shapes):
+            return False
+        first = [s[0] for s in shapes if s is not None]
+        return first[0] != first[1]
+
+    def _rank5_broadcast(self, node: NodeView) -> bool:
+        """Whether ``node``'s output is rank 5 and one of its inputs is rank 5 with another shape."""
+        out = self._static_dims(node.output[0]) if node.output else None
+        if out is None or len(out) != 5:
+            return False
+        shapes = [self._static_dims(i) for i in node.input if i]
+        return any(s is not None and len(s) == 5 and tuple(s) != tuple(out) for s in shapes)
+
+    @rule("where_rank5_broadcast")
+    def _is_where_rank5_broadcast(self, index: int, node: NodeView) -> bool:
+        """A rank-5 Where with a rank-5 input of another shape than its output (a broadcast)."""
+        return self._rank5_broadcast(node)
+
+    @rule("pow_rank5_broadcast")
+    def _is_pow_rank5_broadcast(self, index: int, node: NodeView) -> bool:
+        """A rank-5 Pow with a rank-5 input of another shape than its output (a broadcast)."""
+        return self._rank5_broadcast(node)
+
+    @rule("gather_rank5_output")
+    def _is_gather_into_rank5(self, index: int, node: NodeView) -> bool:
+        """A Gather by indices of rank >= 2 whose output has rank 5."""
+        data = self.view.shape(node.input[0]) if node.input else None
+        indices = self.view.shape(node.input[1]) if len(node.input) > 1 else None
+        return data is not None and indices is not None and len(indices) >= 2 and len(data) - 1 + len(indices) == 5
+
     @rule("runtime_indices")
     def _has_runtime_indices(self, index: int, node: NodeView) -> bool:
         """GatherElements/ScatterElements whose indices are computed at run time (they may be negative, which

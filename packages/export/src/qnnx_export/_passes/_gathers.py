@@ -13,7 +13,11 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["GatherNDToGather", "GatherOfVectorByFlatIndices", "GatherRuntimeIndicesAsRows"]
+__all__ = [
+    "GatherNDToGather",
+    "GatherOfVectorByFlatIndices",
+    "GatherRuntimeIndicesAsRows",
+]
 
 
 # ----------------------------------------------------------------------------- GatherND -> Gather
@@ -218,34 +222,47 @@ class _Rows:
 
 @register(order=168)
 class GatherOfVectorByFlatIndices(QnnPass):
-    """Write a ``Gather`` of a rank-1 tensor by indices of rank >= 2 as a Gather by the flattened indices followed
-    by a ``Reshape`` to the indices' shape.
+    """Write a ``Gather`` by indices of rank >= 2 of a rank-1 tensor, or with a rank-5 output, as a Gather by the
+    flattened indices followed by a ``Reshape`` to the output's shape.
 
     ONNX Runtime stops the process (a failed bounds assertion in its C++ library, SIGABRT) while it creates a QNN
     session for ``Transpose -> Reshape to rank 1 -> Gather(axis 0) by indices of rank 2 or 4 -> Transpose`` (also
     with elementwise ops before the last Transpose, with or without graph optimizations, and with Gather or
     Transpose pinned to the CPU EP; onnxruntime 1.32, onnxruntime-qnn 2.7.0). That is how an ``as_strided`` view
     of a transposed tensor is exported (Longformer's and LED's sliding-window attention): the process died on the
-    first call. The same graph with the Gather by 1-D indices and a Reshape after it builds and runs. Exact: the
-    same elements, in the same order. Shape classes: data of rank 1, indices of static shape and rank >= 2 (any
-    dtype, constant or computed at run time); other Gathers are left alone.
+    first call. The same graph with the Gather by 1-D indices and a Reshape after it builds and runs. And QNN HTP
+    computes a Gather by indices of rank >= 2 into a rank-5 output wrongly (``x[3, 4, 2, 3]`` along axis 1 by
+    ``[[0, 3]]``: 3.5 of the output's scale off; ``x[5, 1, 3, 3]`` by ``[[0, 0, 0]]``: 3.7 off; onnxruntime-qnn 2.7.0,
+    soc 60), while the Gather by the flattened indices has the data's rank and is right. Exact: the same elements,
+    in the same order. Shape classes: indices of static shape and rank >= 2 (any dtype, constant or computed at run
+    time) into data of rank 1 or an output of rank 5; other Gathers are left alone.
     """
 
     name = "gather_of_vector_by_flat_indices"
-    defect = "ONNX Runtime aborts creating a QNN session for a Gather of a transposed, flattened tensor by 2-D+ indices"
+    defect = (
+        "ONNX Runtime aborts creating a QNN session for a Gather of a transposed, flattened tensor by 2-D+ indices, "
+        "and QNN HTP computes a Gather by 2-D+ indices into a rank-5 output wrongly"
+    )
 
-    def match(self, node: ir.Node) -> tuple[int, ...] | None:
-        """The indices' static shape of a Gather of a rank-1 tensor by indices of rank >= 2, or None."""
+    def match(self, node: ir.Node) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+        """The data's and the indices' static shapes and the axis of a Gather by indices of rank >= 2 of a rank-1
+        tensor or into a rank-5 output, or None."""
         if not _graph.is_op(node, "Gather") or len(node.inputs) != 2:
             return None
         data, indices = node.inputs
         data_shape, index_shape = _graph.static_shape(data), _graph.static_shape(indices)
-        if data_shape is None or len(data_shape) != 1 or index_shape is None or len(index_shape) < 2:
+        if data_shape is None or not data_shape or index_shape is None or len(index_shape) < 2:
             return None
-        return index_shape
+        if len(data_shape) != 1 and len(data_shape) - 1 + len(index_shape) != _graph.MAX_HTP_RANK:
+            return None
+        axis = node.attributes.get_int("axis", 0) or 0
+        return data_shape, index_shape, axis + len(data_shape) if axis < 0 else axis
 
     def rewrite(self, graph: ir.Graph) -> bool:
-        def flat(names: UniqueNames, node: ir.Node, index_shape: tuple[int, ...]) -> tuple[list[ir.Node], ir.Value]:
+        def flat(
+            names: UniqueNames, node: ir.Node, found: tuple[tuple[int, ...], tuple[int, ...], int]
+        ) -> tuple[list[ir.Node], ir.Value]:
+            data_shape, index_shape, axis = found
             data, indices, out = (cast(ir.Value, v) for v in (*node.inputs, node.outputs[0]))
             count = math.prod(index_shape)
             constant = _graph.const_array(indices)
@@ -256,12 +273,14 @@ class GatherOfVectorByFlatIndices(QnnPass):
                 count_shape = _graph.add_initializer(graph, names("count"), np.array([count], dtype=np.int64))
                 flat_indices = _graph.new_value(names("indices"), indices.dtype, (count,))
                 new_nodes.append(ir.Node("", "Reshape", [indices, count_shape], outputs=[flat_indices]))
-            picked = _graph.new_value(names("picked"), data.dtype, (count,))
+            picked_shape = (*data_shape[:axis], count, *data_shape[axis + 1 :])
+            picked = _graph.new_value(names("picked"), data.dtype, picked_shape)
             new_nodes.append(
-                ir.Node("", "Gather", [data, flat_indices], attributes=[ir.AttrInt64("axis", 0)], outputs=[picked])
+                ir.Node("", "Gather", [data, flat_indices], attributes=[ir.AttrInt64("axis", axis)], outputs=[picked])
             )
-            target = _graph.add_initializer(graph, names("shape"), np.array(index_shape, dtype=np.int64))
-            result = _graph.new_value(names("out"), out.dtype, index_shape)
+            out_shape = (*data_shape[:axis], *index_shape, *data_shape[axis + 1 :])
+            target = _graph.add_initializer(graph, names("shape"), np.array(out_shape, dtype=np.int64))
+            result = _graph.new_value(names("out"), out.dtype, out_shape)
             new_nodes.append(ir.Node("", "Reshape", [picked, target], outputs=[result]))
             return new_nodes, result
 
