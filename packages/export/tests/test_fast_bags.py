@@ -54,6 +54,8 @@ def _bag_call(layout: dict[str, object], seed: int) -> tuple[object, tuple[torch
     table = torch.randn(int(layout["rows"]), 5, generator=g)  # type: ignore[call-overload]  # an int
     indices = torch.tensor(layout["indices"], dtype=torch.int64)
     starts = list(layout["offsets"])  # type: ignore[call-overload]  # a list of ints
+    # the extra last offset is the indices' size, as PyTorch documents it (its kernels disagree with one another on
+    # a smaller one: the sum stops there, the mean still divides by the count to the end)
     offsets = torch.tensor([*starts, len(indices)] if layout["last_offset"] else starts, dtype=torch.int64)
     weights = torch.rand(len(indices), generator=g) + 0.5
 

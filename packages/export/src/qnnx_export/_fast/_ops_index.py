@@ -82,17 +82,18 @@ def _embedding_bag(
     if dtype not in (torch.float32, torch.float16) or fake(indices).dim() != 1 or n == 0 or count == 0:
         raise Declined(f"{node.target} of {fake(indices).dim()}-d indices to {dtype} bags")
     index_dtype = fake(offsets).dtype
-    starts = t.value(offsets)
-    if include_last_offset:
-        starts = t.emit1(
-            "Slice", [starts, t.ints([0]), t.ints([count]), t.ints([0])], dtype=index_dtype, shape=(count,)
-        )
-    ends = t.initializer(torch.tensor([n], dtype=index_dtype), "end")
-    if count > 1:  # the next bag's start, then the end of the indices (no empty Slice: HTP holds no empty tensor)
-        following = t.emit1(
-            "Slice", [starts, t.ints([1]), t.ints([count]), t.ints([0])], dtype=index_dtype, shape=(count - 1,)
-        )
-        ends = t.emit1("Concat", [following, ends], {"axis": 0}, dtype=index_dtype, shape=(count,))
+    given = t.value(offsets)
+
+    def part(start: int, stop: int) -> ir.Value:
+        bounds = [t.ints([start]), t.ints([stop]), t.ints([0])]
+        return t.emit1("Slice", [given, *bounds], dtype=index_dtype, shape=(stop - start,))
+
+    if include_last_offset:  # B + 1 offsets: bag b ends where bag b + 1 starts, the last one at the extra offset
+        starts, ends = part(0, count), part(1, count + 1)
+    else:  # the last bag ends with the indices (no empty Slice for one bag: HTP holds no empty tensor)
+        starts, ends = given, t.initializer(torch.tensor([n], dtype=index_dtype), "end")
+        if count > 1:
+            ends = t.emit1("Concat", [part(1, count), ends], {"axis": 0}, dtype=index_dtype, shape=(count,))
     positions = t.initializer(torch.arange(n, dtype=index_dtype).reshape(1, n), "positions")
     column = (count, 1)
 
