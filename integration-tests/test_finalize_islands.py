@@ -2,11 +2,10 @@
 (sessions of parts built in child processes), that run's op types run on ONNX Runtime's CPU EP in the same session,
 and the report names the island and why; ``strict`` and ``partition="whole"`` keep whole-graph placement.
 
-The narrowing is the safety net for failures nothing knows yet: here ``unfold`` along the first dim as torch.onnx
-writes it (a Gather into a rank-5 window tensor), which qnnx-opcheck vouches for and QNN then fails to finalize (the
-direct translator writes it another way, so these graphs are exported by torch.onnx). A known failure is rewritten
-(a Linear split into as many heads as its leading dims: qnnx-export's ``linear_heads_as_matmul``) or refused by
-qnnx-opcheck before any session is built."""
+The narrowing is the safety net for failures nothing knows yet: here a Cast of a bool mask to float at rank 5 whose
+shape broadcasts (``mask[1, 3, 1, 2, 3].float()``), which qnnx-opcheck vouches for and QNN then fails to finalize
+(onnxruntime-qnn 2.7.0). A known failure is rewritten (a Linear split into as many heads as its leading dims:
+qnnx-export's ``linear_heads_as_matmul``) or refused by qnnx-opcheck before any session is built."""
 
 from __future__ import annotations
 
@@ -22,19 +21,26 @@ from qnnx_backend.errors import QnnDeviceError
 pytestmark = pytest.mark.skipif(not qnnx_detection.is_available("npu"), reason="needs the QNN HTP backend")
 
 NPU = {"soc_model": 60, "device": "npu"}
-UNFOLD = {"exporter": "torch.onnx"}  # the export whose Gather QNN fails to finalize
 
 
-class _UnfoldInTheMiddle(nn.Module):
-    """Linear -> ReLU -> unfold(0, 3, 1) (a Gather QNN HTP fails to finalize, onnxruntime-qnn 2.7.0) -> sum of each
-    window -> Linear."""
+class _MaskInTheMiddle(nn.Module):
+    """Linear -> ReLU -> times ``mask.float() + 1`` (a Cast QNN HTP fails to finalize, onnxruntime-qnn 2.7.0) ->
+    Linear, on a rank-5 input and a rank-5 mask that broadcasts."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b = nn.Linear(5, 5), nn.Linear(5, 5)
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x)).unfold(0, 3, 1).sum(-1))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)) * (mask.float() + 1))
+
+
+def _masked() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return _MaskInTheMiddle().eval(), (
+        torch.randn(2, 3, 4, 2, 3, generator=g),
+        torch.rand(1, 3, 1, 2, 3, generator=g) < 0.5,
+    )
 
 
 class _HeadsOfSix(nn.Module):
@@ -54,22 +60,22 @@ class _HeadsOfSix(nn.Module):
         return (attention @ q).transpose(1, 2).reshape(4, 4, 24) + x
 
 
-def _compile(model: nn.Module, x: torch.Tensor, **options: object) -> tuple[torch.Tensor, torch.Tensor]:
+def _compile(model: nn.Module, *x: torch.Tensor, **options: object) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
-        return model(x), torch.compile(model, backend="qnn", options={**NPU, **options})(x)
+        return model(*x), torch.compile(model, backend="qnn", options={**NPU, **options})(*x)
 
 
 def test_finalize_failure_is_narrowed_to_a_cpu_island() -> None:
-    """The Gather QNN fails to finalize runs on the CPU EP, every other node on QNN, the report says why, and the
+    """The Cast QNN fails to finalize runs on the CPU EP, every other node on QNN, the report says why, and the
     output is eager's within fp16."""
-    model, x = _UnfoldInTheMiddle().eval(), torch.randn(5, 5, 5, 5)
-    ref, out = _compile(model, x, **UNFOLD)
+    model, x = _masked()
+    ref, out = _compile(model, *x)
     (report,) = qnnx_backend.compile_reports()
     assert report.device == "npu", report.summary()
     ((name, why),) = report.cpu_nodes.items()
-    assert name.startswith("node_Gather"), report.cpu_nodes
+    assert "to_copy" in name, report.cpu_nodes
     assert why.startswith("QNN graph finalize failed: ") and "QNN_COMMON_ERROR_MEM_ALLOC" in why, why
-    assert "narrowed to 1 node(s)" in why and "every Gather node (1) runs on the CPU EP" in why, why
+    assert "narrowed to 1 node(s)" in why and "every Cast node (1) runs on the CPU EP" in why, why
     assert report.placement.get("CPUExecutionProvider") == 1, report.placement
     assert report.placement.get("QNNExecutionProvider", 0) >= 4, report.placement
     assert "pinned for a QNN finalize failure" in report.summary()
@@ -79,12 +85,12 @@ def test_finalize_failure_is_narrowed_to_a_cpu_island() -> None:
 
 def test_the_island_comes_back_from_the_context_cache(tmp_path) -> None:
     """With cache=True the compiled split context is stored: a second compile is a hit that neither narrows nor
-    builds again, keeps the Gather on the CPU EP with its reason, and gives the same output."""
-    model, x = _UnfoldInTheMiddle().eval(), torch.randn(5, 5, 5, 5)
-    options = {**UNFOLD, "cache": True, "cache_dir": str(tmp_path)}
-    _ref, first = _compile(model, x, **options)
+    builds again, keeps the Cast on the CPU EP with its reason, and gives the same output."""
+    model, x = _masked()
+    options = {"cache": True, "cache_dir": str(tmp_path)}
+    _ref, first = _compile(model, *x, **options)
     torch._dynamo.reset()
-    _ref, second = _compile(model, x, **options)
+    _ref, second = _compile(model, *x, **options)
     miss, hit = qnnx_backend.compile_reports()
     assert (miss.cache, hit.cache) == ("miss", "hit"), (miss.summary(), hit.summary())
     assert "narrow_npu" in miss.timings and "narrow_npu" not in hit.timings
@@ -118,13 +124,12 @@ def test_without_the_rewrite_opcheck_pins_the_projection() -> None:
 @pytest.mark.parametrize("options", [{"strict": True}, {"partition": "whole"}])
 def test_whole_graph_placement_keeps_the_finalize_failure(options: dict[str, object]) -> None:
     """strict raises, and partition='whole' runs the graph in PyTorch, both naming the failure and why no island."""
-    model, x = _UnfoldInTheMiddle().eval(), torch.randn(5, 5, 5, 5)
-    options = {**UNFOLD, **options}
+    model, x = _masked()
     if options.get("strict"):
         with pytest.raises(QnnDeviceError, match=r"failed to finalize.*strict=True keeps the graph wholly on QNN"):
-            _compile(model, x, **options)
+            _compile(model, *x, **options)
         return
-    ref, out = _compile(model, x, **options)
+    ref, out = _compile(model, *x, **options)
     (report,) = qnnx_backend.compile_reports()
     assert report.device == "eager" and "partition='whole' keeps the graph wholly on QNN" in (report.reason or "")
     assert torch.equal(out, ref)
