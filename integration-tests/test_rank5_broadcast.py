@@ -39,8 +39,8 @@ def test_rank5_masks_run_right_on_qnn(mask_shape: tuple[int, ...], form: str) ->
 
 
 def test_rank5_pow_by_a_broadcasting_exponent_does_not_stop_the_process() -> None:
-    """``x ** e`` with ``e`` a rank-5 broadcast: the call returns eager's values (here computed in PyTorch, as QNN fails
-    to finalize the graph), and the process lives (run in a child process, where a crash takes only the child)."""
+    """``x ** e`` with ``e`` a rank-5 broadcast: the call returns eager's values (on the NPU, the mask's Cast to float
+    narrowed to a CPU island), and the process lives (run in a child process, where a crash takes only the child)."""
     script = textwrap.dedent(
         """
         import tempfile, torch
