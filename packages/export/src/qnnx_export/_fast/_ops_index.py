@@ -76,6 +76,9 @@ def _embedding_bag(
     bag sizes, max indices) are declined when read."""
     if any(user.target is not operator.getitem or user.args[1] != 0 for user in node.users):
         raise Declined(f"{node.target}: an output other than the bags is read")
+    kind = _BAG_MODES.get(mode)
+    if kind is None:
+        raise Declined(f"{node.target} mode {mode}")
     bags = node.meta["val"][0]
     dtype, (count, width) = bags.dtype, tuple(int(s) for s in bags.shape)
     n = int(fake(indices).numel())
@@ -119,10 +122,8 @@ def _embedding_bag(
         scale = t.emit1("Reshape", [t.operand(per_sample_weights, dtype), t.ints((n, 1))], dtype=dtype, shape=(n, 1))
         rows = t.emit1("Mul", [rows, scale], dtype=dtype, shape=(n, width))
     weights = t.emit1("Cast", [member], {"to": int(ir_dtype(dtype))}, dtype=dtype, shape=grid)
-    sizes = t.emit1("ReduceSum", [weights, t.ints([1], "axes")], {"keepdims": 1}, dtype=dtype, shape=column)
-    kind = _BAG_MODES.get(mode)
-    if kind is None:
-        raise Declined(f"{node.target} mode {mode}")
+    if kind != "sum":  # each bag's size: the mean divides by it, an empty bag's max is 0
+        sizes = t.emit1("ReduceSum", [weights, t.ints([1], "axes")], {"keepdims": 1}, dtype=dtype, shape=column)
     if kind == "max":
         lowest = t.scalar(float(torch.finfo(torch.float16).min), dtype)
         cube = (count, n, width)

@@ -11,6 +11,7 @@ from typing import Any, cast
 import numpy as np
 import onnx_ir as ir
 
+from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 from qnnx_export._passes._layout import FoldHighRankTranspose, coalesce_axes
@@ -328,6 +329,12 @@ class ConcatBeforeProductView(QnnPass):
 _RANK5_BROADCAST_OPS = frozenset({"Where", "Pow"})
 
 
+def _without_leading_ones(shape: tuple[int, ...]) -> list[int]:
+    """``shape`` without its leading 1s (``[1]`` for a shape of 1s only): the same broadcast, at a lower rank."""
+    first = next((i for i, d in enumerate(shape) if d != 1), len(shape) - 1)
+    return list(shape[first:])
+
+
 def _fix(op_type: str, value: ir.Value | None, shape: tuple[int, ...], out: tuple[int, ...]) -> str | None:
     """How a rank-5 operand of a Where or Pow that broadcasts to ``out`` is made safe: ``"expand"`` (to ``out``), or
     for a bool one, which the QNN EP does not expand, ``"squeeze"`` (its leading 1s dropped: a lower-rank operand;
@@ -372,7 +379,7 @@ class BroadcastAtRank5Expanded(QnnPass):
 
     def rewrite(self, graph: ir.Graph) -> bool:
         def computed(
-            names: Any, node: ir.Node, found: tuple[tuple[int, ...], list[str | None]]
+            names: UniqueNames, node: ir.Node, found: tuple[tuple[int, ...], list[str | None]]
         ) -> tuple[list[ir.Node], ir.Value]:
             out, fixes = found
             nodes: list[ir.Node] = []
@@ -382,13 +389,7 @@ class BroadcastAtRank5Expanded(QnnPass):
                     inputs.append(v)
                     continue
                 shape = cast(tuple[int, ...], _graph.static_shape(v))
-                target = (
-                    list(out)
-                    if fix == "expand"
-                    else list(
-                        shape[next(i for i, d in enumerate(shape) if d != 1) :] if any(d != 1 for d in shape) else [1]
-                    )
-                )
+                target = list(out) if fix == "expand" else _without_leading_ones(shape)
                 const = _graph.add_initializer(graph, names("shape"), np.array(target, dtype=np.int64))
                 new = _graph.new_value(names(fix), v.dtype, target)
                 nodes.append(ir.Node("", "Expand" if fix == "expand" else "Reshape", [v, const], outputs=[new]))
