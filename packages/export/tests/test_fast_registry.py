@@ -387,7 +387,35 @@ EXAMPLES: dict[str, _Example] = {
     "aten.im2col.default": _ex(lambda x: aten.im2col.default(x, [2, 3], [1, 1], [0, 0], [2, 3]), (2, 3, 4, 9)),
     "aten.col2im.default": _ex(lambda x: aten.col2im.default(x, [4, 9], [2, 3], [1, 1], [0, 0], [2, 3]), (2, 18, 6)),
     "aten.max_pool2d_with_indices.default": _ex(
-        lambda x: aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[0], _NCHW
+        lambda x: (
+            aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])[0],
+            *_items(aten.max_pool2d_with_indices.default(x, [2, 2], [1, 1], [1, 1], [2, 2], True), 2),
+        ),
+        _NCHW,
+    ),
+    "aten.max_pool3d_with_indices.default": _ex(
+        lambda x: (
+            aten.max_pool3d_with_indices.default(x, [2, 2, 2], [2, 2, 2])[0],
+            *_items(
+                aten.max_pool3d_with_indices.default(
+                    aten.select.int(x, 0, 0), [3, 2, 2], [1, 2, 2], [1, 1, 0], [1, 1, 2], True
+                ),
+                2,
+            ),
+        ),
+        (2, 3, 5, 6, 6),
+    ),
+    "aten.max_unpool2d.default": _ex(
+        lambda x: aten.max_unpool2d.default(
+            *_items(aten.max_pool2d_with_indices.default(x, [2, 2], [2, 2]), 2), [6, 6]
+        ),
+        _NCHW,
+    ),
+    "aten.max_unpool3d.default": _ex(
+        lambda x: aten.max_unpool3d.default(
+            *_items(aten.max_pool3d_with_indices.default(x, [2, 2, 2], [2, 2, 2]), 2), [4, 6, 6], [2, 2, 2], [0, 0, 0]
+        ),
+        (3, 4, 6, 6),
     ),
     "aten.max_pool2d.default": _ex(lambda x: aten.max_pool2d.default(x, [2, 2]), _NCHW),
     "aten.avg_pool2d.default": _ex(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 import torch
 
 from qnnx_export._fast._nodes import fake, only_first_output_used
+from qnnx_export._fast._pool_windows import Window, max_pool_by_windows
 from qnnx_export._fast._registry import handles
 from qnnx_export._fast._translator import Attrs, Declined, Translator
 
@@ -272,17 +273,19 @@ def _ntuple(v: Ints, n: int) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
-def _pool_window(x: Node, kernel: Ints, stride: Ints, padding: Ints) -> dict[str, list[int]]:
-    """ONNX kernel_shape, strides (PyTorch's empty stride means the kernel size) and symmetric pads."""
-    rank = fake(x).dim() - 2
+def _pool_window(x: Node, kernel: Ints, stride: Ints, padding: Ints, rank: int | None = None) -> dict[str, list[int]]:
+    """ONNX kernel_shape, strides (PyTorch's empty stride means the kernel size) and symmetric pads over ``rank``
+    spatial dims (all but batch and channels by default)."""
+    rank = fake(x).dim() - 2 if rank is None else rank
     k = _ntuple(kernel, rank)
     return {"kernel_shape": k, "strides": _ntuple(stride, rank) if stride else k, "pads": _ntuple(padding, rank) * 2}
 
 
 # The spatial dims of each pool: a tensor of another rank (an unbatched [C, *spatial] one) would be read with C as
-# a spatial dim, so it declines.
+# a spatial dim, so it declines (a max pool takes one: see _max_pool).
 _POOL_DIMS = {
     aten.max_pool2d_with_indices.default: 2,
+    aten.max_pool3d_with_indices.default: 3,
     aten.max_pool2d.default: 2,
     aten.avg_pool2d.default: 2,
     aten.avg_pool3d.default: 3,
@@ -292,40 +295,104 @@ _POOL_DIMS = {
 @handles(*_POOL_DIMS)
 def _pool(
     t: Translator, node: Node, x: Node, kernel: Ints, stride: Ints = (), padding: Ints = 0, *rest: Any, **kwargs: Any
-) -> ir.Value | tuple[ir.Value, None]:
+) -> ir.Value | tuple[ir.Value, ir.Value | None]:
     """The ATen pools begin with the same window (``kernel_size, stride, padding``); each op's own arguments follow
     (``rest`` and ``kwargs``)."""
-    if fake(x).dim() != 2 + _POOL_DIMS[node.target]:  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
-        raise Declined(f"{node.target} of an unbatched {fake(x).dim()}-d tensor")
-    window = _pool_window(x, kernel, stride, padding)
+    spatial = _POOL_DIMS[node.target]  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
+    window = _pool_window(x, kernel, stride, padding, spatial)
     if node.target in (aten.avg_pool2d.default, aten.avg_pool3d.default):
+        if fake(x).dim() != 2 + spatial:
+            raise Declined(f"{node.target} of an unbatched {fake(x).dim()}-d tensor")
         return _avg_pool(t, node, x, window, *rest, **kwargs)
+    if fake(x).dim() not in (1 + spatial, 2 + spatial):
+        raise Declined(f"{node.target} of a {fake(x).dim()}-d tensor")
     return _max_pool(t, node, x, window, *rest, **kwargs)
 
 
 def _max_pool(
     t: Translator, node: Node, x: Node, window: dict[str, list[int]], dilation: Ints = 1, ceil_mode: bool = False
-) -> ir.Value | tuple[ir.Value, None]:
+) -> ir.Value | tuple[ir.Value, ir.Value | None]:
     """ONNX's MaxPool with PyTorch's arguments. ``ceil_mode`` is written as more padding at the end, up to PyTorch's
     output size (which drops a last window that would start in the end padding): the pads read as -inf, so every
     window's maximum is PyTorch's (ONNX's own ceil_mode places the last window differently), and qnnx-export's
-    maxpool_padded_input then joins them on for HTP."""
-    dilations = _ntuple(dilation, fake(x).dim() - 2)
-    if ceil_mode:
-        val = node.meta["val"]
-        out = (val[0] if isinstance(val, (tuple, list)) else val).shape[2:]
-        pads, rank = window["pads"], len(out)
-        for i, (size, n) in enumerate(zip(fake(x).shape[2:], out, strict=True)):
+    maxpool_padded_input then joins them on for HTP. The indices, when used, are PyTorch's, not ONNX MaxPool's second
+    output (QNN does not compute that one, and it numbers positions across the batch), and a pool HTP has no MaxPool
+    for (three spatial dims, dilation) is the maximum of its window elements: see _pool_windows. An unbatched
+    ``[C, *spatial]`` input is pooled as a batch of one."""
+    rank = len(window["kernel_shape"])
+    dilations = _ntuple(dilation, rank)
+    with_indices = node.target is not aten.max_pool2d.default
+    val = node.meta["val"][0] if with_indices else node.meta["val"]
+    indices = with_indices and not only_first_output_used(node)
+    shape, out_shape = tuple(fake(x).shape), tuple(int(s) for s in val.shape)
+    if len(shape) == rank + 1:  # unbatched
+        shape, out_shape = (1, *shape), (1, *out_shape)
+    if indices and val.dim() > 4:
+        raise Declined("max pool indices of rank 5 (HTP holds no int64 tensor of rank 5)")
+    pads = window["pads"]
+    for i, (size, n) in enumerate(zip(shape[2:], out_shape[2:], strict=True)):
+        if ceil_mode:  # the end pads reach PyTorch's last window (a no-op otherwise)
             reach = (n - 1) * window["strides"][i] + dilations[i] * (window["kernel_shape"][i] - 1) + 1
             pads[rank + i] = max(pads[rank + i], reach - size - pads[i])
-    attrs: Attrs = {**window, "dilations": dilations}
-    if node.target is aten.max_pool2d_with_indices.default:
-        if not only_first_output_used(node):
-            raise Declined("max pool with its indices used")
-        val = node.meta["val"][0]
-        out = t.emit1("MaxPool", [t.value(x)], attrs, dtype=val.dtype, shape=tuple(val.shape))
-        return (out, None)
-    return t.out("MaxPool", [t.value(x)], attrs)
+    result = tuple(int(s) for s in val.shape)
+    pooled, where = None, None
+    if rank == 2 and all(d == 1 for d in dilations):  # HTP's MaxPool: 2-D, no dilation
+        xv = t.value(x)
+        if shape != tuple(fake(x).shape):
+            xv = t.emit1("Reshape", [xv, t.ints(shape)], dtype=val.dtype, shape=shape)
+        attrs: Attrs = {**window, "dilations": dilations}
+        pooled = t.emit1("MaxPool", [xv], attrs, dtype=val.dtype, shape=out_shape)
+        if not indices and out_shape != result:
+            pooled = t.emit1("Reshape", [pooled, t.ints(result)], dtype=val.dtype, shape=result)
+    if pooled is None or indices:
+        geometry = Window(
+            kernel=tuple(window["kernel_shape"]),
+            strides=tuple(window["strides"]),
+            pads=tuple(pads[:rank]),
+            dilations=tuple(dilations),
+        )
+        pooled, where = max_pool_by_windows(
+            t, t.value(x), pooled, shape, out_shape, geometry, val.dtype, indices=indices, result_shape=result
+        )
+    if not with_indices:
+        return pooled
+    return (pooled, where)
+
+
+@handles(aten.max_unpool2d.default, aten.max_unpool3d.default)
+def _max_unpool(
+    t: Translator,
+    node: Node,
+    x: Node,
+    indices: Node,
+    output_size: Sequence[int],
+    stride: Sequence[int] | None = None,
+    padding: Sequence[int] | None = None,
+) -> ir.Value:
+    """``max_unpool1d/2d/3d``: each value of ``x`` written at its index in the flat ``[*output_size]`` plane of its
+    batch and channel, zeros elsewhere. One ScatterND into the flat zeros of every plane, at the index plus the
+    plane's offset (as torch.onnx writes it, but flat to rank 2: no int64 tensor of rank 5, which HTP cannot hold).
+    A position that several indices name (windows that overlap) takes one of their values, as in PyTorch, which
+    leaves the order of the writes unspecified; ``stride`` and ``padding`` (3-D) do not enter the result."""
+    del stride, padding
+    val = node.meta["val"]
+    dtype, out = val.dtype, tuple(int(s) for s in val.shape)
+    shape = tuple(int(s) for s in fake(x).shape)
+    spatial = len(output_size)
+    if tuple(fake(indices).shape) != shape or fake(indices).dtype != torch.int64:
+        raise Declined(f"{node.target} with indices of shape {list(fake(indices).shape)} for values of {list(shape)}")
+    lead = math.prod(shape[:-spatial])
+    count, plane = math.prod(shape[-spatial:]), math.prod(output_size)
+    if lead * plane >= 2**31:
+        raise Declined(f"{node.target} into {lead * plane} elements (int32 positions on HTP)")
+    flat = t.emit1("Reshape", [t.value(indices), t.ints([lead, count])], dtype=torch.int64, shape=(lead, count))
+    offsets = t.initializer((torch.arange(lead, dtype=torch.int64) * plane).reshape(lead, 1), "unpool_plane_offset")
+    at = t.emit1("Add", [flat, offsets], dtype=torch.int64, shape=(lead, count))
+    at = t.emit1("Reshape", [at, t.ints([lead * count, 1])], dtype=torch.int64, shape=(lead * count, 1))
+    updates = t.emit1("Reshape", [t.value(x), t.ints([lead * count])], dtype=dtype, shape=(lead * count,))
+    zeros = t.emit1("Expand", [t.scalar(0, dtype), t.ints([lead * plane])], dtype=dtype, shape=(lead * plane,))
+    written = t.emit1("ScatterND", [zeros, at, updates], dtype=dtype, shape=(lead * plane,))
+    return t.emit1("Reshape", [written, t.ints(out)], dtype=dtype, shape=out)
 
 
 def _avg_pool(
