@@ -273,10 +273,9 @@ def _ntuple(v: Ints, n: int) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
-def _pool_window(x: Node, kernel: Ints, stride: Ints, padding: Ints, rank: int | None = None) -> dict[str, list[int]]:
+def _pool_window(kernel: Ints, stride: Ints, padding: Ints, rank: int) -> dict[str, list[int]]:
     """ONNX kernel_shape, strides (PyTorch's empty stride means the kernel size) and symmetric pads over ``rank``
-    spatial dims (all but batch and channels by default)."""
-    rank = fake(x).dim() - 2 if rank is None else rank
+    spatial dims."""
     k = _ntuple(kernel, rank)
     return {"kernel_shape": k, "strides": _ntuple(stride, rank) if stride else k, "pads": _ntuple(padding, rank) * 2}
 
@@ -299,7 +298,7 @@ def _pool(
     """The ATen pools begin with the same window (``kernel_size, stride, padding``); each op's own arguments follow
     (``rest`` and ``kwargs``)."""
     spatial = _POOL_DIMS[node.target]  # type: ignore[index]  # fx types Node.target loosely; here it is an OpOverload
-    window = _pool_window(x, kernel, stride, padding, spatial)
+    window = _pool_window(kernel, stride, padding, spatial)
     if node.target in (aten.avg_pool2d.default, aten.avg_pool3d.default):
         if fake(x).dim() != 2 + spatial:
             raise Declined(f"{node.target} of an unbatched {fake(x).dim()}-d tensor")
