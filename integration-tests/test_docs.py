@@ -66,3 +66,12 @@ def test_export_guide_lists_every_pass_in_run_order() -> None:
     text = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
     listed = re.findall(r"^\| \d+ \| `([a-z0-9_]+)` \|", text, flags=re.MULTILINE)
     assert tuple(listed) == DEFAULT_PASSES
+
+
+def test_export_guide_counts_the_translated_overloads() -> None:
+    """docs/export.md's count of the direct translator's ATen overloads is the registry's."""
+    import qnnx_export as qe
+
+    text = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+    counts = re.findall(r"`qe\.fast_path_ops\(\)` lists the (\d+) it has", text)
+    assert counts == [str(len(qe.fast_path_ops()))]

@@ -73,6 +73,15 @@ def _wide(*shape: int) -> Make:
     return lambda: torch.randn(shape) * 4
 
 
+def _scalar() -> Make:
+    """A 0-d float tensor (an endpoint)."""
+    return lambda: torch.randn(())
+
+
+def _int_scalar(v: int) -> Make:
+    return lambda: torch.tensor(v)
+
+
 def _items(seq: Any, n: int) -> tuple[Any, ...]:
     """The first ``n`` outputs of a multi-output op (``getitem`` nodes when traced)."""
     return tuple(seq[i] for i in range(n))
@@ -294,6 +303,12 @@ EXAMPLES: dict[str, _Example] = {
     "aten.argmax.default": _ex(lambda x: (aten.argmax.default(x), aten.argmax.default(x, 1, True)), _X),
     "aten.argmin.default": _ex(lambda x: (aten.argmin.default(x), aten.argmin.default(x, 0)), _X),
     # expert counts: integer ids converted to float
+    "aten.linspace.Tensor_Tensor": _ex(lambda s, e: aten.linspace.Tensor_Tensor(s, e, 7), _scalar(), _int_scalar(5)),
+    "aten.linspace.Tensor_Scalar": _ex(lambda s: aten.linspace.Tensor_Scalar(s, 2.5, 6), _scalar()),
+    "aten.linspace.Scalar_Tensor": _ex(lambda e: aten.linspace.Scalar_Tensor(-1, e, 1), _scalar()),
+    "aten.logspace.Tensor_Tensor": _ex(lambda s, e: aten.logspace.Tensor_Tensor(s, e, 5, 2.0), _scalar(), _scalar()),
+    "aten.logspace.Tensor_Scalar": _ex(lambda s: aten.logspace.Tensor_Scalar(s, 1.5, 3, 3.0), _int_scalar(-1)),
+    "aten.logspace.Scalar_Tensor": _ex(lambda e: aten.logspace.Scalar_Tensor(0, e, 2), _scalar()),
     "aten.histc.default": _ex(
         lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
     ),

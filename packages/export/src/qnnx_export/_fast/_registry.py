@@ -49,6 +49,7 @@ OP_MODULES = (
     "_ops_extrema",
     "_ops_scatter",
     "_ops_histc",
+    "_ops_ranges",
     "_ops_rounding",
     "_ops_shape",
     "_ops_index",
