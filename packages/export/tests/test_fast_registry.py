@@ -82,6 +82,11 @@ def _int_scalar(v: int) -> Make:
     return lambda: torch.tensor(v)
 
 
+def _sorted(*shape: int) -> Make:
+    """Rows sorted along the last dim (a searchsorted sequence)."""
+    return lambda: torch.randn(shape).sort(-1).values
+
+
 def _items(seq: Any, n: int) -> tuple[Any, ...]:
     """The first ``n`` outputs of a multi-output op (``getitem`` nodes when traced)."""
     return tuple(seq[i] for i in range(n))
@@ -309,6 +314,14 @@ EXAMPLES: dict[str, _Example] = {
     "aten.logspace.Tensor_Tensor": _ex(lambda s, e: aten.logspace.Tensor_Tensor(s, e, 5, 2.0), _scalar(), _scalar()),
     "aten.logspace.Tensor_Scalar": _ex(lambda s: aten.logspace.Tensor_Scalar(s, 1.5, 3, 3.0), _int_scalar(-1)),
     "aten.logspace.Scalar_Tensor": _ex(lambda e: aten.logspace.Scalar_Tensor(0, e, 2), _scalar()),
+    "aten.searchsorted.Tensor": _ex(
+        lambda s, v: (aten.searchsorted.Tensor(s, v), aten.searchsorted.Tensor(s, v, out_int32=True, right=True)),
+        _sorted(3, 7),
+        (3, 4),
+    ),
+    "aten.searchsorted.Scalar": _ex(lambda s: aten.searchsorted.Scalar(s, 0.25, side="right"), _sorted(9)),
+    "aten.bucketize.Tensor": _ex(lambda v, b: aten.bucketize.Tensor(v, b, right=True), (2, 3, 4), _sorted(5)),
+    "aten.bucketize.Scalar": _ex(lambda b: aten.bucketize.Scalar(-0.5, b, out_int32=True), _sorted(6)),
     "aten.histc.default": _ex(
         lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
     ),

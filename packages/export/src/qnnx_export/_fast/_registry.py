@@ -50,6 +50,7 @@ OP_MODULES = (
     "_ops_scatter",
     "_ops_histc",
     "_ops_ranges",
+    "_ops_search",
     "_ops_rounding",
     "_ops_shape",
     "_ops_index",
