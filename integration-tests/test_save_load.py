@@ -386,3 +386,48 @@ def test_a_saved_complex_output_comes_back_complex_with_and_without_torch(tmp_pa
     (name,) = result["outputs"]
     got = np.load(tmp_path / "out.npz")[name]
     assert got.dtype == np.complex64 and np.array_equal(got, want.numpy())
+
+
+class _Pool3d(torch.nn.Module):
+    """A 3-D encoder stage returning its max pool's indices: a batched int64 result of rank 5, which the graph
+    returns with its leading dims merged and the loader views back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(2, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.nn.functional.max_pool3d(self.conv(x).relu(), 2, return_indices=True)
+
+
+class _Unpool3d(torch.nn.Module):
+    """A 3-D decoder stage taking batched rank-5 int64 indices, which the graph takes with merged leading dims."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(3, 2, 3, padding=1)
+
+    def forward(self, v: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.nn.functional.max_unpool3d(v, i, 2, output_size=(4, 6, 6))).relu()
+
+
+def test_rank_5_indices_cross_a_saved_file_with_and_without_torch(tmp_path: Path) -> None:
+    """A saved 3-D pool returning its batched indices and a saved unpooling taking them: load() in a fresh process
+    and the torch-free load_arrays both give the saved outputs, the indices as int64 of rank 5, bit for bit."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2, 4, 6, 6)
+    encoder, decoder = _Pool3d().eval(), _Unpool3d().eval()
+    pool_path, unpool_path = tmp_path / "pool.qnnx", tmp_path / "unpool.qnnx"
+    pooled = qnnx_backend.save(encoder, x, pool_path, options=OPTIONS).outputs
+    values, indices = pooled
+    assert indices.dtype == torch.int64 and indices.shape == (2, 3, 2, 3, 3)
+    unpooled = qnnx_backend.save(decoder, (values, indices), unpool_path, options=OPTIONS).outputs
+    for path, args, want in ((pool_path, (x,), list(pooled)), (unpool_path, (values, indices), [unpooled])):
+        _, outs = _load_in_child(path, args, {}, tmp_path)
+        _assert_identical(outs, want)
+        np.savez(tmp_path / "feed.npz", **{f"args[{k}]": a.numpy() for k, a in enumerate(args)})
+        result = _run(_ARRAYS_CHILD, path, tmp_path / "feed.npz", tmp_path / "out.npz")
+        assert not result["torch_loaded"]
+        got = np.load(tmp_path / "out.npz")
+        for name, w in zip(result["outputs"], want, strict=True):
+            assert got[name].dtype == w.numpy().dtype and np.array_equal(got[name], w.numpy())

@@ -10,7 +10,7 @@ import pytest
 import torch
 from export_capture import capture, only
 from export_qnn_helpers import Capture, compile_and_run, cpu_session, qnn_session
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import qnnx_export as qe
@@ -64,12 +64,16 @@ def test_points_equal_eager_on_the_cpu_ep(
     base: float,
 ) -> None:
     """Any float or integer 0-d endpoints, one of them possibly a Python number, and any step count: translated (no
-    fallback), with eager's shape and dtype and eager's points (float32 rounding apart), both ends included."""
+    fallback), with eager's shape and dtype and eager's points (float32 rounding apart), both ends included, for
+    points within float16's range."""
     s: torch.Tensor | float = start.item() if python_end == "start" else start
     e: torch.Tensor | float = end.item() if python_end == "end" else end
     fn = _call(log, s, e, steps, base)
     tensors = tuple(v for v in (s, e) if isinstance(v, torch.Tensor))
     ref = fn(*tensors)
+    # An exponential's input is clipped where its output would pass float16's range (exp_input_floor): such
+    # outputs are HTP's to refuse (the backend's range check), not values to compare.
+    assume(bool((ref.abs() < 60000).all()))
     backend = Capture(cpu_session, FAST)
     got = compile_and_run(fn, tensors, backend)  # type: ignore[arg-type]  # a function of its tensors
     assert all(x.exporter == "fast" and x.fast_path_declined is None for x in backend.exported)

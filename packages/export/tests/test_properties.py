@@ -126,12 +126,17 @@ def test_signature_round_trip_property(data: st.DataObject) -> None:
             dtype=data.draw(st.sampled_from(["float32", "int64", "bool"])),
             onnx_dtype=data.draw(st.sampled_from(["float32", "int32", "bool"])),
             shape=tuple(data.draw(shapes(max_rank=4, min_side=0, max_side=5))),
+            onnx_shape=data.draw(st.none() | shapes(max_rank=4, min_side=1, max_side=5).map(tuple)),
         )
         for i in range(n_in)
     )
     slot = st.one_of(
         st.builds(
-            qe.OutputSlot, kind=st.just("onnx"), index=st.integers(0, 3), dtype=st.sampled_from(["float32", "int64"])
+            qe.OutputSlot,
+            kind=st.just("onnx"),
+            index=st.integers(0, 3),
+            dtype=st.sampled_from(["float32", "int64"]),
+            shape=st.none() | shapes(min_rank=5, max_rank=6, max_side=3).map(tuple),
         ),
         st.builds(qe.OutputSlot, kind=st.just("arg"), index=st.integers(0, 9)),
         st.builds(qe.OutputSlot, kind=st.just("none")),

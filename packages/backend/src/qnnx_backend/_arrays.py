@@ -170,7 +170,9 @@ class ArrayModel:
                         f"input {spec['name']} holds int64 values in [{lo}, {hi}], beyond int32, which the saved "
                         "graph takes (QNN would saturate them); keep the values within int32"
                     )
-            feed[spec["name"]] = array.astype(spec["onnx_dtype"], copy=False)
+            array = array.astype(spec["onnx_dtype"], copy=False)
+            # An integer input of rank 5 or more runs with its leading dims merged (a view: nothing is copied).
+            feed[spec["name"]] = array.reshape(spec["onnx_shape"]) if spec.get("onnx_shape") is not None else array
         floats = [spec["name"] for spec in self._signature["inputs"] if spec["onnx_dtype"] in ("float32", "float16")]
         try:
             check_inputs(floats, feed)
@@ -193,7 +195,8 @@ class ArrayModel:
                     pair = np.ascontiguousarray(value, dtype=np.float32)
                     slots.append(pair.view(np.complex64).reshape(pair.shape[:-1]))
                     continue
-                slots.append(value.astype(want, copy=False) if value.dtype != np.dtype(want) else value)
+                value = value.astype(want, copy=False) if value.dtype != np.dtype(want) else value
+                slots.append(value.reshape(slot["shape"]) if slot.get("shape") is not None else value)
             elif slot["kind"] == "arg":
                 slots.append(graph_args[slot["index"]])
             elif slot["kind"] == "none":

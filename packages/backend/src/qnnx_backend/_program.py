@@ -127,7 +127,7 @@ def _direct_inputs(
         return None
     plan: list[_DirectInput] = []
     for name, want, spec in zip(names, numpy_types, signature.inputs):
-        if spec.onnx_dtype != spec.dtype or want is None:
+        if spec.onnx_dtype != spec.dtype or spec.onnx_shape is not None or want is None:
             return None
         dtype = getattr(torch, spec.dtype, None)
         if not isinstance(dtype, torch.dtype):
@@ -171,7 +171,7 @@ def _direct_outputs(
     if not slots or any(slot.kind != "onnx" for slot in slots):
         return None
     for k, slot in enumerate(slots):
-        if slot.index is None or slot.dtype != signature.onnx_output_dtypes[slot.index]:
+        if slot.index is None or slot.shape is not None or slot.dtype != signature.onnx_output_dtypes[slot.index]:
             return None
         want = out_dtypes[k] if k < len(out_dtypes) else None
         if want is not None and str(want).removeprefix("torch.") != slot.dtype:

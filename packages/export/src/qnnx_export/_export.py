@@ -481,6 +481,9 @@ def export(
             n.name: o for n in model.graph if n.name and (o := _origin(n.metadata_props.get("namespace")))
         }
     pass_report = run_passes(model, options.resolved_passes())
+    from qnnx_export._host_views import merge_integer_ranks  # onnx_ir: at export time
+
+    input_views, output_views = merge_integer_ranks(model, results=len(onnx_nodes))
     present = {n.name for n in model.graph}
     origins = {name: o for name, o in origins_before.items() if name in present}
     _canonicalize(model)
@@ -510,11 +513,17 @@ def export(
                 onnx_dtype=_ir_to_torch_dtype_name(value.dtype),
                 shape=tuple(t.shape),
                 max_abs=bounds.get(value.name),
+                onnx_shape=input_views.get(value.name),
             )
         )
     complex_outputs = set(gm.meta.get(COMPLEX_OUTPUTS, ()))
     final_slots = [
-        OutputSlot(kind="onnx", index=s.index, dtype=_slot_dtype(torch_out_dtypes[s.index], k in complex_outputs))
+        OutputSlot(
+            kind="onnx",
+            index=s.index,
+            dtype=_slot_dtype(torch_out_dtypes[s.index], k in complex_outputs),
+            shape=output_views.get(s.index),
+        )
         if s.kind == "onnx"
         else s
         for k, s in enumerate(slots)

@@ -76,6 +76,9 @@ class InputSpec:
         max_abs: For an integer input, the largest magnitude up to which the graph's integer arithmetic provably
             stays within int32 (which HTP computes integers in, saturating); None when any int32 value is safe.
             The caller computes a call whose input goes beyond it elsewhere.
+        onnx_shape: The shape the ONNX input has when it is a view of the argument of another rank (an integer
+            tensor of rank 5 or more is fed with its leading dims merged: HTP holds no such tensor); None when it
+            is ``shape``. The caller reshapes the contiguous argument, which copies nothing.
     """
 
     name: str
@@ -84,6 +87,7 @@ class InputSpec:
     onnx_dtype: str
     shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
     max_abs: int | None = None
+    onnx_shape: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(_int_tuple))
 
 
 @attrs.frozen(kw_only=True)
@@ -97,12 +101,16 @@ class OutputSlot:
         dtype: torch dtype name to return for ``onnx`` slots (a cast back when the ONNX output was legalized; a
             complex dtype of ``COMPLEX_PARTS`` when the ONNX output is the real pair of a complex result).
         value: The constant for ``constant`` slots.
+        shape: For an ``onnx`` slot, the shape to view the ONNX output as when the model returns it with another
+            rank (an integer result of rank 5 or more comes back with its leading dims merged); None when the
+            output has the result's shape.
     """
 
     kind: Literal["onnx", "arg", "none", "constant"]
     index: int = -1
     dtype: str = ""
     value: bool | int | float | str | None = None
+    shape: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(_int_tuple))
 
 
 @attrs.frozen(kw_only=True)
@@ -248,7 +256,8 @@ class GraphSignature:
                         )
                         continue
                 t = t.to(_dtype(spec.onnx_dtype))
-            out.append(t.contiguous())
+            t = t.contiguous()
+            out.append(t.reshape(spec.onnx_shape) if spec.onnx_shape is not None else t)
         if errors:
             raise SignatureError("cannot build ONNX inputs: " + "; ".join(errors) + ".")
         return out
@@ -286,6 +295,8 @@ class GraphSignature:
                         t = torch.view_as_complex(t.to(_dtype(COMPLEX_PARTS[slot.dtype])).contiguous())
                     elif dtype_name(t.dtype) != slot.dtype:
                         t = t.to(_dtype(slot.dtype))
+                    if slot.shape is not None:
+                        t = t.reshape(slot.shape)
                     converted[slot.index] = t
                 result.append(t)
             elif slot.kind == "arg":
@@ -309,10 +320,20 @@ class GraphSignature:
                     "onnx_dtype": s.onnx_dtype,
                     "shape": list(s.shape),
                     **({"max_abs": s.max_abs} if s.max_abs is not None else {}),
+                    **({"onnx_shape": list(s.onnx_shape)} if s.onnx_shape is not None else {}),
                 }
                 for s in self.inputs
             ],
-            "outputs": [{"kind": o.kind, "index": o.index, "dtype": o.dtype, "value": o.value} for o in self.outputs],
+            "outputs": [
+                {
+                    "kind": o.kind,
+                    "index": o.index,
+                    "dtype": o.dtype,
+                    "value": o.value,
+                    **({"shape": list(o.shape)} if o.shape is not None else {}),
+                }
+                for o in self.outputs
+            ],
             "onnx_output_names": list(self.onnx_output_names),
             "onnx_output_dtypes": list(self.onnx_output_dtypes),
             "output_container": self.output_container,
@@ -333,11 +354,18 @@ class GraphSignature:
                         onnx_dtype=s["onnx_dtype"],
                         shape=tuple(int(x) for x in s["shape"]),
                         max_abs=None if s.get("max_abs") is None else int(s["max_abs"]),
+                        onnx_shape=None if s.get("onnx_shape") is None else tuple(int(x) for x in s["onnx_shape"]),
                     )
                     for s in d["inputs"]
                 ),
                 outputs=tuple(
-                    OutputSlot(kind=o["kind"], index=int(o["index"]), dtype=o["dtype"], value=o["value"])
+                    OutputSlot(
+                        kind=o["kind"],
+                        index=int(o["index"]),
+                        dtype=o["dtype"],
+                        value=o["value"],
+                        shape=None if o.get("shape") is None else tuple(int(x) for x in o["shape"]),
+                    )
                     for o in d["outputs"]
                 ),
                 onnx_output_names=tuple(d["onnx_output_names"]),

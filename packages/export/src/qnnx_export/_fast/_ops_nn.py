@@ -326,8 +326,6 @@ def _max_pool(
     shape, out_shape = tuple(fake(x).shape), tuple(int(s) for s in val.shape)
     if len(shape) == rank + 1:  # unbatched
         shape, out_shape = (1, *shape), (1, *out_shape)
-    if indices and val.dim() > 4:
-        raise Declined("max pool indices of rank 5 (HTP holds no int64 tensor of rank 5)")
     pads = window["pads"]
     for i, (size, n) in enumerate(zip(shape[2:], out_shape[2:], strict=True)):
         if ceil_mode:  # the end pads reach PyTorch's last window (a no-op otherwise)
