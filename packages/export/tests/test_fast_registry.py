@@ -322,6 +322,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.searchsorted.Scalar": _ex(lambda s: aten.searchsorted.Scalar(s, 0.25, side="right"), _sorted(9)),
     "aten.bucketize.Tensor": _ex(lambda v, b: aten.bucketize.Tensor(v, b, right=True), (2, 3, 4), _sorted(5)),
     "aten.bucketize.Scalar": _ex(lambda b: aten.bucketize.Scalar(-0.5, b, out_int32=True), _sorted(6)),
+    "aten.segment_reduce.default": _ex(
+        lambda d, n: aten.segment_reduce.default(d, "max", lengths=n, axis=0, initial=0.5),
+        (6, 3),
+        lambda: torch.tensor([2, 0, 4]),
+    ),
     "aten.histc.default": _ex(
         lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
     ),

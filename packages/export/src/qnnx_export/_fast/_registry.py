@@ -51,6 +51,7 @@ OP_MODULES = (
     "_ops_histc",
     "_ops_ranges",
     "_ops_search",
+    "_ops_segment",
     "_ops_rounding",
     "_ops_shape",
     "_ops_index",
