@@ -1553,3 +1553,34 @@ def test_aminmax_over_any_axis_or_all_matches_eager(dims: list[int], data: st.Da
     x = torch.randn(dims, generator=torch.Generator().manual_seed(seed))
     kwargs: dict[str, Any] = {} if dim is None else {"dim": dim, "keepdim": keepdim}
     _check_fast(lambda t: tuple(torch.aminmax(t, **kwargs)), x, tol=0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(features=st.integers(1, 9), out=st.integers(1, 9), bias=st.booleans(), seed=seeds())
+def test_a_linear_of_an_unbatched_input_is_translated(features: int, out: int, bias: bool, seed: int) -> None:
+    """nn.Linear of a 1-d input (ATen writes it ``mm(x.unsqueeze(0), w.t()).squeeze_(0)``, an in-place view of the
+    product) is translated, with eager's values on the CPU EP, and a cross-entropy over its logits too."""
+    torch.manual_seed(seed)
+    lin = nn.Linear(features, out, bias=bias).eval()
+    x = torch.randn(features)
+    fn = lambda v: (lin(v), F.cross_entropy(lin(v), torch.tensor(out - 1)))  # noqa: E731
+    backend = Capture(cpu_session, FAST)
+    got = compile_and_run(fn, (x,), backend)  # type: ignore[arg-type]  # a function of one tensor
+    assert all(e.exporter == "fast" and e.fast_path_declined is None for e in backend.exported)
+    for g, r in zip(got, fn(x), strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_an_in_place_view_of_an_argument_is_declined() -> None:
+    """``squeeze_`` of the graph's own argument (an ATen graph Dynamo would not hand over: it applies such changes
+    itself) would change the caller's tensor: the translator declines it, naming the argument."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from qnnx_export import _fast
+
+    gm = torch.fx.symbolic_trace(lambda v: (torch.ops.aten.squeeze_.dim(v, 0),))
+    FakeTensorProp(gm, FakeTensorMode()).propagate(torch.randn(1, 4))
+    (name,) = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    with pytest.raises(_fast.Declined, match=f"argument {name}"):
+        _fast.translate_aten(gm, {}, user_inputs=[(name, 0)], opset=qe.ExportOptions().opset)

@@ -327,6 +327,12 @@ EXAMPLES: dict[str, _Example] = {
         (6, 3),
         lambda: torch.tensor([2, 0, 4]),
     ),
+    "aten.squeeze_.dim": _ex(lambda x: aten.squeeze_.dim(aten.mul.Tensor(x, 2), 0), (1, 4)),
+    "aten.squeeze_.dims": _ex(lambda x: aten.squeeze_.dims(aten.mul.Tensor(x, 2), [0, 2]), (1, 4, 1)),
+    "aten.squeeze_.default": _ex(lambda x: aten.squeeze_.default(aten.mul.Tensor(x, 2)), (1, 4, 1)),
+    "aten.unsqueeze_.default": _ex(lambda x: aten.unsqueeze_.default(aten.mul.Tensor(x, 2), 1), _X),
+    "aten.t_.default": _ex(lambda x: aten.t_.default(aten.mul.Tensor(x, 2)), _X),
+    "aten.transpose_.default": _ex(lambda x: aten.transpose_.default(aten.mul.Tensor(x, 2), 0, 2), (2, 3, 4)),
     "aten.histc.default": _ex(
         lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
     ),

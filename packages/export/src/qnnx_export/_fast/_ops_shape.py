@@ -95,6 +95,27 @@ def _t(t: Translator, node: Node, x: Node) -> ir.Value:
     return _permute(t, node, x, [1, 0] if rank == 2 else list(range(rank)))
 
 
+@handles(
+    aten.squeeze_.dim,
+    aten.squeeze_.dims,
+    aten.squeeze_.default,
+    aten.unsqueeze_.default,
+    aten.t_.default,
+    aten.transpose_.default,
+)
+def _reshape_in_place(t: Translator, node: Node, x: Node, *args: object) -> ir.Value:
+    """An in-place view op of a tensor the graph computed (``mm(x.unsqueeze(0), w.t()).squeeze_(0)``, how ATen writes
+    a Linear of an unbatched input): the traced graph's later uses read this node, not ``x``, so it is the op
+    itself. An argument of the graph is declined: the caller's tensor would change shape."""
+    if x.op == "placeholder":
+        raise Declined(f"{node.target} of the graph's argument {x.name} (it changes the caller's tensor)")
+    if node.target is aten.t_.default:
+        return _t(t, node, x)
+    if node.target is aten.transpose_.default:
+        return _transpose(t, node, x, *args)  # type: ignore[arg-type]  # (dim0, dim1)
+    return _to_out_shape(t, node, x, "Reshape")
+
+
 @handles(aten.expand.default)
 def _expand(t: Translator, node: Node, x: Node, size: Sequence[int], **kwargs: object) -> ir.Value:
     return _to_out_shape(t, node, x, "Expand")
