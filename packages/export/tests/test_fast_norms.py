@@ -144,3 +144,32 @@ def test_instance_norm_runs_on_qnn_htp_within_fp16_error() -> None:
     nn.init.normal_(module.weight)
     x = torch.randn(1, 8, 16, 16) * 30 + 5
     close_on_qnn_fast(module, x, tol=5e-3)
+
+
+_BROADCASTING = st.sampled_from(
+    [((5, 5, 5), (5, 5, 5)), ((5, 5, 5), (5,)), ((5, 1, 5), (5, 5)), ((), (5, 5)), ((), ())]
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=_BROADCASTING, p=st.sampled_from([0.0, 1.0, 2.0, 3.0, 1.5, float("inf"), float("-inf")]), seed=seeds())
+def test_dist_of_broadcast_tensors_equals_eager_on_the_cpu_ep(
+    shapes: tuple[tuple[int, ...], tuple[int, ...]], p: float, seed: int
+) -> None:
+    """``torch.dist(a, b, p)`` of tensors that broadcast (0-d ones too), for the orders the vector norm takes: translated
+    and eager's value on the CPU EP."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(s, generator=g) for s in shapes)
+    backend = Capture(cpu_session, FAST)
+    got = compile_and_run(lambda x, y: torch.dist(x, y, p), (a, b), backend)  # type: ignore[arg-type]  # two tensors
+    assert all(e.exporter == "fast" and e.fast_path_declined is None for e in backend.exported)
+    ref = torch.dist(a, b, p)
+    assert got.shape == ref.shape and rel_err(got, ref) <= 1e-5
+
+
+def test_dist_runs_on_qnn_htp_within_fp16_error() -> None:
+    """``torch.dist`` of broadcast tensors runs wholly on the HTP simulator within float16's rounding."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, 1, 5, generator=g), torch.randn(5, 5, generator=g)
+    for p in (2.0, 1.0, 3.0):
+        close_on_qnn_fast(lambda x, y, p=p: torch.dist(x, y, p), a, b, tol=3e-3)

@@ -333,6 +333,7 @@ EXAMPLES: dict[str, _Example] = {
     "aten.unsqueeze_.default": _ex(lambda x: aten.unsqueeze_.default(aten.mul.Tensor(x, 2), 1), _X),
     "aten.t_.default": _ex(lambda x: aten.t_.default(aten.mul.Tensor(x, 2)), _X),
     "aten.transpose_.default": _ex(lambda x: aten.transpose_.default(aten.mul.Tensor(x, 2), 0, 2), (2, 3, 4)),
+    "aten.dist.default": _ex(lambda x, y: (aten.dist.default(x, y), aten.dist.default(x, y, 3.0)), _X, (4,)),
     "aten.histc.default": _ex(
         lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
     ),

@@ -319,6 +319,26 @@ def _vector_norm(
     return p_norm(t, xv, out_dtype, shape, axes, p, out_shape)
 
 
+@handles(aten.dist.default)
+def _dist(t: Translator, node: Node, a: Node, b: Node, p: float = 2) -> ir.Value:
+    """``torch.dist(a, b, p)``: the ``p``-norm of ``a - b`` (broadcast) over every element, as :func:`_vector_norm`
+    computes it."""
+    out_dtype = node.meta["val"].dtype
+    if out_dtype not in (torch.float32, torch.float16):
+        raise Declined(f"dist to {out_dtype}")
+    order = float(p)
+    if order < 0 and order != float("-inf"):
+        raise Declined(f"dist of order {order}")
+    shape = tuple(int(s) for s in torch.broadcast_shapes(fake(a).shape, fake(b).shape))
+    if 0 in shape:
+        raise Declined("dist of empty tensors")
+    diff = t.emit1("Sub", [t.operand(a, out_dtype), t.operand(b, out_dtype)], dtype=out_dtype, shape=shape)
+    if not shape:  # two 0-d tensors: the norm of one element
+        shape = (1,)
+        diff = t.emit1("Reshape", [diff, t.ints(shape)], dtype=out_dtype, shape=shape)
+    return p_norm(t, diff, out_dtype, shape, list(range(len(shape))), order, ())
+
+
 def p_norm(
     t: Translator,
     xv: ir.Value,
