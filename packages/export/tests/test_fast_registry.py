@@ -334,6 +334,10 @@ EXAMPLES: dict[str, _Example] = {
     "aten.t_.default": _ex(lambda x: aten.t_.default(aten.mul.Tensor(x, 2)), _X),
     "aten.transpose_.default": _ex(lambda x: aten.transpose_.default(aten.mul.Tensor(x, 2), 0, 2), (2, 3, 4)),
     "aten.dist.default": _ex(lambda x, y: (aten.dist.default(x, y), aten.dist.default(x, y, 3.0)), _X, (4,)),
+    "aten.nonzero_static.default": _ex(
+        lambda x: (aten.nonzero_static.default(x, size=4), aten.nonzero_static.default(x, size=9, fill_value=5)),
+        _ints(2, 3, high=2),
+    ),
     "aten.histc.default": _ex(
         lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
     ),

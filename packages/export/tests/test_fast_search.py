@@ -132,3 +132,47 @@ def test_indices_run_wholly_on_the_htp_simulator(case: str) -> None:
     assert backend.exported[0].exporter == "fast" and backend.exported[0].fast_path_declined is None
     ref = fn(*args)
     assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    dtype=st.sampled_from([torch.float32, torch.int64, torch.bool]),
+    density=st.floats(0.0, 1.0),
+    size=st.integers(1, 70),
+    fill_value=st.integers(-3, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_nonzero_static_equals_eager_on_the_cpu_ep(
+    shape: list[int], dtype: torch.dtype, density: float, size: int, fill_value: int, seed: int
+) -> None:
+    """``nonzero_static`` of any tensor, with fewer or more nonzero elements than ``size`` (-0.0 among the zeros):
+    translated (no fallback), eager's coordinates in row-major order, the rows past the last one ``fill_value``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * (torch.rand(shape, generator=g) < density)
+    x = torch.where(torch.rand(shape, generator=g) < 0.1, torch.tensor(-0.0), x).to(dtype)
+
+    def fn(v: torch.Tensor) -> torch.Tensor:
+        return torch.nonzero_static(v, size=size, fill_value=fill_value)
+
+    backend = Capture(cpu_session, FAST)
+    got = compile_and_run(fn, (x,), backend)  # type: ignore[arg-type]  # a function of one tensor
+    assert all(e.exporter == "fast" and e.fast_path_declined is None for e in backend.exported)
+    ref = fn(x)
+    assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+def test_static_top_expert_tokens_run_wholly_on_the_htp_simulator() -> None:
+    """The tokens routed to each expert, gathered with ``nonzero_static`` (a static-shape MoE dispatch): wholly on
+    QNN on the simulator, with eager's token positions and padding."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(12, 4, generator=g)
+
+    def dispatch(scores: torch.Tensor) -> torch.Tensor:
+        chosen = scores.argmax(-1)
+        return torch.stack([torch.nonzero_static(chosen == e, size=6, fill_value=-1)[:, 0] for e in range(4)])
+
+    backend = Capture(qnn_session, FAST)
+    got = compile_and_run(dispatch, (logits,), backend)  # type: ignore[arg-type]  # a function of one tensor
+    assert backend.exported[0].exporter == "fast" and backend.exported[0].fast_path_declined is None
+    assert torch.equal(got, dispatch(logits))

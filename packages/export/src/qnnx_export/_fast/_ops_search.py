@@ -8,6 +8,9 @@ then depends on which elements it probes). A ``sorter`` does not change a count 
 it is not read. The comparisons run in the inputs' common dtype; on HTP float inputs are float16, so a value and an
 element that round to one float16 count as equal (as ``bucketize`` through torch.onnx already does there). The
 work is one comparison per (value, element) pair: rows beyond :data:`_MAX_PAIRS` pairs are declined.
+
+``nonzero_static`` is the same kind of count turned around: the positions of the nonzero elements, found by their
+running count.
 """
 
 from __future__ import annotations
@@ -117,3 +120,58 @@ def _bucketize(
     if len(_shape_of(boundaries)) != 1:
         raise Declined(f"bucketize with boundaries of shape {_shape_of(boundaries)} (1-d)")
     return insertion_counts(t, node, boundaries, values, right=right, out_int32=out_int32)
+
+
+@handles(aten.nonzero_static.default)
+def _nonzero_static(t: Translator, node: Node, x: Node, *, size: int, fill_value: int = -1) -> ir.Value:
+    """``nonzero_static(x, size=..., fill_value=...)``: the coordinates of the first ``size`` nonzero elements in
+    row-major order, rows of ``fill_value`` after the last one. The element numbered ``k`` among the nonzero ones is
+    the one whose running count of nonzero elements is ``k + 1``: one comparison per (row, element) pair, its flat
+    position summed out of the match, then split into coordinates by integer division. A float is nonzero as
+    ``Not(Equal(x, 0))`` decides it (right on HTP for zeros, -0.0 and every value float16 keeps)."""
+    val = node.meta["val"]
+    shape = tuple(int(s) for s in fake(x).shape)
+    count, rank = math.prod(shape), len(shape)
+    if not size or not rank or not count:
+        raise Declined("nonzero_static with an empty result or input")
+    if size * count > _MAX_PAIRS or count >= 1 << 24:
+        raise Declined(f"nonzero_static of {count} elements into {size} rows (up to {_MAX_PAIRS} pairs)")
+    if fake(x).is_complex():
+        raise Declined(f"nonzero_static of {fake(x).dtype}")
+    flat = t.emit1("Reshape", [t.value(x), t.ints([1, count])], dtype=fake(x).dtype, shape=(1, count))
+    if fake(x).dtype != torch.bool:
+        zero = t.scalar(0.0 if fake(x).dtype.is_floating_point else 0, fake(x).dtype)
+        flat = t.emit1(
+            "Not",
+            [t.emit1("Equal", [flat, zero], dtype=torch.bool, shape=(1, count))],
+            dtype=torch.bool,
+            shape=(1, count),
+        )
+    ones = t.emit1("Cast", [flat], {"to": int(ir_dtype(torch.int32))}, dtype=torch.int32, shape=(1, count))
+    running = t.emit1("CumSum", [ones, t.scalar(1, torch.int64)], dtype=torch.int32, shape=(1, count))
+    slots = t.initializer(torch.arange(1, size + 1, dtype=torch.int32).reshape(size, 1), "nonzero_rank")
+    pairs = (size, count)
+    hit = t.emit1(
+        "And", [t.emit1("Equal", [running, slots], dtype=torch.bool, shape=pairs), flat], dtype=torch.bool, shape=pairs
+    )
+    positions = t.initializer(torch.arange(count, dtype=torch.int32).reshape(1, count), "nonzero_position")
+    zero32 = t.scalar(0, torch.int32)
+    picked = t.emit1("Where", [hit, positions, zero32], dtype=torch.int32, shape=pairs)
+    flat_at = t.emit1("ReduceSum", [picked, t.ints([1], "axes")], {"keepdims": 1}, dtype=torch.int32, shape=(size, 1))
+    total = t.emit1("ReduceSum", [ones, t.ints([1], "axes")], {"keepdims": 1}, dtype=torch.int32, shape=(1, 1))
+    found = t.emit1("LessOrEqual", [slots, total], dtype=torch.bool, shape=(size, 1))
+    columns, outer = [], None
+    for d in range(rank):
+        stride = math.prod(shape[d + 1 :])
+        whole = t.emit1("Div", [flat_at, t.scalar(stride, torch.int32)], dtype=torch.int32, shape=(size, 1))
+        column = whole
+        if outer is not None:  # minus the outer dims' share: (p // stride) - (p // outer_stride) * shape[d]
+            share = t.emit1("Mul", [outer, t.scalar(shape[d], torch.int32)], dtype=torch.int32, shape=(size, 1))
+            column = t.emit1("Sub", [whole, share], dtype=torch.int32, shape=(size, 1))
+        columns.append(column)
+        outer = whole
+    coords = columns[0] if rank == 1 else t.emit1("Concat", columns, {"axis": 1}, dtype=torch.int32, shape=(size, rank))
+    filled = t.emit1(
+        "Where", [found, coords, t.scalar(int(fill_value), torch.int32)], dtype=torch.int32, shape=(size, rank)
+    )
+    return t.out("Cast", [filled], {"to": int(ir_dtype(val.dtype))})
