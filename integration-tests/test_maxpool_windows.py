@@ -1,7 +1,9 @@
 """Max pools QNN HTP has no MaxPool for, written by qnnx-export's translator window element by window element: a
 3-D CNN's MaxPool3d (video and volume models), a dilated MaxPool2d, a pool whose indices the model returns (an
-encoder that hands them to its decoder), and a SegNet-style stage that unpools with them in the same graph. Each runs wholly on QNN under strict with eager's values; before
-the translator wrote them, strict refused each (QNN declines 3-D and dilated MaxPools and computes no indices)."""
+encoder that hands them to its decoder), and SegNet-style stages that unpool with them in the same graph, in 2-D and
+on a batch of volumes (whose rank-5 indices cross the graph boundary as a merged view). Each runs wholly on QNN under
+strict with eager's values; before the translator wrote them, strict refused each (QNN declines 3-D and dilated
+MaxPools and computes no indices)."""
 
 from __future__ import annotations
 
@@ -68,11 +70,30 @@ class _SegNetStage(nn.Module):
         return self.dec(self.unpool(torch.relu(self.mid(y)), where, output_size=x.shape[-2:]))
 
 
+class _VolumeSegStage(nn.Module):
+    """A 3-D (volume) segmentation stage on a batch: it pools with indices, unpools with them in the same graph and
+    also returns them, a batched int64 tensor of rank 5, which HTP cannot hold (the graph returns it with its
+    leading dims merged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Conv3d(2, 4, 3, padding=1)
+        self.pool = nn.MaxPool3d(2, return_indices=True)
+        self.mid = nn.Conv3d(4, 4, 3, padding=1)
+        self.unpool = nn.MaxUnpool3d(2)
+        self.dec = nn.Conv3d(4, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y, where = self.pool(torch.relu(self.enc(x)))
+        return self.dec(self.unpool(torch.relu(self.mid(y)), where, output_size=x.shape[-3:])), where
+
+
 _MODELS = {
     "video": (_Video, (1, 3, 4, 8, 8)),
     "dilated": (_DilatedPool, (1, 3, 11, 12)),
     "encoder": (_Encoder, (2, 3, 8, 8)),
     "segnet": (_SegNetStage, (1, 3, 10, 12)),
+    "segnet3d": (_VolumeSegStage, (2, 2, 4, 6, 6)),
 }
 
 
