@@ -6,7 +6,9 @@ Eager PyTorch's binary search keeps ``start = mid + 1`` while ``!(row[mid] >= va
 row's length, as in eager. On a sorted row the two agree; a row holding NaN is outside it (binary search's answer
 then depends on which elements it probes). A ``sorter`` does not change a count (it is a permutation of the row), so
 it is not read. The comparisons run in the inputs' common dtype; on HTP float inputs are float16, so a value and an
-element that round to one float16 count as equal (as ``bucketize`` through torch.onnx already does there). The
+element that round to one float16 count as equal (as ``bucketize`` through torch.onnx already does there), and an
+infinity reaches HTP as float16's largest magnitude (qnnx-backend clips such inputs: HTP compares infinities
+wrongly), which orders it as eager does against finite elements below that. The
 work is one comparison per (value, element) pair: rows beyond :data:`_MAX_PAIRS` pairs are declined.
 
 ``nonzero_static`` is the same kind of count turned around: the positions of the nonzero elements, found by their
