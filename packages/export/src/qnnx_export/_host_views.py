@@ -125,6 +125,8 @@ def merge_integer_ranks(model: ir.Model, results: int) -> tuple[dict[str, tuple[
         The merged shape each changed input now has (by name), and the result's shape each changed output (by
         output index) is viewed as on the host.
     """
+    import onnx_ir as ir
+
     graph = model.graph
     inputs: dict[str, tuple[int, ...]] = {}
     for value in graph.inputs:
@@ -134,8 +136,6 @@ def merge_integer_ranks(model: ir.Model, results: int) -> tuple[dict[str, tuple[
         casts = _reshaped_only(value)
         if casts is None:
             continue
-        import onnx_ir as ir
-
         merged = (math.prod(shape[: len(shape) - _MAX_RANK + 1]), *shape[len(shape) - _MAX_RANK + 1 :])
         for v in (value, *casts):  # a Cast is elementwise: it takes the view's shape
             v.shape = ir.Shape(merged)
@@ -152,8 +152,6 @@ def merge_integer_ranks(model: ir.Model, results: int) -> tuple[dict[str, tuple[
         reshape, chain = found
         source = reshape.inputs[0]
         assert source is not None  # _last_reshape checked it
-        import onnx_ir as ir
-
         if not chain:
             for use in list(value.uses()):  # a reshape of a reshape to a fixed shape is a reshape of its input
                 use.node.replace_input_with(0, source)
