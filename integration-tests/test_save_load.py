@@ -348,6 +348,41 @@ def test_the_torch_free_loader_refuses_what_htp_cannot_compute(tmp_path: Path) -
         model(a.numpy(), zero)
 
 
+class _MaskedScores(torch.nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x + mask, dim=-1) * 2.0
+
+
+def test_a_saved_file_clips_inputs_beyond_half_range_only_where_that_was_found_exact(tmp_path: Path) -> None:
+    """An additive mask of float32's minimum, clipped to -65504 for HTP, gave eager's result in the saving process:
+    both loaders accept such a mask. A graph whose example inputs were all within float16's range was never
+    checked with clipped inputs, so both loaders (which have no PyTorch graph to check with) refuse an input of 1e5,
+    naming it, rather than return ``x / y * 2`` of a clipped x."""
+    from qnnx_backend.errors import QnnRuntimeError
+
+    x = torch.randn(2, 8)
+    mask = torch.zeros(2, 8)
+    mask[:, 5:] = torch.finfo(torch.float32).min
+    qnnx_backend.save(_MaskedScores(), (x, mask), tmp_path / "m.qnnx", options=OPTIONS)
+    other = torch.zeros(2, 8)
+    other[0, :3] = float("-inf")
+    want = _MaskedScores()(x, other).numpy()
+    (name,) = qnnx_backend.load_arrays(tmp_path / "m.qnnx").output_names
+    np.testing.assert_allclose(
+        qnnx_backend.load_arrays(tmp_path / "m.qnnx")(x.numpy(), other.numpy())[name], want, atol=2e-3
+    )
+    np.testing.assert_allclose(qnnx_backend.load(tmp_path / "m.qnnx")(x, other).numpy(), want, atol=2e-3)
+
+    a, b = torch.randn(2, 8), torch.rand(2, 8) + 0.5
+    qnnx_backend.save(_Ratio(), (a, b), tmp_path / "r.qnnx", options=OPTIONS)
+    far = a.clone()
+    far[1, 2] = 1e5
+    with pytest.raises(QnnRuntimeError, match=r"holds 100000, beyond float16's"):
+        qnnx_backend.load_arrays(tmp_path / "r.qnnx")(far.numpy(), b.numpy())
+    with pytest.raises(QnnRuntimeError, match=r"holds 100000, beyond float16's"):
+        qnnx_backend.load(tmp_path / "r.qnnx")(far, b)
+
+
 def test_strict_mismatch_in_the_torch_free_loader_names_the_fix(tmp_path: Path) -> None:
     """A strict file whose saved versions differ from this machine's: load_arrays raises QnnDeviceError naming the
     version and the way out (the header is rewritten with a foreign onnxruntime-qnn version)."""

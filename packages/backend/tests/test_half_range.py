@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 import qnnx_backend
 from qnnx_backend._compare import FP16_MAX
-from qnnx_backend._untrusted import BeyondHalfRange, NaNInput, check_half_range, check_inputs
+from qnnx_backend._untrusted import BeyondHalfRange, BeyondHalfRangeInput, NaNInput, check_half_range, check_inputs
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
 _floats = st.one_of(
@@ -75,6 +75,30 @@ def test_nan_inputs_are_found_and_out_of_range_inputs_are_clipped(arrays):
             assert array is original
         else:
             np.testing.assert_array_equal(array, np.clip(original, -FP16_MAX, FP16_MAX))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+@given(arrays=_ARRAYS)
+def test_without_clipping_the_first_nan_or_out_of_range_input_is_named(arrays):
+    """With ``clip=False`` (a graph whose clipped call differed from eager) the first input holding a NaN or a value
+    beyond +-65504 is named, as NaNInput or BeyondHalfRangeInput with its worst value; the feed is left as given."""
+    feed = {f"in{k}": a for k, a in enumerate(arrays)}
+    given_arrays = dict(feed)
+    first = next(
+        ((n, a) for n, a in feed.items() if not np.all(np.abs(a.astype(np.float64)) <= FP16_MAX)), None
+    )  # NaN fails the comparison too
+    if first is None:
+        assert check_inputs(list(feed), feed, clip=False) is False
+    elif np.isnan(first[1]).any():
+        with pytest.raises(NaNInput) as nan_info:
+            check_inputs(list(feed), feed, clip=False)
+        assert nan_info.value.input == first[0]
+    else:
+        with pytest.raises(BeyondHalfRangeInput) as info:
+            check_inputs(list(feed), feed, clip=False)
+        assert info.value.input == first[0] and abs(info.value.value) > FP16_MAX
+        assert info.value.value in (float(first[1].max()), float(first[1].min()))
+    assert all(feed[n] is a for n, a in given_arrays.items())
 
 
 def _signs(m: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -186,3 +210,65 @@ def test_a_graph_that_writes_leaves_the_buffer_as_eager_does_or_untouched(strict
             with pytest.warns(QnnFallbackWarning, match="beyond float16's"):
                 got = fn(ones, torch.zeros(4, 8))
             assert torch.isinf(model.state).all() and torch.isinf(got).all()
+
+
+def _scaled(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # Exact for inputs within float16's range; with one beyond it, clipping to +-65504 changes each result.
+    return x * 0.5, (x < -1e6).float() + x.abs().clamp(max=10.0)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_inputs_whose_clipping_changes_the_result_are_computed_in_pytorch(strict):
+    """Clipping an input beyond float16's range to +-65504 is exact for a mask, not for ``x * 0.5`` or ``x < -1e6``
+    (HTP gave -32752 and False for x = -inf). The first such call is compared with eager PyTorch: here it differs,
+    so it and every later such call are eager's (one warning; strict raises naming the fix), while calls within
+    range still run on the NPU."""
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    fn = torch.compile(_scaled, backend="qnn", options={"soc_model": 60, "device": "npu", "strict": strict})
+    x = torch.linspace(-4, 4, 32).reshape(4, 8)
+    fn(x)
+    far = x.clone()
+    far[0, 0], far[1, 1], far[2, 2], far[3, 3] = float("-inf"), 1e5, -3.0e38, float("inf")
+    if strict:
+        with pytest.raises(QnnRuntimeError, match=r"clipped to it for HTP.*device='auto'"):
+            fn(far)
+    else:
+        with pytest.warns(QnnFallbackWarning, match="clipped to it for HTP"):
+            got = fn(far)
+        for g, r in zip(got, _scaled(far)):
+            assert torch.equal(g, r)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again = far * 2
+            for g, r in zip(fn(again), _scaled(again)):
+                assert torch.equal(g, r)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        near = x.flip(0)
+        for g, r in zip(fn(near), _scaled(near)):
+            torch.testing.assert_close(g, r, atol=2e-2, rtol=2e-3)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "npu"
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_clipped_first_call_that_differs_leaves_the_written_buffer_as_eager_does(fp16):
+    """A writing graph's first call with an input beyond float16's range that clipping would change: the buffer
+    and the result are eager's, and a later call within range runs on the NPU and is checked like a first call;
+    also with fp16=True, whose float16 inputs are cast at the boundary."""
+    torch._dynamo.reset()
+    qnnx_backend.clear_compile_reports()
+    model = _Accumulate().eval()
+    fn = torch.compile(model, backend="qnn", options={"soc_model": 60, "device": "npu", "fp16": fp16})
+    ones = torch.ones(4, 8)
+    big = torch.full((4, 8), 2.0e5)
+    with torch.no_grad():
+        with pytest.warns(QnnFallbackWarning, match="clipped to it for HTP"):
+            got = fn(big, ones * 4)
+        assert torch.equal(model.state, torch.full((4, 8), 5.0e4)) and torch.equal(got, model.state * 3.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fn(ones, ones * 2)
+        torch.testing.assert_close(model.state, torch.full((4, 8), 0.5), atol=1e-3, rtol=1e-3)
+    assert [r.device for r in qnnx_backend.compile_reports()] == ["npu"]

@@ -192,6 +192,9 @@ def _variant_record(graph: SavableGraph, variant: QnnVariant, blobs: list[bytes]
         "passes_applied": list(rep.passes_applied),
         "input_shapes": [list(s) for s in rep.input_shapes],
         "bucket": None if rep.bucket is None else list(rep.bucket),
+        # Whether the loaded graph may clip a float input beyond float16's range to +-65504: only where a clipped
+        # call was found equal to eager PyTorch here (the loading process may have no PyTorch graph to check with).
+        "clip_inputs": variant.clip_state,
     }
     if not isinstance(program, QnnProgram):
         return record

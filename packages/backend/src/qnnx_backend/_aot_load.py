@@ -353,6 +353,7 @@ def _call_plan(record: Mapping[str, Any], signature: Any) -> dict[str, Any]:
         "passes_applied": tuple(record.get("passes_applied") or ()),
         "out_dtypes": tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
         "fp16": bool(record["fp16"]),
+        "clip_inputs": record.get("clip_inputs") in ("verified", "trusted"),
     }
 
 

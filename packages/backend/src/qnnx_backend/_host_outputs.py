@@ -256,6 +256,21 @@ class HostOutputsProgram:
     def export(self) -> ExportReport | None:
         return self.inner.export
 
+    @property
+    def clip_inputs(self) -> bool:
+        return self.inner.clip_inputs
+
+    @clip_inputs.setter
+    def clip_inputs(self, value: bool) -> None:
+        self.inner.clip_inputs = value
+
+    @property
+    def clipped(self) -> bool:
+        return self.inner.clipped
+
+    def beyond_half_range(self, args: Sequence[object]) -> bool:
+        return self.inner.beyond_half_range(args)
+
     def run(self, args: Sequence[object]) -> Any:
         device = self.inner.run(args)
         with torch.no_grad():

@@ -406,8 +406,10 @@ class BackendOptions:
     """Accuracy guard: the first call of each compiled float graph is compared with eager PyTorch on the same
     inputs, its outputs and what it writes into its arguments (a KV cache), within ``verify_rtol`` and
     ``verify_min_cosine``; a NaN or infinity where eager has none counts as a mismatch. A mismatch sends the graph
-    down the device chain with the figures in the report and one ``QnnFallbackWarning`` (raises under ``strict``). It
-    costs one eager run per graph, once; ``False`` skips it."""
+    down the device chain with the figures in the report and one ``QnnFallbackWarning`` (raises under ``strict``). The
+    first call with a float input beyond float16's range (which HTP gets clipped to +-65504) is compared too: where it
+    differs, such calls are computed in PyTorch. It costs one eager run per graph, once (twice with such an input);
+    ``False`` skips it (inputs are then clipped unchecked)."""
 
     verify_rtol: float = attrs.field(
         default=5e-2,

@@ -20,7 +20,7 @@ import torch
 from qnnx_backend import _session
 from qnnx_backend._parts import PartedModel, part_infos
 from qnnx_backend._report import ExportReport, PartReport
-from qnnx_backend._untrusted import check_half_range, check_inputs, check_integer_inputs, integer_bounds
+from qnnx_backend._untrusted import FP16_MAX, check_half_range, check_inputs, check_integer_inputs, integer_bounds
 
 if TYPE_CHECKING:
     from qnnx_export import GraphSignature
@@ -85,7 +85,14 @@ class Program(Protocol):
     @property
     def export(self) -> ExportReport | None: ...
 
+    clip_inputs: bool
+
+    @property
+    def clipped(self) -> bool: ...
+
     def run(self, args: Sequence[object]) -> Any: ...
+
+    def beyond_half_range(self, args: Sequence[object]) -> bool: ...
 
     def recreate(self) -> Program: ...
 
@@ -99,6 +106,8 @@ class NoSessionProgram:
     parts: tuple[PartReport, ...] = ()
     weight_bytes: int | None = 0
     context_bytes: int | None = None
+    clip_inputs = True
+    clipped = False
 
     def __init__(self, signature: GraphSignature, target: Target, export: ExportReport | None = None) -> None:
         self.signature = signature
@@ -109,6 +118,9 @@ class NoSessionProgram:
 
     def run(self, args: Sequence[object]) -> Any:
         return self.signature.assemble([], args)
+
+    def beyond_half_range(self, args: Sequence[object]) -> bool:
+        return False  # nothing computed on the device
 
     def recreate(self) -> NoSessionProgram:
         return self
@@ -217,6 +229,7 @@ class QnnProgram:
         weight_bytes: int | None = None,
         context_bytes: int | None = None,
         export: ExportReport | None = None,
+        clip_inputs: bool = True,
     ) -> None:
         self.session = session
         self.signature = signature
@@ -238,6 +251,11 @@ class QnnProgram:
         """The bytes on disk of the compiled context(s) it runs from (None when none was written or loaded)."""
         self.export = export
         """How the graph was exported (None when unknown: a loaded saved function, an older cache entry)."""
+        self.clip_inputs = clip_inputs
+        """Whether a float input beyond float16's range is clipped to +-65504 for HTP (False: such a call raises
+        :class:`BeyondHalfRangeInput`); the variant turns it off for a graph whose clipped call differed from eager."""
+        self.clipped = False
+        """Whether the last :meth:`run` clipped a float input to float16's range."""
         self._input_names = [i.name for i in session.get_inputs()]
         self._input_types = [_ORT_TO_NUMPY.get(i.type) for i in session.get_inputs()]
         self._output_names = [o.name for o in session.get_outputs()]
@@ -273,7 +291,7 @@ class QnnProgram:
         if feed is None:
             return self._run_converting(args)
         if self.checks_half_range:
-            check_inputs(self._nan_checked, feed)
+            self.clipped = check_inputs(self._nan_checked, feed, clip=self.clip_inputs)
             if self._int_bounds:
                 check_integer_inputs(self._int_bounds, feed)
         outs = self.session.run(self._output_names, feed)
@@ -288,6 +306,20 @@ class QnnProgram:
             return tensors[order[0]]
         picked = [tensors[i] for i in order]
         return tuple(picked) if container == "tuple" else picked
+
+    def beyond_half_range(self, args: Sequence[object]) -> bool:
+        """Whether a float input that :meth:`run` checks holds a finite value beyond float16's range, or an infinity
+        (one pass over each; before a run, so that the caller can keep what the run writes over)."""
+        if not self.checks_half_range:
+            return False
+        checked = set(self._nan_checked)
+        for spec in self.signature.inputs:
+            tensor = args[spec.arg_index] if spec.name in checked and spec.arg_index < len(args) else None
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
+                low, high = torch.aminmax(tensor.detach())
+                if float(high) > FP16_MAX or float(low) < -FP16_MAX:
+                    return True
+        return False
 
     def _run_converting(self, args: Sequence[object]) -> Any:
         """The general call: casts, copies of non-contiguous inputs, and errors that name a mismatched argument."""
@@ -306,7 +338,7 @@ class QnnProgram:
                 array = array.astype(want)
             feed[name] = array
         if self.checks_half_range:
-            check_inputs(self._nan_checked, feed)
+            self.clipped = check_inputs(self._nan_checked, feed, clip=self.clip_inputs)
             if self._int_bounds:
                 check_integer_inputs(self._int_bounds, feed)
         outs = self.session.run(self._output_names, feed)

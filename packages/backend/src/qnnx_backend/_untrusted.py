@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "FP16_MAX",
     "BeyondHalfRange",
+    "BeyondHalfRangeInput",
     "IntegerBeyondBound",
     "NaNInput",
     "UntrustedRun",
@@ -64,6 +65,26 @@ class NaNInput(UntrustedRun):
         super().__init__(f"ONNX input {name!r} holds NaN")
 
 
+class BeyondHalfRangeInput(UntrustedRun):
+    """A float input of a QNN call holds a value beyond float16's range, and this graph is not known to give
+    eager's results with such inputs clipped to +-65504."""
+
+    why = (
+        "HTP misreads a float beyond float16's range (no comparison with it comes out right), and clipped to "
+        "+-65504 it changes every result that depends on its size (x * 0.5, x == -inf, x < -1e6); this graph's "
+        "results with such inputs clipped were not found equal to eager PyTorch's"
+    )
+
+    def __init__(self, name: str | None, value: float | None, problem: str | None = None) -> None:
+        self.input = name
+        self.value = value
+        if problem is not None:
+            message = f"a float input beyond float16's +-{FP16_MAX:g}, clipped to it for HTP, made a result differ ({problem})"
+        else:
+            message = f"ONNX input {name!r} holds {value:g}, beyond float16's +-{FP16_MAX:g}"
+        super().__init__(message)
+
+
 class IntegerBeyondBound(UntrustedRun):
     """An integer input of a QNN call is larger than the graph's integer arithmetic provably takes."""
 
@@ -110,18 +131,22 @@ def check_half_range(names: Sequence[str], outs: Sequence[Any]) -> None:
         raise BeyondHalfRange(name, worst)
 
 
-def check_inputs(names: Sequence[str], feed: dict[str, Any]) -> None:
-    """Raise :class:`NaNInput` for the first of ``names`` whose array in ``feed`` holds a NaN, and give HTP every
-    value beyond float16's range (an infinity included) as float16's largest magnitude.
+def check_inputs(names: Sequence[str], feed: dict[str, Any], *, clip: bool = True) -> bool:
+    """Raise :class:`NaNInput` for the first of ``names`` whose array in ``feed`` holds a NaN; give HTP every value
+    beyond float16's range (an infinity included) as float16's largest magnitude, or with ``clip=False`` raise
+    :class:`BeyondHalfRangeInput` for it. Returns whether an input was clipped.
 
     HTP reads such a value as something no comparison understands: measured on the simulator, ``x < 0`` is False
     for x = -1e5, -3.4e38 and -inf, and ``x > 0`` is False for 1e5 and inf. Clipped to +-65504 first (a copy in
-    ``feed``; the caller's tensor is untouched), it is what float16 saturation gives: comparisons come out as in
-    eager PyTorch, and an additive attention mask of float32's minimum or -inf still masks. Two passes over each
-    array (NaN propagates through the maximum); a copy only when a value is out of range.
+    ``feed``; the caller's tensor is untouched), it is what float16 saturation gives: an additive attention mask of
+    float32's minimum or -inf still masks. Clipping is not exact for every graph, though (``x * 0.5`` of -inf gives
+    -32752; ``x == -inf`` is False), so a caller that can compare with eager PyTorch checks the first clipped call
+    of each graph and passes ``clip=False`` for a graph where it differed. Two passes over each array (NaN
+    propagates through the maximum); a copy only when a value is out of range.
     """
     import numpy as np
 
+    clipped = False
     for name in names:
         array = feed.get(name)
         if array is None or not array.size:
@@ -129,5 +154,10 @@ def check_inputs(names: Sequence[str], feed: dict[str, Any]) -> None:
         high = array.max()
         if np.isnan(high):
             raise NaNInput(name)
-        if high > FP16_MAX or array.min() < -FP16_MAX:
+        low = array.min()
+        if high > FP16_MAX or low < -FP16_MAX:
+            if not clip:
+                raise BeyondHalfRangeInput(name, float(high) if high > FP16_MAX else float(low))
             feed[name] = np.clip(array, -FP16_MAX, FP16_MAX)
+            clipped = True
+    return clipped

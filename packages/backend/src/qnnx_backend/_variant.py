@@ -25,7 +25,7 @@ from qnnx_backend._compare import EagerReference, mismatch, run_eager
 from qnnx_backend._options import BackendOptions
 from qnnx_backend._program import Program, recreate_and_run
 from qnnx_backend._trace import compiling
-from qnnx_backend._untrusted import UntrustedRun
+from qnnx_backend._untrusted import BeyondHalfRangeInput, UntrustedRun
 from qnnx_backend.errors import QnnFallbackWarning, QnnRuntimeError
 
 logger = logging.getLogger(__name__)
@@ -144,6 +144,11 @@ class QnnVariant:
             # Checked against eager PyTorch at compile (SQNR, cosine); verify's fp16-level limits do not apply.
             self._verified = True
             self._reference = None
+        # A float input beyond float16's range reaches HTP clipped to +-65504: exact for some graphs (an additive
+        # attention mask of float32's minimum), wrong for others (x * 0.5, x == -inf). The first call with such an
+        # input is compared with eager PyTorch like a first call; where it differs, later ones run in PyTorch.
+        self._clip_state = "unchecked" if self._verified is False else "trusted"
+        self._writes = bool(self._written())
         self.range_recomputed = 0
         """Calls computed in PyTorch because the device returned HTP's stand-in for NaN or an infinity."""
         self._lock = threading.Lock()
@@ -194,7 +199,13 @@ class QnnVariant:
                         self._fallback = fresh
                         return fresh(args)
         checking = not self._verified
-        if checking:
+        if self._clip_state == "refused":
+            self._program.clip_inputs = False  # also the program of other weights, or of a recompile
+        # A graph that writes into its arguments needs them as they were for eager's reference, so its inputs are
+        # looked at before the run; any other graph's run says whether it clipped.
+        unchecked = self._clip_state == "unchecked"
+        clip_check = unchecked and self._writes and self._program.beyond_half_range(args)
+        if checking or clip_check:
             self._verified = True
             # The arguments the graph writes into, as they were before this call: eager PyTorch computes the
             # reference from a copy of them, and a rejected first call leaves them as the caller passed them.
@@ -209,13 +220,40 @@ class QnnVariant:
             out = self._recover(args, exc)
             if out is _FELL_BACK:
                 return self._fallback(args)  # type: ignore[misc]
-        if checking:
+        if unchecked and not self._writes and self._program.clipped:
+            clip_check, before = True, {}
+        if checking or clip_check:
             problem = self._check_accuracy(args, out, before)
             if problem is not None:
                 for i, value in before.items():
                     cast(torch.Tensor, args[i]).copy_(value)
+                if clip_check:
+                    # The clipped inputs may be the cause: such calls run in PyTorch from now on, and a call
+                    # within float16's range still gets the first-call guard if this was the first call.
+                    self._verified = not checking
+                    return self._refuse_clipping(args, problem)
                 return self._reject(args, problem)
+            if clip_check:
+                self._clip_state = "verified"
+                logger.info(
+                    "qnn backend: graph %d: inputs clipped to float16's range agree with eager PyTorch",
+                    self.report.graph_id,
+                )
         return out
+
+    @property
+    def clip_state(self) -> str:
+        """Whether a float input beyond float16's range may be clipped for HTP: ``verified`` (a clipped call agreed
+        with eager PyTorch), ``refused`` (one differed: such calls run in PyTorch), ``unchecked`` (no such call yet)
+        or ``trusted`` (not checked: ``verify=False``, or a quantized graph)."""
+        return self._clip_state
+
+    def _refuse_clipping(self, args: Sequence[object], problem: str) -> Any:
+        """After a clipped call that differed from eager PyTorch: calls with inputs beyond float16's range are
+        computed in PyTorch (or raise under strict), this one first."""
+        self._clip_state = "refused"
+        self._program.clip_inputs = False
+        return self._untrusted(args, BeyondHalfRangeInput(None, None, problem))
 
     def _untrusted(self, args: Sequence[object], untrusted: UntrustedRun) -> Any:
         """A call with a NaN input, an integer input beyond what the graph's int32 arithmetic takes, or whose QNN
