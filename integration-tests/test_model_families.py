@@ -153,8 +153,28 @@ def _hiera() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.HieraModel(cfg), torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
 
 
+def _canine() -> tuple[torch.nn.Module, torch.Tensor]:
+    """CANINE reads Unicode code points, hashes each into its embedding tables as ``(id + 1) * prime % buckets``
+    (integer remainders of values far past 2048), and downsamples characters with a strided Conv1d."""
+    import transformers
+
+    cfg = transformers.CanineConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        downsampling_rate=2,
+        num_hash_functions=2,
+        num_hash_buckets=64,
+        local_transformer_stride=4,
+    )
+    ids = torch.randint(32, 70000, (1, 16), generator=torch.Generator().manual_seed(1))
+    return transformers.CanineModel(cfg), ids
+
+
 FAMILIES = {
     "bit": _bit,
+    "canine": _canine,
     "convbert": _convbert,
     "hiera": _hiera,
     "funnel": _funnel,

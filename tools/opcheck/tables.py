@@ -861,7 +861,10 @@ NODE_CONDITIONS: list[dict[str, Any]] = [
      "unless_index_wrap": 1024, "kind": "wrong_result", "reason": "QNN HTP computes an integer Mod in fp16: a "
      "dividend beyond 2048 in magnitude comes back wrong (int32 70000 mod 256 = 128, 1000003 mod 3 = 64), some below "
      "it too (-2047 mod 7 = 5), and int8 for small values. Vouched for: the wrap of gather indices by the gathered "
-     "axis's size d <= 1024 (torch.onnx's take_along_dim), exact for every index in [-d, d)",
+     "axis's size d <= 1024 (torch.onnx's take_along_dim), exact for every index in [-d, d), where the indices are "
+     "an input or pass through views, casts, gathers or an arg-max only (a hash such as (ids + 1) * 31 % 64 into a "
+     "table of 64 rows is not an index wrap: its dividends can be any size). qnnx-export's integer_mod_by_division "
+     "pass writes a % b with integer Div, Mul and Sub instead, exact on HTP",
      "evidence": "probe htp 2.7.0 soc60 2026-12-03: Mod (fmod=0) of int32 and int64 dividends [0, +-5, +-100, 1000, "
      "2047, 2049, 4097, +-10001, 40000, 70000, +-1000003] by constant 3, 7, -7 and 256: wrong from 2049 on, and "
      "-2047 mod 7 = 5 (4097 mod 3 = 0, 70000 mod 7 = 0); int16 and uint16 wrong from 2049 on; int8: -5 mod 7 = 127, "

@@ -1192,6 +1192,7 @@ COVERED_ELSEWHERE = {
     "flatten_merged_heads_matmul": "test_qnn_defects.py",
     # New arithmetic, proven over shape classes and positions on QNN in its own file.
     "angles_from_tables": "test_pass_angles.py",
+    "integer_mod_by_division": "test_pass_integer_mod.py",
     "transpose_of_unit_dims_as_reshape": "test_pass_unit_transpose.py",
     "decompose_high_rank_transpose": "test_pass_high_rank.py",
     "high_rank_reduce_on_merged_axes": "test_pass_high_rank.py",

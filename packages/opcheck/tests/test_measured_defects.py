@@ -656,11 +656,19 @@ def test_the_live_simulator_agrees_on_integer_mod(x: list[int]) -> None:
     assert not np.array_equal(got, want) and np.array_equal(want, np.mod(x, 7))
 
 
-def _wrapped_gather(d: int, gather_axis_size: int, op: str, dtype: int, extra_use: bool) -> onnx.ModelProto:
-    """torch.onnx's take_along_dim: ``Gather[Elements](x, Mod(i, d))`` along axis 1 of x[3, gather_axis_size]."""
+def _wrapped_gather(
+    d: int, gather_axis_size: int, op: str, dtype: int, extra_use: bool, source: str = "input"
+) -> onnx.ModelProto:
+    """torch.onnx's take_along_dim: ``Gather[Elements](x, Mod(i, d))`` along axis 1 of x[3, gather_axis_size]; the
+    dividend is the input ``i``, its Reshape, the ArgMax of a float input (positions), or ``i * 31`` (a hash)."""
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    dividend = {"input": "i", "view": "iv", "argmax": "ia", "hash": "ih"}[source]
     nodes = [
-        helper.make_node("Mod", ["i", "d"], ["w"], name="mod"),
+        helper.make_node("Reshape", ["i", "shape"], ["iv"], name="view"),
+        helper.make_node("ArgMax", ["x"], ["ia64"], axis=1, keepdims=1, name="argmax"),
+        helper.make_node("Cast", ["ia64"], ["ia"], to=dtype, name="cast"),
+        helper.make_node("Mul", ["i", "prime"], ["ih"], name="hash"),
+        helper.make_node("Mod", [dividend, "d"], ["w"], name="mod"),
         helper.make_node(op, ["x", "w"], ["y"], axis=1, name="gather"),
     ]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
@@ -675,7 +683,11 @@ def _wrapped_gather(d: int, gather_axis_size: int, op: str, dtype: int, extra_us
             helper.make_tensor_value_info("i", dtype, [3, 2]),
         ],
         outputs,
-        [numpy_helper.from_array(np.array(d, np_dtype), "d")],
+        [
+            numpy_helper.from_array(np.array(d, np_dtype), "d"),
+            numpy_helper.from_array(np.array([3, 2], np.int64), "shape"),
+            numpy_helper.from_array(np.array(31, np_dtype), "prime"),
+        ],
     )
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
     return onnx.shape_inference.infer_shapes(m, strict_mode=True)
@@ -687,14 +699,16 @@ def _wrapped_gather(d: int, gather_axis_size: int, op: str, dtype: int, extra_us
     op=st.sampled_from(["Gather", "GatherElements"]),
     dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
     extra_use=st.booleans(),
+    source=st.sampled_from(["input", "view", "argmax", "hash"]),
 )
 def test_an_integer_mod_wrapping_gather_indices_is_vouched_for(
-    d: int, same_size: bool, op: str, dtype: int, extra_use: bool
+    d: int, same_size: bool, op: str, dtype: int, extra_use: bool, source: str
 ) -> None:
     """The Mod torch.onnx writes to wrap take_along_dim's indices (by the gathered axis's size d <= 1024, used only
-    as the indices) is vouched for; by another divisor, a larger d or with another use it is refused."""
-    v = _verdict(_wrapped_gather(d, d if same_size else d + 1, op, dtype, extra_use), "mod")
-    vouched = d <= 1024 and same_size and not extra_use
+    as the indices, of indices as PyTorch checks them) is vouched for; by another divisor, a larger d, with another
+    use, or of a dividend that arithmetic computes (a hash into a table of d rows, any size) it is refused."""
+    v = _verdict(_wrapped_gather(d, d if same_size else d + 1, op, dtype, extra_use, source), "mod")
+    vouched = d <= 1024 and same_size and not extra_use and source != "hash"
     assert (v.status != "unsupported") == vouched, v
 
 

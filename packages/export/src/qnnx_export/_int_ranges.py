@@ -87,6 +87,20 @@ def _magnitude(x: Interval) -> int:
     return max(abs(x[0]), abs(x[1]))
 
 
+def _remainder_divisor(sub: ir.Node, ranges: _Ranges) -> Interval | None:
+    """The interval of ``d`` when ``sub`` is ``Sub(a, Mul(Div(a, d), d))`` (a remainder, as the integer Mod rewrite
+    writes it, whose magnitude stays below the divisor's whether Div truncates or floors); else None."""
+    a, multiple = sub.inputs[0], sub.inputs[1] if len(sub.inputs) > 1 else None
+    mul = multiple.producer() if multiple is not None else None
+    if a is None or mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2:
+        return None
+    for quotient, d in (mul.inputs, reversed(mul.inputs)):
+        div = quotient.producer() if quotient is not None else None
+        if div is not None and div.op_type == "Div" and list(div.inputs) == [a, d] and d is not None:
+            return ranges.of(d)
+    return None
+
+
 class _Ranges:
     """Intervals of the integer values of a graph, for given intervals of its integer inputs."""
 
@@ -172,6 +186,8 @@ def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     b = ins[1] if len(ins) > 1 else None
     if out.dtype in _AS_INT32 and op in _ADDING and any(i is None for i in ins[: _ADDING[op]]):
         raise _Unbounded(f"{op} of a value whose type is unknown")
+    if op == "Sub" and b is not None and (divisor := _remainder_divisor(node, r)) is not None:
+        return [(-(_magnitude(divisor) - 1), _magnitude(divisor) - 1)]  # a - Div(a, d) * d: within the divisor
     if op in ("Add", "Sub", "Mul") and a is not None and b is not None:
         if op == "Add":
             return [(a[0] + b[0], a[1] + b[1])]
@@ -185,7 +201,10 @@ def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     if op == "Sign":
         return [(-1, 1)]
     if op == "Div" and a is not None and b is not None:
-        return [(-_magnitude(a), _magnitude(a))]
+        # A divisor that cannot be 0 divides the magnitude by its smallest one, rounded up (HTP's Div floors by a
+        # constant power of two where ONNX truncates).
+        least = min(abs(b[0]), abs(b[1])) if b[0] > 0 or b[1] < 0 else 1
+        return [(-(-_magnitude(a) // least), -(-_magnitude(a) // least))]
     if op == "Mod" and a is not None and b is not None:
         m = max(_magnitude(b) - 1, 0)
         return [(-min(m, _magnitude(a)), min(m, _magnitude(a)))]

@@ -91,6 +91,28 @@ _ELEMENTWISE_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div"})
 _BOUNDED_OPS = frozenset({"Softmax", "Sigmoid", "Tanh"})
 
 
+# Ops that pass index values along without computing new ones (for the gather-index wrap of integer Mod).
+_INDEX_PASSING = frozenset(
+    {
+        "Cast",
+        "Reshape",
+        "Unsqueeze",
+        "Squeeze",
+        "Flatten",
+        "Expand",
+        "Transpose",
+        "Identity",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "Concat",
+        "ArgMax",
+        "ArgMin",
+        "TopK",
+    }
+)
+
+
 class Patterns:
     """The matchers of the table's patterns (``(index, node) -> bool``, the registered rules) and the other pattern
     tests the checker makes, on one graph."""
@@ -262,10 +284,14 @@ class Patterns:
         along an axis of static size ``d`` (torch.onnx's ``take_along_dim`` and ``gather`` wrap negative indices so).
         PyTorch raises for an index outside [-d, d), so the dividends that reach QNN lie there, where HTP's fp16
         quotient i / d stays on the right side of every integer for d <= 1024 (measured exact for every i in
-        [-d, d), d 3-1000)."""
+        [-d, d), d 3-1000). That holds for indices as PyTorch checks them: a graph input, or indices that views,
+        casts, gathers or an arg-max pass along. A dividend that arithmetic computes is a hash, not an index
+        (``(ids + 1) * 31 % 64`` into a 64-row table): it can be any size, and is not vouched for."""
         d = self.view.scalar(node.input[1]) if len(node.input) > 1 else None
         out = node.output[0] if node.output else ""
         if d is None or not 1 <= d <= limit or d != int(d) or not out or out in self.view.f.graph_outputs:
+            return False
+        if not self._index_like(node.input[0]):
             return False
         users = self.view.consumer_nodes(out)
         for user in users:
@@ -280,6 +306,19 @@ class Patterns:
             if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] != int(d):
                 return False
         return bool(users)
+
+    def _index_like(self, name: str, depth: int = 8) -> bool:
+        """Whether ``name`` is a graph input or constant, or comes from one only through ops that move, cast or pick
+        index values (never through arithmetic that computes new ones)."""
+        producer = self.view.producer(name)
+        if producer is None:
+            return True
+        if depth == 0 or producer.op_type not in _INDEX_PASSING:
+            return False
+        if producer.op_type in ("ArgMax", "ArgMin", "TopK"):
+            return True  # positions along an axis: within its size, as PyTorch computes them
+        data = producer.input if producer.op_type == "Concat" else producer.input[:1]
+        return all(self._index_like(i, depth - 1) for i in data if i)
 
     @rule("add_const_broadcast_layernorm")
     def _is_add_const_ln(self, index: int, node: NodeView) -> bool:
