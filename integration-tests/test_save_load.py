@@ -383,6 +383,34 @@ def test_a_saved_file_clips_inputs_beyond_half_range_only_where_that_was_found_e
         qnnx_backend.load(tmp_path / "r.qnnx")(far, b)
 
 
+def _without_key(node: object, key: str) -> object:
+    if isinstance(node, dict):
+        return {k: _without_key(v, key) for k, v in node.items() if k != key}
+    if isinstance(node, list):
+        return [_without_key(v, key) for v in node]
+    return node
+
+
+def test_a_file_saved_before_the_clip_decision_was_recorded_still_clips(tmp_path: Path) -> None:
+    """A file from before the decision was recorded (its graphs carry no ``clip_inputs``) loads as it did: an
+    additive mask of -inf is clipped and masks, in both loaders."""
+    from qnnx_backend import _payload
+
+    x = torch.randn(2, 8)
+    qnnx_backend.save(_MaskedScores(), (x, torch.zeros(2, 8)), tmp_path / "m.qnnx", options=OPTIONS)
+    header, blobs = _payload.unpack_payload((tmp_path / "m.qnnx").read_bytes())
+    assert "clip_inputs" in json.dumps(header)
+    stripped = _without_key({k: v for k, v in header.items() if k not in ("format", "blobs")}, "clip_inputs")
+    (tmp_path / "old.qnnx").write_bytes(_payload.pack_payload(stripped, [bytes(b) for b in blobs]))
+    mask = torch.zeros(2, 8)
+    mask[:, 5:] = float("-inf")
+    want = _MaskedScores()(x, mask).numpy()
+    loaded = qnnx_backend.load_arrays(tmp_path / "old.qnnx")
+    (name,) = loaded.output_names
+    np.testing.assert_allclose(loaded(x.numpy(), mask.numpy())[name], want, atol=2e-3)
+    np.testing.assert_allclose(qnnx_backend.load(tmp_path / "old.qnnx")(x, mask).numpy(), want, atol=2e-3)
+
+
 def test_strict_mismatch_in_the_torch_free_loader_names_the_fix(tmp_path: Path) -> None:
     """A strict file whose saved versions differ from this machine's: load_arrays raises QnnDeviceError naming the
     version and the way out (the header is rewritten with a foreign onnxruntime-qnn version)."""

@@ -353,7 +353,9 @@ def _call_plan(record: Mapping[str, Any], signature: Any) -> dict[str, Any]:
         "passes_applied": tuple(record.get("passes_applied") or ()),
         "out_dtypes": tuple(None if d is None else getattr(torch, d) for d in record["out_dtypes"]),
         "fp16": bool(record["fp16"]),
-        "clip_inputs": record.get("clip_inputs") in ("verified", "trusted"),
+        # A file saved before the decision was recorded clipped always: it keeps doing so (its saved generation
+        # graphs take a float32-min mask on every call).
+        "clip_inputs": record.get("clip_inputs", "trusted") in ("verified", "trusted"),
     }
 
 

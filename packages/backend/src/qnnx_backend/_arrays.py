@@ -92,8 +92,8 @@ class ArrayModel:
         self._signature = record["signature"]
         self._int_bounds = integer_bounds(self._signature["inputs"])
         # Inputs beyond float16's range are clipped only where the saving process found that exact, or compiled
-        # without the accuracy guard (no PyTorch here to check it).
-        self._clip = record.get("clip_inputs") in ("verified", "trusted")
+        # without the accuracy guard (no PyTorch here to check it), or saved before it recorded the decision.
+        self._clip = record.get("clip_inputs", "trusted") in ("verified", "trusted")
         self._out_dtypes = list(record["out_dtypes"])
         self.model_name = str(call["model"])
         """The class of the model that was saved (``module.QualName``), for messages."""
