@@ -21,7 +21,7 @@ from qnnx_backend import _report
 from qnnx_backend._build import build_program, build_quantized
 from qnnx_backend._calibrate import Calibration
 from qnnx_backend._compare import EagerReference
-from qnnx_backend._export import CompileContext, analyze, export_report
+from qnnx_backend._export import NOTHING_TO_COMPUTE, CompileContext, analyze, computes_nothing, export_report
 from qnnx_backend._host_outputs import HostOutputsProgram, HostSplit, separate
 from qnnx_backend._options import CHAIN, BackendOptions, effective_device
 from qnnx_backend._program import Program
@@ -30,6 +30,21 @@ from qnnx_backend._trace import op_counts
 from qnnx_backend.errors import QnnDeviceError, QnnFallbackWarning, UnsupportedGraphError
 
 logger = logging.getLogger(__name__)
+
+
+def _strict_hint(kinds: set[str]) -> str:
+    """What ``strict`` says of a graph the analysis keeps off QNN, with the fixes that apply to its problems."""
+    fixes = []
+    if kinds - {"empty_tensor"}:
+        fixes.append(
+            "call the model under torch.no_grad() and model.eval(), avoid in-place updates of inputs and buffers"
+        )
+    if "empty_tensor" in kinds:
+        fixes.append("give the graph tensors with at least one element (QNN cannot hold an empty one)")
+    return (
+        "With strict=True qnnx refuses to run such a graph on QNN, since the result would differ from PyTorch. Fix: "
+        f"{'; '.join(fixes)}; or use strict=False to run these graphs in PyTorch."
+    )
 
 
 def place(
@@ -94,14 +109,11 @@ def place(
     timings["analyze"] = time.perf_counter() - t
     base["problem_kinds"] = tuple(sorted({p.kind for p in analysis.problems}))
     if analysis.problems:
+        if computes_nothing(gm, args, analysis):
+            return eager(NOTHING_TO_COMPUTE, warn=False)
         details = [p.detail for p in analysis.problems]
         if opts.strict:
-            raise UnsupportedGraphError(
-                details,
-                "With strict=True qnnx refuses to run such a graph on QNN, since the result would differ from "
-                "PyTorch. Fix: call the model under torch.no_grad() and model.eval(), avoid in-place updates of "
-                "inputs and buffers, or use strict=False to run these graphs in PyTorch.",
-            )
+            raise UnsupportedGraphError(details, _strict_hint({p.kind for p in analysis.problems}))
         return eager("; ".join(details), warn=True)
 
     devices = [d for d in ([device] if device != "auto" else CHAIN) if d not in exclude]

@@ -224,7 +224,14 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
     import qnnx_detection
     from qnnx_backend._build import crashed_compile
     from qnnx_backend._check import fp16_range_refusal
-    from qnnx_backend._export import CompileContext, analyze, export_once, export_report
+    from qnnx_backend._export import (
+        NOTHING_TO_COMPUTE,
+        CompileContext,
+        analyze,
+        computes_nothing,
+        export_once,
+        export_report,
+    )
     from qnnx_backend._host_outputs import separate
     from qnnx_backend._quantize import explain_quantized
     from qnnx_backend._session import DeviceRejected, StagedModel
@@ -252,7 +259,11 @@ def explain(model: Any, *example_inputs: object, compile: bool = False, **option
         gm, inputs = static_variant(gm, inputs)
         analysis = analyze(gm, inputs, opts)
         if analysis.problems:
-            reason: str | None = "; ".join(p.detail for p in analysis.problems)
+            reason: str | None = (
+                NOTHING_TO_COMPUTE
+                if computes_nothing(gm, inputs, analysis)
+                else "; ".join(p.detail for p in analysis.problems)
+            )
             explained.append(GraphExplanation(onnx_nodes=0, devices=(), final_device="eager", reason=reason, **base))
             continue
         range_ctx = CompileContext(gm=gm, args=list(inputs), options=opts, analysis=analysis)

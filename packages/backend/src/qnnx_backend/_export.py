@@ -163,6 +163,39 @@ def analyze(gm: torch.fx.GraphModule, args: Sequence[object], opts: BackendOptio
     return analysis
 
 
+NOTHING_TO_COMPUTE = (
+    "nothing to compute: every output of the graph has zero elements and it writes no argument, so PyTorch returns "
+    "them (QNN cannot hold an empty tensor)"
+)
+
+
+def computes_nothing(gm: torch.fx.GraphModule, args: Sequence[object], analysis: GraphAnalysis) -> bool:
+    """Whether the only thing that keeps ``gm`` off QNN is empty tensors, and nothing it returns or writes holds an
+    element: its tensor outputs all have zero elements, and any argument it writes in place has none either.
+
+    Such a graph (an empty batch, a zero-length sequence) has no result to compute: it runs in PyTorch, which makes
+    its empty outputs, without a fallback warning and under ``strict`` too. A graph with an empty tensor whose
+    outputs hold elements (the sum over an empty axis) is computed, and stays a fallback."""
+    from torch.utils._pytree import tree_leaves
+
+    import qnnx_export
+
+    if not analysis.problems or any(p.kind != "empty_tensor" for p in analysis.problems):
+        return False
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = [
+        leaf.meta.get("example_value", leaf.meta.get("val"))
+        for leaf in tree_leaves(output.args)
+        if isinstance(leaf, torch.fx.Node)
+    ]
+    tensors = [v for v in returned if isinstance(v, torch.Tensor)]
+    if not tensors or len(tensors) != len(returned) or any(int(v.numel()) != 0 for v in tensors):
+        return False
+    written = qnnx_export.written_arguments(gm)
+    written_values = [args[i] for i in written]
+    return all(isinstance(v, torch.Tensor) and v.numel() == 0 for v in written_values)
+
+
 def export_once(ctx: CompileContext) -> CompilableModel:
     """The graph's ONNX model (quantized when ``ctx`` asks for it), exported once per graph.
 

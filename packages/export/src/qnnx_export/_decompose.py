@@ -176,6 +176,70 @@ def rms_norm(
     return out.to(input.dtype)
 
 
+def linear_cross_entropy_chunked(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    *_chunking: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``F.linear_cross_entropy``'s batch-chunked custom op (``reduction`` mean or sum) as the reference math it
+    chunks: ``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)``.
+
+    The op also returns the gradients it precomputes for its backward; :func:`unfuse` swaps it only where none is
+    requested (inference), so those outputs are the op's empty placeholders."""
+    logits = F.linear(input, linear_weight, linear_bias)
+    loss = F.cross_entropy(
+        logits, target, weight=weight, reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing
+    )
+    empty = torch.empty((0, 0), dtype=input.dtype)
+    return loss, empty, empty, torch.empty((0,), dtype=input.dtype)
+
+
+def linear_cross_entropy_chunked_none(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    linear_bias: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    *_chunking: Any,
+) -> torch.Tensor:
+    """``F.linear_cross_entropy``'s batch-chunked custom op for ``reduction="none"``: the per-sample loss."""
+    logits = F.linear(input, linear_weight, linear_bias)
+    return F.cross_entropy(logits, target, weight=weight, reduction="none", ignore_index=ignore_index)
+
+
+def _computes_gradients(node: Any) -> bool:
+    """Whether a call of the chunked scalar op asks for any of the gradients it can precompute (its last three
+    arguments, ``compute_input_grad``, ``compute_linear_weight_grad`` and ``compute_linear_bias_grad``)."""
+    flags = list(node.args[12:15])
+    for name in ("compute_input_grad", "compute_linear_weight_grad", "compute_linear_bias_grad"):
+        if name in node.kwargs:
+            flags.append(node.kwargs[name])
+    return len(node.args) + len(node.kwargs) < 15 or any(flags)
+
+
+def _chunked_cross_entropy_ops() -> dict[Any, Any]:
+    namespace = getattr(torch.ops, "torch_nn", None)
+    table: dict[Any, Any] = {}
+    for name, fn in (
+        ("_linear_cross_entropy_batch_chunked", linear_cross_entropy_chunked),
+        ("_linear_cross_entropy_batch_chunked_no_reduction", linear_cross_entropy_chunked_none),
+    ):
+        try:
+            op = getattr(namespace, name)
+        except (AttributeError, RuntimeError):  # an older torch, or the op's module not yet imported
+            continue
+        table[op] = fn
+        table[op.default] = fn
+    return table
+
+
 def _replacements() -> dict[Any, Any]:
     table: dict[Any, Any] = {torch.rms_norm: rms_norm, torch.nn.functional.rms_norm: rms_norm}
     for name, fn in (
@@ -211,4 +275,12 @@ def unfuse(
         log.debug("decomposing fused fast path %s at node %s", node.target, node.name)
         node.target = FUSED_REPLACEMENTS[node.target]
         return
+    if node.op == "call_function" and getattr(node.target, "namespace", None) == "torch_nn":
+        chunked = _chunked_cross_entropy_ops().get(node.target)
+        if chunked is linear_cross_entropy_chunked_none or (chunked is not None and not _computes_gradients(node)):
+            log.debug(
+                "writing chunked linear cross entropy %s at node %s as its reference math", node.target, node.name
+            )
+            node.target = chunked
+            return
     rewrite_moe_node(node, max_dense_experts, max_gathered_expert_bytes)
