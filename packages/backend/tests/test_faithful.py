@@ -119,3 +119,21 @@ def test_the_accuracy_guard_leaves_out_the_left_padding_and_nothing_else(
     with left_padding(count, (other_size,)):  # not a dimension of positions: compared whole
         assert mismatch(padded, ref, 2e-2, 0.999) is not None
     assert mismatch(padded, ref, 2e-2, 0.999) is not None  # out of scope: compared whole
+
+
+@given(shapes(max_rank=3, min_side=1), seeds(), st.floats(-40, 2))
+def test_first_call_mismatch_names_magnitudes_too_small_for_float16(
+    shape: list[int], seed: int, log2_scale: float
+) -> None:
+    """When eager's outputs are too small for float16 (an untrained deep model's vanishing activations), the first
+    call's mismatch says so, in float16's two ranges (below its smallest value; subnormal); at ordinary magnitudes it
+    does not."""
+    from qnnx_backend._compare import mismatch
+
+    g = torch.Generator().manual_seed(seed)
+    ref = (torch.rand(shape, generator=g) + 0.5) * 2.0**log2_scale
+    why = mismatch(torch.zeros_like(ref), ref, 2e-2, 0.999)
+    assert why is not None and "max|err|" in why
+    scale = float(ref.abs().max())
+    assert ("below float16's smallest value" in why) == (scale < 2.0**-24)
+    assert ("float16's subnormal range" in why) == (2.0**-24 <= scale < 2.0**-14)

@@ -127,7 +127,29 @@ def mismatch(got: torch.Tensor, ref: torch.Tensor, rtol: float, min_cosine: floa
     cos = (g64 @ r64).item() / denom if denom > 0 else (1.0 if err == 0 else 0.0)
     if rel <= rtol and cos >= min_cosine:
         return None
-    return f"max|err|/max|ref| = {rel:.3g} (limit {rtol:g}), cosine = {cos:.6f} (limit {min_cosine:g})"
+    return f"max|err|/max|ref| = {rel:.3g} (limit {rtol:g}), cosine = {cos:.6f} (limit {min_cosine:g})" + _tiny(scale)
+
+
+# float16's smallest subnormal and smallest normal magnitudes.
+_FP16_TINIEST = 2.0**-24
+_FP16_SMALLEST_NORMAL = 2.0**-14
+
+
+def _tiny(scale: float) -> str:
+    """Why the comparison failed when eager's largest magnitude is too small for float16 (which HTP computes in), as
+    a clause to append; empty otherwise. Random-initialized deep models shrink their activations this far."""
+    if 0 < scale < _FP16_TINIEST:
+        return (
+            f"; eager's largest magnitude is {scale:.3g}, below float16's smallest value ({_FP16_TINIEST:.3g}), so "
+            "HTP's float16 arithmetic cannot hold any of these values (untrained weights often shrink activations "
+            "this far)"
+        )
+    if 0 < scale < _FP16_SMALLEST_NORMAL:
+        return (
+            f"; eager's largest magnitude is {scale:.3g}, in float16's subnormal range (below "
+            f"{_FP16_SMALLEST_NORMAL:.3g}), where HTP's float16 arithmetic keeps few digits"
+        )
+    return ""
 
 
 SMALL_GRAPH_ELEMENTS = 4 * 2**20
