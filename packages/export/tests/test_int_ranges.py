@@ -88,7 +88,17 @@ def test_within_the_bounds_no_integer_value_leaves_int32(steps, scale, fill, see
     fn = _program(steps)
     x0 = torch.arange(8, dtype=torch.int64)
     g = only(capture(fn, x0, x0 + 1)[0])
-    exported = qe.export(g.gm, g.example_inputs, analysis=g.analysis)
+    refusal = None
+    try:
+        exported = qe.export(g.gm, g.example_inputs, analysis=g.analysis)
+    except qe.errors.ExportError as exc:
+        refusal = str(exc)
+    if refusal is not None:
+        # Refused: even at x = y = 0 the program leaves what HTP computes exactly (int64 in eager, step by step).
+        assert "even with its integer inputs at 0" in refusal, refusal
+        zero = torch.zeros(8, dtype=torch.int64)
+        assert any(_beyond(op, v) for op, v in _steps_in_eager(steps, zero, zero)), steps
+        return
     rng = np.random.default_rng(seed)
     feed = {}
     for spec in exported.signature.inputs:
@@ -103,6 +113,38 @@ def test_within_the_bounds_no_integer_value_leaves_int32(steps, scale, fill, see
     for op, value in _intermediates(exported, feed):
         limit = 2**24 if op in ("ReduceSum", "CumSum") else _INT32_MAX
         assert value.min() >= -limit - (limit == _INT32_MAX) and value.max() <= limit, (op, steps, feed)
+
+
+def _steps_in_eager(steps, x, y):
+    """Each step's op and value of :func:`_program` in int64 eager PyTorch (exact for these magnitudes)."""
+    return [(steps[k][0], _program(steps[: k + 1])(x, y)) for k in range(len(steps))]
+
+
+def _beyond(op: str, value: torch.Tensor) -> bool:
+    """Whether ``value`` leaves what HTP holds it in: float32's exact integers for a sum, int32 otherwise."""
+    limit = 2**24 if op in ("cumsum", "sum") else _INT32_MAX
+    return bool((value.abs() > limit).any())
+
+
+def test_constants_that_overflow_for_every_input_are_refused():
+    """``((x - 277) * 277 * 237).cumsum(0)`` sums past float32's exact integers (HTP's integer sums) even at x = 0:
+    no input bound makes it exact on HTP, so the export refuses it (it had no bound at all: silently wrong)."""
+    g = only(capture(lambda x: ((x - 277) * 277 * 237).cumsum(0), torch.arange(8))[0])
+    with pytest.raises(qe.errors.ExportError, match="even with its integer inputs at 0"):
+        qe.export(g.gm, g.example_inputs, analysis=g.analysis)
+
+
+def test_routing_indices_are_bounded_by_their_axis():
+    """Top-k expert indices are below the number of experts: counting tokens per expert with them needs no bound and
+    refuses nothing (they were taken as any int32, which proved nothing)."""
+
+    def route(logits: torch.Tensor) -> torch.Tensor:
+        top = logits.topk(2, -1).indices
+        return torch.zeros(8, dtype=torch.int64).index_add(0, top.flatten(), torch.ones_like(top.flatten())) * 1000
+
+    g = only(capture(route, torch.randn(5, 8))[0])
+    exported = qe.export(g.gm, g.example_inputs, analysis=g.analysis)
+    assert all(s.max_abs is None for s in exported.signature.inputs)
 
 
 def test_a_product_gets_the_bound_that_keeps_it_in_int32():

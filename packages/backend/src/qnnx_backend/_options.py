@@ -347,7 +347,8 @@ class BackendOptions:
         ),
     )
     """A failure on the chosen device raises (``QnnDeviceError``, ``UnsupportedGraphError``) naming the device and
-    the cause, instead of falling back with one log line."""
+    the cause, instead of falling back with one log line. A graph with nothing to compute (every output empty, no
+    argument with elements written) is no failure: PyTorch returns its empty outputs."""
 
     fp16: bool = attrs.field(
         default=False,

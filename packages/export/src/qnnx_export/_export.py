@@ -493,9 +493,12 @@ def export(
     t4 = time.perf_counter()
 
     names = {name: i for name, i in user_inputs}
-    from qnnx_export._int_ranges import integer_input_bounds  # onnx_ir and the passes' helpers: at export time
+    from qnnx_export._int_ranges import IntegerOverflow, integer_input_bounds  # onnx_ir: at export time
 
-    bounds = integer_input_bounds(model)
+    try:
+        bounds = integer_input_bounds(model)
+    except IntegerOverflow as exc:
+        raise ExportError(str(exc)) from None
     specs: list[InputSpec] = []
     for value in model.graph.inputs:
         if value.name not in names:

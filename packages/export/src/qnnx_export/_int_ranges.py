@@ -12,6 +12,7 @@ call's integer inputs against those bounds (a call beyond them is computed elsew
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -20,7 +21,7 @@ import onnx_ir as ir
 
 from qnnx_export._passes._graph import const_array, static_shape
 
-__all__ = ["integer_input_bounds"]
+__all__ = ["IntegerOverflow", "integer_input_bounds"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 _FP16_MAX = 65504  # a float HTP casts to an integer is a float16 value
@@ -68,6 +69,25 @@ class _Unbounded(Exception):
     """An integer node whose values the analysis cannot bound."""
 
 
+class IntegerOverflow(Exception):
+    """With every integer input at 0, an integer value of the graph (or its float32 sum, or its float16 cast) may
+    already leave what HTP computes it in, bounded from constants, shapes and rules alone (no value the analysis had
+    to take as anything its type holds): no input bound makes the graph safe on HTP.
+
+    Attributes:
+        node: The name (or op type) of the first such node.
+    """
+
+    def __init__(self, node: str) -> None:
+        super().__init__(
+            f"the graph's integer arithmetic leaves what QNN HTP computes exactly at node {node!r} even with its "
+            "integer inputs at 0 (HTP holds integers in int32, adds up sums in float32, exact up to 2**24, and casts "
+            "integers to float16): no bound on the inputs keeps it exact. Fix: compute these values in float, or "
+            "keep this graph in PyTorch (device='cpu')."
+        )
+        self.node = node
+
+
 def _union(*intervals: Interval | None) -> Interval | None:
     known = [i for i in intervals if i is not None]
     return (min(i[0] for i in known), max(i[1] for i in known)) if known else None
@@ -107,6 +127,9 @@ class _Ranges:
     def __init__(self, inputs: Mapping[str, Interval]) -> None:
         self.inputs = inputs
         self.memo: dict[int, Interval | None] = {}
+        # Values whose interval is only their type's range (no rule bounds them), or derives from one: an overflow
+        # of theirs proves nothing about the graph.
+        self.loose: set[int] = set()
 
     def of(self, value: ir.Value | None) -> Interval | None:
         """The interval of ``value`` (None: not an integer, or no value)."""
@@ -122,6 +145,8 @@ class _Ranges:
             interval = self.inputs[value.name]
         else:
             interval = _INTS[value.dtype]  # a value no rule bounds holds anything its type holds
+            if value.name not in self.inputs:
+                self.loose.add(id(value))
         self.memo[id(value)] = interval
         return interval
 
@@ -150,6 +175,18 @@ def _axes(node: ir.Node) -> list[int]:
     return [int(a) % rank for a in np.asarray(given).reshape(-1)] if rank else []
 
 
+def _axis_size(node: ir.Node) -> int:
+    """The size of the axis a TopK selects along (int32's largest value when not static): its indices are below."""
+    shape = static_shape(node.inputs[0])
+    attr = node.attributes.get("axis")
+    axis = attr.as_int() if attr is not None else -1
+    return max(1, shape[axis % len(shape)]) if shape else INT32_MAX
+
+
+# Rules whose intervals do not depend on their inputs' values (sizes, positions, signs): exact whatever those are.
+_VALUE_FREE = frozenset({"Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Sign", "ConstantOfShape"})
+
+
 def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     """The intervals of ``node``'s outputs (raises :class:`_Unbounded` for integer arithmetic it cannot bound)."""
     op = node.op_type
@@ -168,7 +205,7 @@ def _computed(node: ir.Node, r: _Ranges) -> list[Interval | None]:
     if op in _SELECT:
         picked = _union(*(ins[i] for i in _SELECT[op] if i < len(ins)))
         if op == "TopK" and len(node.outputs) > 1:
-            return [picked, (0, INT32_MAX)]
+            return [picked, (0, _axis_size(node) - 1)]
         if op == "Pad" and len(ins) < 3:
             picked = _union(picked, (0, 0))
         return [picked] * len(node.outputs)
@@ -259,25 +296,29 @@ def _int_to_float(node: ir.Node) -> bool:
     return source is not None and source.dtype in _INTS and target is not None and target.is_floating_point()
 
 
-def _first_overflow(nodes: Sequence[ir.Node], inputs: Mapping[str, Interval]) -> str | None:
+def _first_overflow(nodes: Sequence[ir.Node], inputs: Mapping[str, Interval]) -> tuple[str, bool] | None:
     """The first node whose integer values may leave what HTP holds them in, for integer inputs within ``inputs``
-    (int32; float32's exact integers for a sum; float16's range for an integer cast to a float), else None (raises
-    :class:`_Unbounded`)."""
+    (int32; float32's exact integers for a sum; float16's range for an integer cast to a float), with whether its
+    interval derives from a value bounded only by its type (loose), else None (raises :class:`_Unbounded`)."""
     r = _Ranges(inputs)
     for node in nodes:
         if _int_to_float(node):
             source = r.of(node.inputs[0])
             if source is not None and _magnitude(source) > _FP16_MAX:
-                return node.name or node.op_type
+                return node.name or node.op_type, id(node.inputs[0]) in r.loose
             continue
         intervals = _computed(node, r)
+        loose = node.op_type not in _VALUE_FREE and any(v is not None and id(v) in r.loose for v in node.inputs)
         low, high = (-_FLOAT32_EXACT, _FLOAT32_EXACT) if _summed_in_float32(node) else (INT32_MIN, INT32_MAX)
-        for value, interval in zip(node.outputs, intervals):
+        for k, (value, interval) in enumerate(zip(node.outputs, intervals)):
             if interval is None:
                 continue
+            value_loose = loose and not (node.op_type == "TopK" and k == 1)  # positions along a static axis
             if value.dtype in _AS_INT32 and (interval[0] < low or interval[1] > high):
-                return node.name or node.op_type
+                return node.name or node.op_type, value_loose
             r.set(value, interval)
+            if value_loose:
+                r.loose.add(id(value))
     return None
 
 
@@ -302,15 +343,29 @@ def integer_input_bounds(model: ir.Model) -> dict[str, int]:
     one, and also when the graph holds integer arithmetic the analysis cannot bound (it then proves nothing).
 
     Each input gets its own bound (the largest with the other bounded inputs at 0); when those bounds together are
-    not safe (the inputs are combined), all of them are scaled down by one factor until they are."""
+    not safe (the inputs are combined), all of them are scaled down by one factor until they are.
+
+    Raises:
+        IntegerOverflow: Even with every integer input at 0 a value may leave that range, by intervals that no
+            value bounded only by its type enters (its constants alone overflow: ``((x - 277) * 277 * 237)
+            .cumsum(0)`` sums past float32's exact integers at ``x = 0``, and any bound admits 0).
+    """
     graph = model.graph
-    inputs = [v.name for v in graph.inputs if v.dtype in _AS_INT32 and v.name]
-    if not inputs:
-        return {}
     nodes = [n for n in graph if any(o.dtype in _INTS for o in n.outputs) or _int_to_float(n)]
     if not nodes:
         return {}
+    inputs = [v.name for v in graph.inputs if v.dtype in _AS_INT32 and v.name]
     full = (INT32_MIN, INT32_MAX)
+
+    def refuse_if_certain() -> None:
+        found = _first_overflow(nodes, dict.fromkeys(inputs, (0, 0)))
+        if found is not None and not found[1]:
+            raise IntegerOverflow(found[0])
+
+    if not inputs:
+        with contextlib.suppress(_Unbounded):  # arithmetic the analysis does not model proves nothing
+            refuse_if_certain()
+        return {}
 
     def safe(bounds: Mapping[str, int]) -> bool:
         ranges = {n: (-bounds[n], bounds[n]) if n in bounds else full for n in inputs}
@@ -338,6 +393,8 @@ def integer_input_bounds(model: ir.Model) -> dict[str, int]:
         # Inputs that leave every value in range on their own (ids that only index) keep the full range, unless
         # they overflow together with the others: then every input is bounded.
         alone = scaled([n for n in inputs if not safe({**zero, n: INT32_MAX})]) or scaled(inputs)
+        if alone is None:
+            refuse_if_certain()
     except _Unbounded:
         return {}
     return alone or {}
