@@ -189,7 +189,12 @@ def computes_nothing(gm: torch.fx.GraphModule, args: Sequence[object], analysis:
         if isinstance(leaf, torch.fx.Node)
     ]
     tensors = [v for v in returned if isinstance(v, torch.Tensor)]
-    if not tensors or len(tensors) != len(returned) or any(int(v.numel()) != 0 for v in tensors):
+    if not tensors or len(tensors) != len(returned):
+        return False
+    try:
+        if any(int(v.numel()) != 0 for v in tensors):
+            return False
+    except Exception:  # a symbolic size: not known to be empty
         return False
     written = qnnx_export.written_arguments(gm)
     written_values = [args[i] for i in written]
