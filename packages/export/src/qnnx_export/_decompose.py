@@ -215,13 +215,11 @@ def linear_cross_entropy_chunked_none(
 
 
 def _computes_gradients(node: Any) -> bool:
-    """Whether a call of the chunked scalar op asks for any of the gradients it can precompute (its last three
-    arguments, ``compute_input_grad``, ``compute_linear_weight_grad`` and ``compute_linear_bias_grad``)."""
-    flags = list(node.args[12:15])
-    for name in ("compute_input_grad", "compute_linear_weight_grad", "compute_linear_bias_grad"):
-        if name in node.kwargs:
-            flags.append(node.kwargs[name])
-    return len(node.args) + len(node.kwargs) < 15 or any(flags)
+    """Whether a call of the chunked scalar op asks for any of the gradients it can precompute (its arguments 12 to 14,
+    ``compute_input_grad``, ``compute_linear_weight_grad`` and ``compute_linear_bias_grad``, which Dynamo records
+    positionally); a call written otherwise counts as asking."""
+    flags = node.args[12:15]
+    return len(flags) != 3 or any(flags)
 
 
 def _chunked_cross_entropy_ops() -> dict[Any, Any]:
