@@ -407,6 +407,21 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "errors of 0.87-1.2 of the output's max or a wrong shape; the other cases were within 1.3e-3. avg_pool3d "
         "of x[2, 3, 3, 4, 4] with count_include_pad and no padding: 0.45",
     }
+    p["pad_unwritten_ends"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Pad"],
+        "reason": "QNN HTP leaves part of the padded region unwritten when a constant Pad pads the end of the last "
+        "axis and the end of another axis (0 or a value it never wrote where the pad value is due), and in many "
+        "float16 Pads of rank 5; whether it does depends on the last dim.",
+        "fix": "pad one axis at a time, or join blocks of the pad value on with Concat (qnnx-export's "
+        "float_pad_ends_as_concat pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-07 (Pad against the CPU EP, pad values 0, 0.5, 0.75 and 1.5): "
+        "x[1, 3] padded (0, 2, 0, 1) gave 0 where 1.5 was due; x[3, 4, 5] padded at the ends of its last two axes "
+        "was off by 5.5e4; 192 of 466 patterns of the class wrong at ranks 2-5, float32 and float16 (last dims "
+        "1-17, 24, 33, 48 and 65 wrong, 31, 32, 63 and 64 right); float16 at rank 5: 264 of 286 patterns wrong, every "
+        "one that pads the second or third axis; 0 of 1,097 other patterns wrong",
+    }
     p["maxpool_ceil_dropped_window"] = {
         "status": "unsupported",
         "kind": "rejected",

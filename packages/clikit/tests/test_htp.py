@@ -76,6 +76,42 @@ def test_a_pad_of_half_the_kernel_is_averaged_wrongly() -> None:
     assert not clikit.htp_averages_wrongly((1, 1, 8), [3], [1], [1, 0], ceil=False, count_pad=False)
 
 
+_PADS = st.integers(1, 5).flatmap(
+    lambda rank: st.tuples(
+        st.lists(st.integers(0, 3), min_size=rank, max_size=rank),
+        st.lists(st.integers(0, 3), min_size=rank, max_size=rank),
+    )
+)
+
+
+@given(_PADS, st.booleans())
+def test_a_pad_is_a_defect_when_it_pads_the_last_axis_end_and_another_end(pads: tuple, half: bool) -> None:
+    """Property: below rank 5 (and at rank 5 in float32) a constant Pad is named exactly when it pads the end of the
+    last axis and the end of another axis; begin pads alone, or an end pad on one axis only, are not."""
+    begin, end = pads
+    if half and len(end) >= 5:
+        return
+    expected = end[-1] > 0 and any(e > 0 for e in end[:-1])
+    assert clikit.htp_pads_wrongly(begin, end, half=half) == expected
+    assert not clikit.htp_pads_wrongly(end, [0] * len(end), half=half)  # begin pads only
+
+
+@given(_PADS)
+def test_every_float16_pad_of_rank_5_is_a_defect(pads: tuple) -> None:
+    """Property: at rank 5 in float16 any pad at all is named (HTP padded the second or third axis wrongly
+    whatever the others); no pad is no defect."""
+    begin, end = pads
+    if len(end) == 5:
+        assert clikit.htp_pads_wrongly(begin, end, half=True) == (any(begin) or any(end))
+
+
+def test_the_measured_pads() -> None:
+    """F.pad(x[1, 3], (0, 2, 0, 1)) is the class; (1, 2, 0, 0) and (0, 2, 1, 0) are not."""
+    assert clikit.htp_pads_wrongly([0, 0], [1, 2])
+    assert not clikit.htp_pads_wrongly([0, 1], [0, 2])
+    assert not clikit.htp_pads_wrongly([1, 0], [0, 2])
+
+
 @given(a=st.integers(2, 8), d=st.integers(1, 16), ones=st.integers(0, 2))
 def test_heads_merged_as_many_as_the_leading_dims_are_the_class(a: int, d: int, ones: int) -> None:
     """Property: [A, A, A, D] (A > 1) reshaped to [A, A, A*D], with any leading 1s, is the class."""

@@ -479,6 +479,46 @@ def test_averagepool_conditions(shape: list[int], attrs: dict[str, object], refu
     assert (v.status == "unsupported") is refused, v.reason
 
 
+_PAD_ENDS = st.integers(1, 5).flatmap(
+    lambda rank: st.tuples(
+        st.lists(st.integers(0, 2), min_size=rank, max_size=rank),
+        st.lists(st.integers(0, 2), min_size=rank, max_size=rank),
+    )
+)
+
+
+@given(_PAD_ENDS, st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16]), st.integers(1, 40))
+def test_a_float_pad_is_refused_exactly_where_htp_leaves_its_ends_unwritten(
+    pads: tuple[list[int], list[int]], dtype: int, last: int
+) -> None:
+    """Property: a constant float Pad is refused as a wrong result exactly when it pads the end of the last axis
+    and the end of another one (or is a float16 Pad of rank 5), whatever its last dim (the measured defect comes
+    and goes with it); every other Pad stays vouched for."""
+    begin, end = pads
+    rank = len(end)
+    shape = [2] * (rank - 1) + [last]
+    value = np.array(0.5, np.float16 if dtype == TensorProto.FLOAT16 else np.float32)
+    inits = [const_init("pads", np.array(begin + end, np.int64), np.int64), numpy_helper.from_array(value, "v")]
+    m = model([node("Pad", ["x", "pads", "v"], ["y"], mode="constant")], [inp("x", shape, dtype)], ["y"], inits)
+    v = _check(m).verdicts[0]
+    class_ = end[-1] > 0 and any(end[:-1])
+    if dtype == TensorProto.FLOAT16 and rank >= 5:
+        class_ = any(begin + end)
+    if class_:
+        assert (v.status, v.kind) == ("unsupported", "wrong_result") and "unwritten" in (v.reason or "")
+    else:
+        assert v.status == "supported", v.reason
+
+
+def test_pad_unwritten_ends_names_its_fix() -> None:
+    """F.pad(x, (0, 2, 0, 1)) as torch.onnx writes it: refused with the pass that rewrites it named."""
+    inits = [const_init("pads", np.array([0, 0, 1, 2], np.int64), np.int64), const_init("v", 0.5)]
+    m = model([node("Pad", ["x", "pads", "v"], ["y"])], [inp("x", [1, 3])], ["y"], inits)
+    v = _check(m).verdicts[0]
+    assert (v.status, v.kind) == ("unsupported", "wrong_result")
+    assert "float_pad_ends_as_concat" in (v.reason or "") and "2026-12-07" in (v.evidence or "")
+
+
 def test_tan_is_refused() -> None:
     """Tan on HTP is off by 1.6e-2 of the scale even away from its poles: refused."""
     v = _check(unary("Tan")).verdicts[0]

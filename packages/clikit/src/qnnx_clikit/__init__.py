@@ -14,7 +14,7 @@ from qnnx_clikit._cli import (
     parse_args,
     run_main,
 )
-from qnnx_clikit._htp import RANDOM_OPS, htp_averages_wrongly, merges_heads
+from qnnx_clikit._htp import RANDOM_OPS, htp_averages_wrongly, htp_pads_wrongly, merges_heads
 from qnnx_clikit._renamed import renamed_attributes
 from qnnx_clikit._soc import CHIPS, Chip, chip_number, normalize_chip_name, soc_model
 from qnnx_clikit._version import __version__
@@ -32,6 +32,7 @@ __all__ = [
     "error",
     "error_of",
     "htp_averages_wrongly",
+    "htp_pads_wrongly",
     "merges_heads",
     "message_and_fix",
     "normalize_chip_name",

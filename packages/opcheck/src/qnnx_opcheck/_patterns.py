@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from qnnx_clikit import htp_averages_wrongly, merges_heads
+from qnnx_clikit import htp_averages_wrongly, htp_pads_wrongly, merges_heads
 from qnnx_opcheck._einsum import einsum_has_diagonal, einsum_is_matmul
 from qnnx_opcheck._model import NodeView
 from qnnx_opcheck._values import ValueAnalysis
@@ -434,6 +434,25 @@ class Patterns:
         ceil = bool(self.view.attr(node, "ceil_mode"))
         count_pad = bool(self.view.attr(node, "count_include_pad"))
         return htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=count_pad)
+
+    @rule("pad_unwritten_ends")
+    def _is_pad_with_unwritten_ends(self, index: int, node: NodeView) -> bool:
+        """A constant-mode float Pad with constant pads that pads the end of the last axis and the end of another
+        axis, or a float16 Pad of rank 5 (``qnnx_clikit.htp_pads_wrongly``); pads given at run time are another
+        rule's."""
+        if not node.input or self.view.dtype(node.input[0]) not in FLOATS:
+            return False
+        if (self.view.attr(node, "mode") or "constant") != "constant" or len(node.input) < 2:
+            return False
+        pads = self.view.const_value(node.input[1])
+        if pads is None:
+            return False
+        flat = [int(p) for p in pads.reshape(-1)] if hasattr(pads, "reshape") else [int(p) for p in pads]
+        rank = len(flat) // 2
+        if rank == 0 or any(p < 0 for p in flat):
+            return False
+        half = self.view.dtype(node.input[0]) == "float16"
+        return htp_pads_wrongly(flat[:rank], flat[rank:], half=half)
 
     @rule("maxpool_ceil_dropped_window")
     def _is_maxpool_dropped_window(self, index: int, node: NodeView) -> bool:

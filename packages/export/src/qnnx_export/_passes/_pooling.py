@@ -10,12 +10,18 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
-from qnnx_clikit import htp_averages_wrongly
+from qnnx_clikit import htp_averages_wrongly, htp_pads_wrongly
 from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["AvgPoolDropUnusedCountIncludePad", "AvgPoolWholeWindows", "IntegerPadAsConcat", "MaxPoolPaddedInput"]
+__all__ = [
+    "AvgPoolDropUnusedCountIncludePad",
+    "AvgPoolWholeWindows",
+    "FloatPadEndsAsConcat",
+    "IntegerPadAsConcat",
+    "MaxPoolPaddedInput",
+]
 
 
 # ----------------------------------------------------------------- AveragePool count_include_pad without pads
@@ -292,18 +298,20 @@ class MaxPoolPaddedInput(QnnPass):
         return self.replace_matched(graph, "qnnx_maxpool", whole)
 
 
-# ------------------------------------------------------------- constant Pad of integers, joined on with Concat
+# ------------------------------------------------ constant Pad of integers (and float Pads HTP fills wrongly) as Concat
 
 # Integer and bool Pad: the QNN EP refuses all of them (int32, int64, bool, uint8; onnxruntime-qnn 2.7.0), and
 # Concat takes each but uint8.
 _JOINED_PAD_DTYPES = frozenset({ir.DataType.INT32, ir.DataType.INT64, ir.DataType.BOOL})
+# Float Pad, which HTP computes, but not every pattern right (FloatPadEndsAsConcat).
+_FLOAT_PAD_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 
 @dataclass(frozen=True)
 class PadBlocks:
     begin: tuple[int, ...]
     end: tuple[int, ...]
-    value: int | bool
+    value: int | float | bool
 
 
 @register(order=87)
@@ -319,33 +327,15 @@ class IntegerPadAsConcat(QnnPass):
     name = "integer_pad_as_concat"
     defect = "the QNN EP refuses Pad of int32, int64 and bool (the node falls to the CPU EP)"
 
+    prefix = "qnnx_intpad"
+    dtypes = _JOINED_PAD_DTYPES
+
     def match(self, node: ir.Node) -> PadBlocks | None:
-        """The blocks to join on, for a constant Pad of an integer or bool tensor; or None."""
+        """The blocks to join on, for a constant Pad of one of :attr:`dtypes`; or None."""
         x = _graph.op_input(node, "Pad")
-        shape = _graph.static_shape(x)
-        if x is None or shape is None or x.dtype not in _JOINED_PAD_DTYPES:
+        if x is None or x.dtype not in self.dtypes:
             return None
-        if node.attributes.get_string("mode", "constant") != "constant" or len(node.inputs) < 2:
-            return None
-        pads = _graph.const_array(node.inputs[1])
-        fill = _graph.const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
-        if pads is None or (len(node.inputs) > 2 and node.inputs[2] is not None and fill is None):
-            return None
-        rank = len(shape)
-        axes: list[int] = list(range(rank))
-        if len(node.inputs) > 3 and node.inputs[3] is not None:
-            given = _graph.const_array(node.inputs[3])
-            if given is None:
-                return None
-            axes = [int(a) % rank for a in given.reshape(-1)] if rank else []
-        pads = pads.reshape(-1)
-        if len(pads) != 2 * len(axes) or (pads < 0).any() or not pads.any():
-            return None
-        begin, end = [0] * rank, [0] * rank
-        for k, axis in enumerate(axes):
-            begin[axis], end[axis] = int(pads[k]), int(pads[k + len(axes)])
-        value = fill.reshape(-1)[0].item() if fill is not None and fill.size else 0
-        return PadBlocks(tuple(begin), tuple(end), value)
+        return _constant_pad_blocks(node, x)
 
     def rewrite(self, graph: ir.Graph) -> bool:
         def joined(names: UniqueNames, node: ir.Node, plan: PadBlocks) -> tuple[list[ir.Node], ir.Value]:
@@ -353,4 +343,63 @@ class IntegerPadAsConcat(QnnPass):
             nodes, padded, _shape = _joined_on(graph, names, x, plan.begin, plan.end, first_axis=0, value=plan.value)
             return nodes, padded
 
-        return self.replace_matched(graph, "qnnx_intpad", joined)
+        return self.replace_matched(graph, self.prefix, joined)
+
+
+@register(order=91)
+class FloatPadEndsAsConcat(IntegerPadAsConcat):
+    """Write a constant-mode float ``Pad`` that pads the end of the last axis and the end of another axis (or any
+    float16 Pad of rank 5) as blocks of its pad value joined on with ``Concat``.
+
+    QNN HTP leaves part of such a Pad's padded region unwritten, silently (onnxruntime-qnn 2.7.0, soc 60; pad values
+    0 and not): ``F.pad(x[1, 3], (0, 2, 0, 1), value=0.5)`` gave the new row right and 0 where the two new columns
+    of the old row should read 0.5, and at ranks 3-4 it read memory it never set (1.2e5 where 0 was due). Whether
+    it does depends on the last dim (1-17, 24, 33, 48 and 65 wrong; 31, 32, 63 and 64 right), and what it reads is
+    whatever that memory held, so the first-call check sees it only where that differs enough from the pad value.
+    At rank 5 in float16 a pad of the second or third axis was wrong whatever the others. Every other pattern
+    measured was right (1,097, ranks 2-5). Concat of the same blocks is data movement: exact. Runs after the
+    convolution rewrites, which write Pads of their own. Static shapes, constant pads of 0 or more and a constant pad value only
+    (the condition is ``qnnx_clikit.htp_pads_wrongly``, which qnnx-opcheck refuses).
+    """
+
+    name = "float_pad_ends_as_concat"
+    defect = (
+        "QNN HTP leaves part of a Pad of the last axis's end and another axis's end unwritten (silent wrong output)"
+    )
+    prefix = "qnnx_floatpad"
+    dtypes = _FLOAT_PAD_DTYPES
+
+    def match(self, node: ir.Node) -> PadBlocks | None:
+        """The blocks to join on, for a float constant Pad HTP computes wrongly; or None."""
+        plan = super().match(node)
+        half = node.inputs[0] is not None and node.inputs[0].dtype == ir.DataType.FLOAT16
+        return plan if plan is not None and htp_pads_wrongly(plan.begin, plan.end, half=half) else None
+
+
+def _constant_pad_blocks(node: ir.Node, x: ir.Value) -> PadBlocks | None:
+    """The elements a constant-mode Pad adds before and after each axis of ``x`` and its value, when its input's
+    shape, its pads (all >= 0, some > 0), its value and its axes are static; else None."""
+    shape = _graph.static_shape(x)
+    if shape is None:
+        return None
+    if node.attributes.get_string("mode", "constant") != "constant" or len(node.inputs) < 2:
+        return None
+    pads = _graph.const_array(node.inputs[1])
+    fill = _graph.const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+    if pads is None or (len(node.inputs) > 2 and node.inputs[2] is not None and fill is None):
+        return None
+    rank = len(shape)
+    axes: list[int] = list(range(rank))
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        given = _graph.const_array(node.inputs[3])
+        if given is None:
+            return None
+        axes = [int(a) % rank for a in given.reshape(-1)] if rank else []
+    pads = pads.reshape(-1)
+    if len(pads) != 2 * len(axes) or (pads < 0).any() or not pads.any():
+        return None
+    begin, end = [0] * rank, [0] * rank
+    for k, axis in enumerate(axes):
+        begin[axis], end[axis] = int(pads[k]), int(pads[k + len(axes)])
+    value = fill.reshape(-1)[0].item() if fill is not None and fill.size else 0
+    return PadBlocks(tuple(begin), tuple(end), value)
