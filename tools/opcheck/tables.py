@@ -411,16 +411,17 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "status": "unsupported",
         "kind": "wrong_result",
         "ops": ["Pad"],
-        "reason": "QNN HTP leaves part of the padded region unwritten when a constant Pad pads the end of the last "
-        "axis and the end of another axis (0 or a value it never wrote where the pad value is due), and in many "
-        "float16 Pads of rank 5; whether it does depends on the last dim.",
-        "fix": "pad one axis at a time, or join blocks of the pad value on with Concat (qnnx-export's "
-        "float_pad_ends_as_concat pass)",
-        "evidence": "probe htp 2.7.0 soc60 2026-12-07 (Pad against the CPU EP, pad values 0, 0.5, 0.75 and 1.5): "
-        "x[1, 3] padded (0, 2, 0, 1) gave 0 where 1.5 was due; x[3, 4, 5] padded at the ends of its last two axes "
-        "was off by 5.5e4; 192 of 466 patterns of the class wrong at ranks 2-5, float32 and float16 (last dims "
-        "1-17, 24, 33, 48 and 65 wrong, 31, 32, 63 and 64 right); float16 at rank 5: 264 of 286 patterns wrong, every "
-        "one that pads the second or third axis; 0 of 1,097 other patterns wrong",
+        "reason": "a constant float Pad that pads the end of the last axis: QNN HTP hands the ops it feeds 0, or "
+        "memory it never wrote, in place of the padding, and as the graph's output leaves part of a pad of that "
+        "end and another axis's end unwritten (both silent); likewise most float16 Pads of rank 5.",
+        "fix": "join blocks of the pad value on with Concat (qnnx-export's float_pad_ends_as_concat pass), or pad "
+        "the start of the last axis",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-07, against the CPU EP: x[4, 6] padded (0, 3) with 2.5 then "
+        "Relu read 0 where 2.5 was due, then a MatMul was 518 off (526 with a pad value of 0); 8 of 16 ops fed by "
+        "it wrong at ranks 2-3 (Equal, Less, Not, Relu, Div, Exp, Softmax, MatMul); as the output, 192 of 466 "
+        "patterns padding that end and another end wrong at ranks 2-5 (x[1, 3] padded (0, 2, 0, 1) read 0 where "
+        "1.5 was due); float16 at rank 5: 264 of 286 patterns wrong; begin pads and pads of other axes right (1,097 "
+        "patterns as the output, and into each of the 16 ops); the same pads as Concat right in every case",
     }
     p["maxpool_ceil_dropped_window"] = {
         "status": "unsupported",

@@ -85,13 +85,13 @@ _PADS = st.integers(1, 5).flatmap(
 
 
 @given(_PADS, st.booleans())
-def test_a_pad_is_a_defect_when_it_pads_the_last_axis_end_and_another_end(pads: tuple, half: bool) -> None:
+def test_a_pad_is_a_defect_exactly_when_it_pads_the_end_of_the_last_axis(pads: tuple, half: bool) -> None:
     """Property: below rank 5 (and at rank 5 in float32) a constant Pad is named exactly when it pads the end of the
-    last axis and the end of another axis; begin pads alone, or an end pad on one axis only, are not."""
+    last axis, whatever it does to the others; begin pads alone are not."""
     begin, end = pads
     if half and len(end) >= 5:
         return
-    expected = end[-1] > 0 and any(e > 0 for e in end[:-1])
+    expected = end[-1] > 0
     assert clikit.htp_pads_wrongly(begin, end, half=half) == expected
     assert not clikit.htp_pads_wrongly(end, [0] * len(end), half=half)  # begin pads only
 
@@ -106,10 +106,12 @@ def test_every_float16_pad_of_rank_5_is_a_defect(pads: tuple) -> None:
 
 
 def test_the_measured_pads() -> None:
-    """F.pad(x[1, 3], (0, 2, 0, 1)) is the class; (1, 2, 0, 0) and (0, 2, 1, 0) are not."""
+    """F.pad(x, (0, 3)) and F.pad(x, (0, 2, 0, 1)) are the class; (1, 0), (0, 0, 1, 2) and (0, 0, 0, 2) are not."""
+    assert clikit.htp_pads_wrongly([0, 0], [0, 3])
     assert clikit.htp_pads_wrongly([0, 0], [1, 2])
-    assert not clikit.htp_pads_wrongly([0, 1], [0, 2])
-    assert not clikit.htp_pads_wrongly([1, 0], [0, 2])
+    assert not clikit.htp_pads_wrongly([0, 1], [0, 0])
+    assert not clikit.htp_pads_wrongly([1, 0], [2, 0])
+    assert not clikit.htp_pads_wrongly([0, 0], [2, 0])
 
 
 @given(a=st.integers(2, 8), d=st.integers(1, 16), ones=st.integers(0, 2))

@@ -81,9 +81,9 @@ def test_integer_pads_and_other_modes_are_not_this_passs() -> None:
     ],
 )
 def test_on_qnn_the_rewrite_is_right_where_htps_pad_is_not(shape, begin, end, dtype) -> None:
-    """On the HTP simulator (CPU fallback off): HTP's own Pad of these patterns leaves padding unwritten (1.5 or
-    more off for a pad value of 1.5 and inputs within +-4); the rewritten graph gives the CPU EP's values to float16
-    rounding."""
+    """On the HTP simulator (CPU fallback off): HTP's own Pad of these patterns, as the graph's output, leaves
+    padding unwritten (1.5 or more off for a pad value of 1.5 and inputs within +-4); the rewritten graph gives the
+    CPU EP's values to float16 rounding."""
     model = _pad_model(shape, begin, end, 1.5, dtype)
     x = np.random.default_rng(5).uniform(-4, 4, shape).astype(_NP[dtype])
     (want,) = cpu_session(model.SerializeToString()).run(None, {"x": x})
@@ -95,6 +95,60 @@ def test_on_qnn_the_rewrite_is_right_where_htps_pad_is_not(shape, begin, end, dt
     np.testing.assert_allclose(got.astype(np.float64), want, atol=4e-3, rtol=0)
 
 
+def _pad_into_model(shape: tuple[int, ...], end: int, value: float, then: str):
+    """y = then(Pad(x, end of the last axis, value)): the Pad feeding another op, not the graph's output."""
+    rank = len(shape)
+    padded = (*shape[:-1], shape[-1] + end)
+    inits = {"pads": np.array([0] * (2 * rank - 1) + [end], np.int64), "value": np.array(value, np.float32)}
+    nodes = [h.make_node("Pad", ["x", "pads", "value"], ["p"], mode="constant")]
+    out = padded
+    if then == "MatMul":
+        inits["w"] = np.random.default_rng(1).standard_normal((padded[-1], 3)).astype(np.float32)
+        nodes.append(h.make_node("MatMul", ["p", "w"], ["y"]))
+        out = (*shape[:-1], 3)
+    else:
+        nodes.append(h.make_node(then, ["p"], ["y"]))
+    return make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, out)], inits)
+
+
+@pytest.mark.parametrize(
+    ("shape", "value", "then"),
+    [((4, 6), 2.5, "Relu"), ((4, 6), 0.0, "MatMul"), ((2, 3, 6), 2.5, "Exp"), ((2, 3, 6), 0.0, "Relu")],
+)
+def test_on_qnn_an_op_fed_by_a_pad_of_the_last_axis_sees_the_pad_value(shape, value, then) -> None:
+    """On the HTP simulator: an op fed by HTP's own Pad of the end of the last axis read 0 or memory never written in
+    place of the padding (Relu of a pad of 2.5 gave 0; a MatMul over a zero pad was hundreds off); after the rewrite
+    the op sees the pad value, as on the CPU EP."""
+    model = _pad_into_model(shape, 3, value, then)
+    x = np.random.default_rng(0).uniform(-3, 3, shape).astype(np.float32)
+    (want,) = cpu_session(model.SerializeToString()).run(None, {"x": x})
+    (raw,) = qnn_session(model.SerializeToString()).run(None, {"x": x})
+    scale = float(np.abs(want).max())
+    assert float(np.abs(raw - want).max()) > 0.1 * scale  # the defect the pass exists for
+    m = to_ir(model)
+    run_passes(m, ("float_pad_ends_as_concat",))
+    (got,) = qnn_session(to_bytes(m)).run(None, {"x": x})
+    assert float(np.abs(got - want).max()) <= 4e-3 * scale
+
+
+def test_a_scatter_reduce_along_rows_with_narrower_indices_runs_on_qnn_as_eager() -> None:
+    """scatter_reduce along dim 0 with indices narrower than the tensor: the translator pads the indices with -1
+    at the end of their last axis and compares them with each row; with HTP's own Pad the comparison saw 0 there
+    and summed into row 0 what belonged nowhere (0.1 of the output's scale off here, 0.95 in PyTorch's OpInfo
+    samples)."""
+    x = torch.randn(10, 5, generator=torch.Generator().manual_seed(0))
+    src = torch.randn(10, 2, generator=torch.Generator().manual_seed(1)) * 5
+    index = torch.stack([torch.randperm(10, generator=torch.Generator().manual_seed(k)) for k in (2, 3)], dim=1)
+
+    def fn(x: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.scatter_reduce(x, 0, index, src, "sum", include_self=False)
+
+    backend = Capture(qnn_session, qe.ExportOptions())
+    got = compile_and_run(fn, [x, index, src], backend)
+    want = fn(x, index, src)
+    assert float((got - want).abs().max()) <= 4e-3 * float(want.abs().max())
+
+
 class _Padded(torch.nn.Module):
     """A feature map padded at the end of its two spatial axes (to a multiple of a window, as windowed attention
     and patch embeddings pad), then scaled."""
@@ -104,8 +158,8 @@ class _Padded(torch.nn.Module):
 
 
 def test_an_end_padded_feature_map_runs_on_qnn_as_eager_pads_it() -> None:
-    """Through the exporter on the HTP simulator: eager's values, the padding included (HTP's own Pad gave 0 or
-    memory it never wrote in the new columns)."""
+    """Through the exporter on the HTP simulator: eager's values, the padding included (HTP's own Pad fed the
+    multiply 0 or memory it never wrote in the new columns)."""
     x = torch.randn(1, 3, 5, 5, generator=torch.Generator().manual_seed(0))
     backend = Capture(qnn_session, qe.ExportOptions())
     got = compile_and_run(_Padded().eval(), [x], backend)

@@ -48,22 +48,24 @@ def htp_averages_wrongly(
 
 def htp_pads_wrongly(begin: Sequence[int], end: Sequence[int], *, half: bool = False) -> bool:
     """Whether QNN HTP may compute a constant-mode Pad wrongly (``begin``/``end``: the elements added before and
-    after each axis, all >= 0; ``half``: the data is float16): it pads the end of the last axis and the end of
-    another axis, or it is a float16 Pad of rank 5 or more.
+    after each axis, all >= 0; ``half``: the data is float16): it pads the end of the last axis, or it is a float16
+    Pad of rank 5 or more.
 
-    Measured on onnxruntime-qnn 2.7.0's HTP simulator (soc_model 60), pad values 0 and non-zero, with the Pad's
-    output compared with the CPU EP's: such Pads left part of the padded region unwritten, silently (1.5 where 0 was
-    due; memory never set, 1.2e5 where 0.5 was). The first class depends on the last dim (1-17, 24, 33, 48 and 65
-    wrong; 31, 32, 63 and 64 right) and was wrong in float32 and float16 at ranks 2-5 (192 of 466 such patterns;
-    the others are counted in so that the rule stays one sentence). At rank 5 in float16 every pattern that pads
-    the second or third axis was wrong (264 of 286 patterns); float32 at rank 5 was right there. None of the 1,097
-    other patterns measured (ranks 2-5, float32 and float16) was wrong.
+    Measured on onnxruntime-qnn 2.7.0's HTP simulator (soc_model 60) against the CPU EP, pad values 0 and not:
+    - Fed to another op, a Pad of the end of the last axis gave that op 0, or memory it never wrote, in place of the
+      padding: ``F.pad(x[4, 6], (0, 3), value=2.5)`` then Relu read 0 where 2.5 was due, and a MatMul came out 518
+      off (526 with a pad value of 0). 8 of 16 ops tried were wrong (Equal, Less, Not, Relu, Div, Exp, Softmax,
+      MatMul), at ranks 2 and 3; the Pad alone, as the graph's output, was right.
+    - As the graph's output, a Pad of the end of the last axis and the end of another axis left part of the padding
+      unwritten in 192 of 466 patterns (ranks 2-5, float32 and float16; it depends on the last dim).
+    - At rank 5 in float16 every pattern that pads the second or third axis was wrong (264 of 286).
+    Begin pads and pads of the other axes were right: 1,097 patterns as the graph's output, and into each of the 16
+    ops. A begin pad on the last axis beside its end pad was right there too, but is counted in: rank 5 float16 was
+    wrong with it, and the rule stays one sentence.
     """
     if half and len(end) >= 5:
         return any(begin) or any(end)
-    if not end or end[-1] <= 0:
-        return False
-    return any(e > 0 for e in end[:-1])
+    return bool(end) and end[-1] > 0
 
 
 def merges_heads(source: Sequence[int] | None, merged: Sequence[int] | None) -> bool:

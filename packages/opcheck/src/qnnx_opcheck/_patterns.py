@@ -437,9 +437,8 @@ class Patterns:
 
     @rule("pad_unwritten_ends")
     def _is_pad_with_unwritten_ends(self, index: int, node: NodeView) -> bool:
-        """A constant-mode float Pad with constant pads that pads the end of the last axis and the end of another
-        axis, or a float16 Pad of rank 5 (``qnnx_clikit.htp_pads_wrongly``); pads given at run time are another
-        rule's."""
+        """A constant-mode float Pad with constant pads that pads the end of the last axis, or a float16 Pad of rank
+        5 (``qnnx_clikit.htp_pads_wrongly``); pads given at run time are another rule's."""
         if not node.input or self.view.dtype(node.input[0]) not in FLOATS:
             return False
         if (self.view.attr(node, "mode") or "constant") != "constant" or len(node.input) < 2:

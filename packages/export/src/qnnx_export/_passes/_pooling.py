@@ -348,18 +348,21 @@ class IntegerPadAsConcat(QnnPass):
 
 @register(order=91)
 class FloatPadEndsAsConcat(IntegerPadAsConcat):
-    """Write a constant-mode float ``Pad`` that pads the end of the last axis and the end of another axis (or any
-    float16 Pad of rank 5) as blocks of its pad value joined on with ``Concat``.
+    """Write a constant-mode float ``Pad`` that pads the end of the last axis (or any float16 Pad of rank 5) as
+    blocks of its pad value joined on with ``Concat``.
 
-    QNN HTP leaves part of such a Pad's padded region unwritten, silently (onnxruntime-qnn 2.7.0, soc 60; pad values
-    0 and not): ``F.pad(x[1, 3], (0, 2, 0, 1), value=0.5)`` gave the new row right and 0 where the two new columns
-    of the old row should read 0.5, and at ranks 3-4 it read memory it never set (1.2e5 where 0 was due). Whether
-    it does depends on the last dim (1-17, 24, 33, 48 and 65 wrong; 31, 32, 63 and 64 right), and what it reads is
-    whatever that memory held, so the first-call check sees it only where that differs enough from the pad value.
-    At rank 5 in float16 a pad of the second or third axis was wrong whatever the others. Every other pattern
-    measured was right (1,097, ranks 2-5). Concat of the same blocks is data movement: exact. Runs after the
-    convolution rewrites, which write Pads of their own. Static shapes, constant pads of 0 or more and a constant pad value only
-    (the condition is ``qnnx_clikit.htp_pads_wrongly``, which qnnx-opcheck refuses).
+    QNN HTP computes such Pads wrongly, silently (onnxruntime-qnn 2.7.0, soc 60; pad values 0 and not). The op a
+    Pad of the last axis's end feeds reads 0, or memory the Pad never wrote, in place of the padding:
+    ``F.pad(x[4, 6], (0, 3), value=2.5)`` then Relu gave 0 where 2.5 was due, and a MatMul was 518 off (526 for a
+    pad value of 0); a scatter-reduce along dim 0 with narrower indices, which the translator writes as a Pad of the
+    indices with -1 and an Equal, summed into row 0 what belonged nowhere (0.95 of its scale off). As the graph's
+    output, a Pad of that end and another axis's end left padding unwritten (``F.pad(x[1, 3], (0, 2, 0, 1),
+    value=0.5)`` read 0 in two of its new columns), depending on the last dim, so the first-call check sees it only
+    where what it reads differs enough from the pad value. At rank 5 in float16 a pad of the second or third axis
+    was wrong whatever the others. Begin pads and pads of the other axes were right as outputs and into each of 16
+    ops. Concat of the same blocks is data movement: exact, and right on HTP in every pattern and op measured. Runs
+    after the convolution rewrites, which write Pads of their own. Static shapes, constant pads of 0 or more and a
+    constant pad value only (the condition is ``qnnx_clikit.htp_pads_wrongly``, which qnnx-opcheck refuses).
     """
 
     name = "float_pad_ends_as_concat"
