@@ -531,15 +531,19 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "kind": "wrong_result",
         "ops": ["GatherND"],
         "reason": "QNN HTP's GatherND by runtime indices is wrong when the indices hold more than 8 tuples along "
-        "their second-to-last axis and each selects a slice of rank 2 or more: output row k is the slice of tuple "
-        "k % 8.",
-        "fix": "index along axis 0 with a Gather (qnnx-export's gathernd_to_gather pass, for indices whose last dim "
-        "is 1), or use constant indices",
+        "their second-to-last axis and each selects a slice of rank 2 or more (output row k is the slice of tuple "
+        "k % 8), and when the indices have rank 4 and a first axis longer than 8; indices of rank 5 stop the "
+        "process.",
+        "fix": "index along axis 0 with a Gather for indices whose last dim is 1, or flatten indices of rank 4 or "
+        "more to [N, k] and reshape the output back (qnnx-export's gathernd_to_gather pass), or use constant "
+        "indices",
         "evidence": "probe htp 2.7.0 soc60 2026-12-02 (float data, runtime int64 indices): [4, 16, 32] by [9, 1] to "
         "[64, 1], [2, 16, 1] and [9, 9, 1], [4, 5, 6] by [9, 1], [4, 3, 5, 6] by [16, 2] gave errors of 1.0 of the "
         "output's max (a tiny Mixtral's expert weights picked by w[ids]); by [8, 1], [4, 8, 1], [16, 4, 1], with "
         "rank-1 slices ([4, 16] by [32, 1], [4, 6, 5] by [32, 2]) or scalar ones, and every GatherND by constant "
-        "indices: right",
+        "indices: right; probe htp 2.7.0 soc60 2026-12-07: [5, 5, 5] by [9, 2, 2, 3], [16, 2, 2, 3], [10, 10, 10, 3] "
+        "and [10, 10, 5, 3], [8, 8] by [9, 2, 2, 2]: 0.8-4.6 off; by [8, 2, 2, 3], [2, 9, 2, 3], [9, 2, 3], [1000, 3] "
+        "and the same tuples flattened to [N, k]: right; [5, 5, 5] by [2, 2, 2, 2, 3]: SIGSEGV",
     }
     p["gather_scaled_by_constant"] = {
         "status": "unsupported",

@@ -20,6 +20,8 @@ from export_onnx_builders import (
     unsqueeze_int64,
 )
 from export_qnn_helpers import cpu_session, qnn_error_in_child, qnn_session
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as h
 
@@ -104,6 +106,70 @@ def test_gathernd_runtime_indices_defect() -> None:
     assert _rel(broken, ref) > 0.2  # ...the rest are silently wrong (the defect)
     fixed = qnn_session(_fixed(model, "gathernd_to_gather")).run(None, feeds)[0]
     assert _rel(fixed, ref) < 2e-2
+
+
+def _gathernd_elements(data_shape: tuple[int, ...], index_shape: tuple[int, ...], seed: int = 0):
+    """``GatherND(const data, runtime int64 indices)`` with indices in range and not negative (PyTorch's
+    ``x[i, j, k]`` by broadcast index tensors, as torch.onnx writes it after clamping or wrapping them)."""
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal(data_shape).astype(np.float32)
+    k = index_shape[-1]
+    indices = np.stack([rng.integers(0, d, size=index_shape[:-1]) for d in data_shape[:k]], axis=-1)
+    out_shape = [*index_shape[:-1], *data_shape[k:]]
+    model = make_model(
+        [h.make_node("GatherND", ["data", "idx"], ["y"])],
+        [("idx", TensorProto.INT64, index_shape)],
+        [("y", TensorProto.FLOAT, out_shape)],
+        {"data": data},
+    )
+    return model, {"idx": indices.astype(np.int64)}
+
+
+@pytest.mark.parametrize(
+    ("data_shape", "index_shape"), [((5, 5, 5), (10, 10, 10, 3)), ((5, 5, 5), (9, 2, 2, 3)), ((8, 8), (9, 2, 2, 2))]
+)
+def test_gathernd_by_rank4_runtime_indices_defect(data_shape, index_shape) -> None:
+    """GatherND of elements by runtime indices of rank 4 whose first axis is longer than 8 (``x[i, j, k]`` by
+    broadcast index tensors) is silently wrong on QNN; flattened to [N, k] tuples and reshaped back it is right."""
+    model, feeds = _gathernd_elements(data_shape, index_shape)
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    broken = qnn_session(model.SerializeToString()).run(None, feeds)[0]
+    assert _rel(broken, ref) > 0.2  # the defect
+    fixed = qnn_session(_fixed(model, "gathernd_to_gather")).run(None, feeds)[0]
+    assert _rel(fixed, ref) < 2e-2
+
+
+def test_gathernd_by_rank5_runtime_indices_stops_the_process_and_is_left_alone() -> None:
+    """GatherND by runtime indices of rank 5 kills the process that runs it on QNN (a child here), and the Reshape
+    that would flatten them fails QNN's finalize: the pass leaves the node (qnnx-opcheck refuses it, so it runs on
+    the CPU EP)."""
+    model, feeds = _gathernd_elements((5, 5, 5), (2, 2, 2, 2, 3))
+    code, _, _ = qnn_error_in_child(model.SerializeToString(), feeds)
+    assert code != 0
+    assert run_passes(to_ir(model), ("gathernd_to_gather",)) == [("gathernd_to_gather", False)]
+
+
+@settings(max_examples=40)
+@given(
+    data_shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple),
+    lead=st.lists(st.integers(1, 12), min_size=3, max_size=3).map(tuple),
+    sliced=st.integers(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_flattened_gathernd_selects_the_same_elements(data_shape, lead, sliced, seed) -> None:
+    """For any data, runtime indices of rank 4 picking elements or rank-1 slices: the pass leaves no GatherND by
+    indices of rank 4, and the graph gives the CPU EP's output bit for bit."""
+    k = len(data_shape) - sliced
+    if k < 2:
+        return
+    model, feeds = _gathernd_elements(data_shape, (*lead, k), seed)
+    want = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    m = to_ir(model)
+    run_passes(m, ("gathernd_to_gather",))
+    assert all(len(n.inputs[1].shape) == 2 for n in m.graph if n.op_type == "GatherND")
+    got = cpu_session(to_bytes(m)).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
 
 
 def test_scaled_embedding_defect() -> None:

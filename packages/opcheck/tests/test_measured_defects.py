@@ -100,6 +100,10 @@ GATHERNDS = [
     ((4, 16), (32, 1), False),
     ((4, 6, 5), (32, 2), False),
     ((4, 6, 5), (12, 3), False),
+    ((5, 5, 5), (9, 2, 2, 3), True),  # runtime indices of rank 4: wrong with a first axis longer than 8
+    ((8, 8), (9, 2, 2, 2), True),
+    ((5, 5, 5), (2, 2, 2, 2, 3), True),  # rank 5: stops the process
+    ((5, 5, 5), (9, 2, 3), False),
 ]
 
 
@@ -252,7 +256,10 @@ def test_the_live_simulator_agrees(build: object, refused: bool) -> None:
     assert (error > 0.1) == refused, error
 
 
-@pytest.mark.parametrize(("data_shape", "index_shape"), [((4, 16, 32), (32, 1)), ((4, 16, 32), (8, 1))])
+@pytest.mark.parametrize(
+    ("data_shape", "index_shape"),
+    [((4, 16, 32), (32, 1)), ((4, 16, 32), (8, 1)), ((5, 5, 5), (9, 2, 2, 3)), ((5, 5, 5), (9, 2, 3))],
+)
 def test_the_live_simulator_agrees_on_gathernd(data_shape: tuple[int, ...], index_shape: tuple[int, ...]) -> None:
     """The refused GatherND class is wrong on the simulator and its vouched neighbour right."""
     m = _gathernd(data_shape, index_shape)

@@ -658,11 +658,14 @@ class Patterns:
     @rule("gathernd_runtime_slices")
     def _is_gathernd_runtime_slices(self, index: int, node: NodeView) -> bool:
         """GatherND by runtime indices holding more than 8 tuples along their second-to-last axis, each selecting a
-        slice of rank 2 or more; with unknown shapes the class cannot be ruled out."""
+        slice of rank 2 or more, or by runtime indices of rank 4 or more (wrong with a first axis longer than 8;
+        rank 5 stops the process); with unknown shapes the class cannot be ruled out."""
         if len(node.input) < 2 or not node.input[1] or self.view.is_const(node.input[1]):
             return False
         data, indices = self._static_dims(node.input[0]), self._static_dims(node.input[1])
         if data is None or indices is None:
+            return True
+        if len(indices) >= 4:
             return True
         if len(indices) < 2:
             return False  # one index tuple
