@@ -366,9 +366,7 @@ class FloatPadEndsAsConcat(IntegerPadAsConcat):
     """
 
     name = "float_pad_ends_as_concat"
-    defect = (
-        "QNN HTP leaves part of a Pad of the last axis's end and another axis's end unwritten (silent wrong output)"
-    )
+    defect = "the ops a Pad of the last axis's end feeds read 0 or unwritten memory for its padding on QNN HTP (silent)"
     prefix = "qnnx_floatpad"
     dtypes = _FLOAT_PAD_DTYPES
 
