@@ -108,13 +108,16 @@ def test_gathernd_runtime_indices_defect() -> None:
     assert _rel(fixed, ref) < 2e-2
 
 
-def _gathernd_elements(data_shape: tuple[int, ...], index_shape: tuple[int, ...], seed: int = 0):
-    """``GatherND(const data, runtime int64 indices)`` with indices in range and not negative (PyTorch's
-    ``x[i, j, k]`` by broadcast index tensors, as torch.onnx writes it after clamping or wrapping them)."""
+def _gathernd_elements(
+    data_shape: tuple[int, ...], index_shape: tuple[int, ...], seed: int = 0, negative: bool = False
+):
+    """``GatherND(const data, runtime int64 indices)`` with indices in range (PyTorch's ``x[i, j, k]`` by broadcast
+    index tensors, as torch.onnx writes it), not negative unless ``negative`` (then counted from either end)."""
     rng = np.random.default_rng(seed)
     data = rng.standard_normal(data_shape).astype(np.float32)
     k = index_shape[-1]
-    indices = np.stack([rng.integers(0, d, size=index_shape[:-1]) for d in data_shape[:k]], axis=-1)
+    low = (lambda d: -d) if negative else (lambda d: 0)
+    indices = np.stack([rng.integers(low(d), d, size=index_shape[:-1]) for d in data_shape[:k]], axis=-1)
     out_shape = [*index_shape[:-1], *data_shape[k:]]
     model = make_model(
         [h.make_node("GatherND", ["data", "idx"], ["y"])],
@@ -139,6 +142,18 @@ def test_gathernd_by_rank4_runtime_indices_defect(data_shape, index_shape) -> No
     assert _rel(fixed, ref) < 2e-2
 
 
+@pytest.mark.parametrize("index_shape", [(10, 10, 10, 3), (4, 5, 5, 3)])
+def test_flattened_gathernd_takes_negative_runtime_indices(index_shape) -> None:
+    """Runtime indices counted from the end run on QNN after the rewrite and pick the CPU EP's elements (a flat
+    GatherND by negative runtime indices failed at run time on HTP, so the rewrite makes them positive first), as
+    [4, 5, 5, 3], which HTP got right unflattened, still does."""
+    model, feeds = _gathernd_elements((5, 5, 5), index_shape, seed=3, negative=True)
+    assert (feeds["idx"] < 0).any()
+    ref = cpu_session(model.SerializeToString()).run(None, feeds)[0]
+    fixed = qnn_session(_fixed(model, "gathernd_to_gather")).run(None, feeds)[0]
+    assert _rel(fixed, ref) < 2e-2
+
+
 def test_gathernd_by_rank5_runtime_indices_stops_the_process_and_is_left_alone() -> None:
     """GatherND by runtime indices of rank 5 kills the process that runs it on QNN (a child here), and the Reshape
     that would flatten them fails QNN's finalize: the pass leaves the node (qnnx-opcheck refuses it, so it runs on
@@ -154,15 +169,16 @@ def test_gathernd_by_rank5_runtime_indices_stops_the_process_and_is_left_alone()
     data_shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple),
     lead=st.lists(st.integers(1, 12), min_size=3, max_size=3).map(tuple),
     sliced=st.integers(0, 1),
+    negative=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_flattened_gathernd_selects_the_same_elements(data_shape, lead, sliced, seed) -> None:
-    """For any data, runtime indices of rank 4 picking elements or rank-1 slices: the pass leaves no GatherND by
-    indices of rank 4, and the graph gives the CPU EP's output bit for bit."""
+def test_flattened_gathernd_selects_the_same_elements(data_shape, lead, sliced, negative, seed) -> None:
+    """For any data, runtime indices of rank 4 picking elements or rank-1 slices, counted from either end: the pass
+    leaves no GatherND by indices of rank 4, and the graph gives the CPU EP's output bit for bit."""
     k = len(data_shape) - sliced
     if k < 2:
         return
-    model, feeds = _gathernd_elements(data_shape, (*lead, k), seed)
+    model, feeds = _gathernd_elements(data_shape, (*lead, k), seed, negative)
     want = cpu_session(model.SerializeToString()).run(None, feeds)[0]
     m = to_ir(model)
     run_passes(m, ("gathernd_to_gather",))

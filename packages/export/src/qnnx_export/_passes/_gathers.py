@@ -46,8 +46,9 @@ class GatherNDToGather(QnnPass):
     With constant indices the gather is a plain Gather of flattened row indices. With runtime indices whose last
     dim is 1 it is a Gather along axis 0 by the indices without their last axis (right on HTP for runtime indices,
     negative ones included). Runtime indices of rank 4 that select elements or rank-1 slices are flattened
-    to ``[N, k]`` (a Reshape), gathered, and the output reshaped back: right on HTP for every ``N`` measured up to
-    1000. All are exact: the same elements are selected.
+    to ``[N, k]`` (a Reshape), made positive (a flat GatherND by negative runtime indices failed at run time),
+    gathered, and the output reshaped back: right on HTP for every ``N`` measured up to 1000. All are exact: the
+    same elements are selected.
     """
 
     name = "gathernd_to_gather"
@@ -115,11 +116,23 @@ class GatherNDToGather(QnnPass):
         result = _graph.new_value(names("out"), out.dtype, out_shape)
         graph.insert_before(node, ir.Node("", "Reshape", [indices, target], outputs=[rows]))
         if len(rows_shape) == 2 and rows_shape[1] > 1:  # flat [N, k] tuples: GatherND on them, then the shape back
-            sliced = len(cast(tuple[int, ...], _graph.static_shape(data))) - rows_shape[1]  # 0 or 1 (_runtime_plan)
+            data_shape = cast(tuple[int, ...], _graph.static_shape(data))
+            sliced = len(data_shape) - rows_shape[1]  # 0 or 1 (_runtime_plan)
             flat_shape = (rows_shape[0], *out_shape[len(out_shape) - sliced :])
             flat_out = _graph.new_value(names("flat_out"), out.dtype, flat_shape)
             shape = _graph.add_initializer(graph, names("out_shape"), np.array(out_shape, dtype=np.int64))
-            graph.insert_before(node, ir.Node("", "GatherND", [data, rows], outputs=[flat_out]))
+            # Negative indices counted from the end, made positive: a flat GatherND by negative runtime indices
+            # failed at run time on HTP ([5, 5, 5] by [100, 3]: QNN_COMMON_ERROR_GENERAL).
+            np_index = cast(ir.DataType, indices.dtype).numpy()
+            dims = _graph.add_initializer(graph, names("dims"), np.array(data_shape[: rows_shape[1]], np_index))
+            zero = _graph.add_initializer(graph, names("zero"), np.array(0, np_index))
+            negative = _graph.new_value(names("negative"), ir.DataType.BOOL, rows_shape)
+            wrapped = _graph.new_value(names("wrapped"), indices.dtype, rows_shape)
+            positive = _graph.new_value(names("positive"), indices.dtype, rows_shape)
+            graph.insert_before(node, ir.Node("", "Less", [rows, zero], outputs=[negative]))
+            graph.insert_before(node, ir.Node("", "Add", [rows, dims], outputs=[wrapped]))
+            graph.insert_before(node, ir.Node("", "Where", [negative, wrapped, rows], outputs=[positive]))
+            graph.insert_before(node, ir.Node("", "GatherND", [data, positive], outputs=[flat_out]))
             graph.insert_before(node, ir.Node("", "Reshape", [flat_out, shape], outputs=[result]))
         else:
             graph.insert_before(
