@@ -421,7 +421,9 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "it wrong at ranks 2-3 (Equal, Less, Not, Relu, Div, Exp, Softmax, MatMul); as the output, 192 of 466 "
         "patterns padding that end and another end wrong at ranks 2-5 (x[1, 3] padded (0, 2, 0, 1) read 0 where "
         "1.5 was due); float16 at rank 5: 264 of 286 patterns wrong; begin pads and pads of other axes right (1,097 "
-        "patterns as the output, and into each of the 16 ops); the same pads as Concat right in every case",
+        "patterns as the output, and into each of the 16 ops); the same pads as Concat right in every case; uint8 QDQ "
+        "(DequantizeLinear, Pad, QuantizeLinear): x[4, 6] padded (0, 3) into a quantized MatMul 16.1 off (scale 8.6), "
+        "into a Relu right",
     }
     p["maxpool_ceil_dropped_window"] = {
         "status": "unsupported",
