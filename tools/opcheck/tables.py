@@ -788,7 +788,7 @@ _ZERO = [None, [0], [0, 0], [0, 0, 0]]
 # measured on ONNX's node tests (tools/opcheck/node_tests.py, whose record names the cases). A rule holds when all
 # its conditions hold; the keys are read by qnnx_opcheck._patterns (runtime_inputs, given_inputs, attr_in,
 # attr_not_in, min_outputs, max_inputs, input_dtype, unbounded_input, uneven_attr, input_rank, axis_before_last,
-# unless_index_wrap).
+# unless_index_wrap, power_of_two_divisor, signed_dividend, unless_remainder_step).
 NODE_CONDITIONS: list[dict[str, Any]] = [
     {"ops": _REDUCE_WITH_AXES_INPUT, "runtime_inputs": [1], "kind": "rejected",
      "reason": "the QNN EP takes the axes input only as a constant", "cases": "test_reduce_*_random"},
@@ -891,6 +891,16 @@ NODE_CONDITIONS: list[dict[str, Any]] = [
      "2047, 2049, 4097, +-10001, 40000, 70000, +-1000003] by constant 3, 7, -7 and 256: wrong from 2049 on, and "
      "-2047 mod 7 = 5 (4097 mod 3 = 0, 70000 mod 7 = 0); int16 and uint16 wrong from 2049 on; int8: -5 mod 7 = 127, "
      "100 mod 7 = 100; every i in [-d, d) mod d right for d 3, 7, 100, 1000 (int32 and int64); 2046 mod 2047 wrong"},
+    {"ops": ["Div"], "input_dtype": [0, ["int32", "int64"]], "power_of_two_divisor": 1, "signed_dividend": 0,
+     "unless_remainder_step": True, "kind": "wrong_result", "reason": "QNN HTP divides an integer by a constant "
+     "power of two (2, 4, ..., 16384) rounding down, where ONNX truncates toward zero: a negative dividend the divisor "
+     "does not divide comes back one less (-1 / 16384 = -1, -70001 / 2 = -35001; ONNX: 0, -35000). Vouched for: a "
+     "dividend >= 0 by construction (qnnx-export divides only such values), and the quotients of qnnx-export's "
+     "integer Mod, x - (x / b) * b taken twice, whose result does not depend on the rounding",
+     "evidence": "probe htp 2.7.0 soc60 2026-12-07: Div of int32 and int64 dividends in [-70001, 70001] by a scalar "
+     "or [1] constant 2, 4, 8, 16, 64, 128, 1024, 16384: every negative dividend it does not divide one less than the "
+     "CPU EP's (12-16 of 32 per divisor), every other dividend right; by 1, 3, 6, 12, 100, -1, -2, -4, -3 and -64, by a runtime divisor of 4 and by a "
+     "constant [22] vector of 8s or of 3s and 4s: every dividend right; int8 and int16 Div: not taken by the QNN EP"},
     {"ops": ["SpaceToDepth"], "attr_in": {"mode": ["CRD"]}, "kind": "wrong_result",
      "reason": "QNN HTP ignores mode=CRD (it computes DCR)", "cases": "test_spacetodepth_crd_mode_example"},
     {"ops": ["RMSNormalization"], "axis_before_last": True, "kind": "rejected",

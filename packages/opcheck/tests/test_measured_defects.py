@@ -728,3 +728,92 @@ def test_the_live_simulator_wraps_every_valid_index_right(d: int) -> None:
     m = _int_model([mod], TensorProto.INT32, TensorProto.INT32, {"d": np.array(d, np.int32)}, size=2 * d)
     got, want = _qnn_and_cpu(m, {"x": x})
     assert np.array_equal(got, want)
+
+
+def _int_div(dtype: int, divisor: int | list[int], dividend: str = "input") -> onnx.ModelProto:
+    """``Div(v, d)`` of x[12] by a constant d, where v is the input x, its ``Abs``, the sign-select
+    ``Where(x < 0, k - x, x)`` (qnnx-export's floor division), ``x + 5`` or a ``Range`` from 0."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = {
+        "d": np.array(divisor, np_dtype),
+        "zero": np.array(0, np_dtype),
+        "k": np.array(max(int(np.max(divisor)) - 1, 0), np_dtype),
+        "five": np.array(5, np_dtype),
+        "n": np.array(12, np_dtype),
+        "one": np.array(1, np_dtype),
+    }
+    nodes = [
+        helper.make_node("Abs", ["x"], ["abs"], name="abs"),
+        helper.make_node("Less", ["x", "zero"], ["neg"], name="less"),
+        helper.make_node("Sub", ["k", "x"], ["flip"], name="flip"),
+        helper.make_node("Where", ["neg", "flip", "x"], ["select"], name="where"),
+        helper.make_node("Add", ["x", "five"], ["shift"], name="add"),
+        helper.make_node("Range", ["zero", "n", "one"], ["range"], name="range"),
+        helper.make_node("Div", [{"input": "x", "abs": "abs", "select": "select", "shift": "shift",
+                                  "range": "range"}[dividend], "d"], ["q"], name="div"),
+        helper.make_node("Add", ["q", "x"], ["y"], name="use"),
+    ]  # fmt: skip
+    return _int_model(nodes, dtype, dtype, inits)
+
+
+@given(
+    dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]),
+    divisor=st.sampled_from([1, 2, 4, 64, 16384, 3, 12, 100, -2, -64, [8], [8] * 12, [3, 4] * 6]),
+    dividend=st.sampled_from(["input", "abs", "select", "shift", "range"]),
+)
+def test_an_integer_division_by_a_constant_power_of_two_is_refused_unless_its_dividend_is_not_negative(
+    dtype: int, divisor: int | list[int], dividend: str
+) -> None:
+    """HTP rounds an integer Div by a one-element constant power of two down (ONNX truncates): refused as a wrong
+    result when the dividend may be negative; vouched for by any other divisor (1, not a power of two, negative, a
+    vector) or for a dividend >= 0 by construction (an Abs, the sign-select of qnnx-export's floor division, a Range
+    from 0). ``x + 5`` may still be negative."""
+    v = _verdict(_int_div(dtype, divisor, dividend), "div")
+    one = np.asarray(divisor).size == 1
+    value = int(np.asarray(divisor).reshape(-1)[0])
+    refused = one and value >= 2 and value & (value - 1) == 0 and dividend in ("input", "shift")
+    assert (v.status == "unsupported") == refused, v
+    if refused:
+        assert v.kind == "wrong_result" and "rounding down" in (v.reason or ""), v
+
+
+def _floor_mod(dtype: int, b: int, *, second_use: bool = False) -> onnx.ModelProto:
+    """qnnx-export's integer Mod: ``r = x - (x / b) * b; y = (r + b) - ((r + b) / b) * b`` (with ``second_use``,
+    the first remainder is also an output of its own, which the construction does not cancel)."""
+    nodes = [
+        helper.make_node("Div", ["x", "b"], ["q1"], name="div1"),
+        helper.make_node("Mul", ["q1", "b"], ["m1"], name="mul1"),
+        helper.make_node("Sub", ["x", "m1"], ["r1"], name="sub1"),
+        helper.make_node("Add", ["r1", "b"], ["s"], name="shift"),
+        helper.make_node("Div", ["s", "b"], ["q2"], name="div2"),
+        helper.make_node("Mul", ["q2", "b"], ["m2"], name="mul2"),
+        helper.make_node("Sub", ["s", "m2"], ["y"], name="sub2"),
+    ]
+    m = _int_model(nodes, dtype, dtype, {"b": np.array(b, helper.tensor_dtype_to_np_dtype(dtype))})
+    if second_use:
+        m.graph.output.append(helper.make_tensor_value_info("r1", dtype, None))
+    return m
+
+
+@given(dtype=st.sampled_from([TensorProto.INT32, TensorProto.INT64]), b=st.sampled_from([2, 64, 1024]))
+def test_the_floor_remainder_of_qnnx_exports_integer_mod_is_vouched_for(dtype: int, b: int) -> None:
+    """Both quotients of ``x - (x / b) * b`` taken twice (qnnx-export's integer Mod) are vouched for by a power of
+    two: the result does not depend on how HTP rounds them. The first quotient with its remainder used elsewhere too
+    is refused (that remainder does depend on the rounding)."""
+    m = _floor_mod(dtype, b)
+    assert _verdict(m, "div1").status != "unsupported" and _verdict(m, "div2").status != "unsupported"
+    assert _verdict(_floor_mod(dtype, b, second_use=True), "div1").status == "unsupported"
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT32, TensorProto.INT64])
+def test_the_live_simulator_agrees_on_integer_division_by_a_power_of_two(dtype: int) -> None:
+    """On the simulator ``x / 16`` rounds negative quotients down (the CPU EP truncates), while the sign-select
+    dividend and the floor remainder, which opcheck vouches for, give the CPU EP's values."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    x = np.array([-70001, -33, -17, -16, -15, -1, 0, 1, 15, 16, 17, 70001], np_dtype)
+    got, want = _qnn_and_cpu(_int_div(dtype, 16), {"x": x})
+    assert not np.array_equal(got, want) and np.array_equal(got[x >= 0], want[x >= 0])
+    for m in (_int_div(dtype, 16, "select"), _floor_mod(dtype, 16)):
+        got, want = _qnn_and_cpu(m, {"x": x})
+        assert np.array_equal(got, want)
+    assert np.array_equal(want, np.mod(x, 16))

@@ -269,6 +269,15 @@ class Patterns:
             checks.append(not bounded)
         if "unless_index_wrap" in rule:  # not a wrap of gather indices by the gathered axis's size (at most the limit)
             checks.append(not self._wraps_indices(node, rule["unless_index_wrap"]))
+        if "power_of_two_divisor" in rule:  # this input is a one-element constant 2, 4, 8, ...
+            idx = rule["power_of_two_divisor"]
+            value = self.view.scalar(node.input[idx]) if len(node.input) > idx and node.input[idx] else None
+            checks.append(value is not None and value >= 2 and value == int(value) and int(value) & int(value - 1) == 0)
+        if "signed_dividend" in rule:  # this input may be negative (it is not >= 0 by construction)
+            idx = rule["signed_dividend"]
+            checks.append(len(node.input) > idx and not self.values.non_negative(node.input[idx]))
+        if rule.get("unless_remainder_step"):  # not a quotient whose rounding the remainder built from it cancels
+            checks.append(not self._rounding_free_remainder(node))
         if "input_rank" in rule:
             shape = self.view.shape(node.input[0]) if node.input else None
             checks.append(shape is None or len(shape) in rule["input_rank"])
@@ -306,6 +315,54 @@ class Patterns:
             if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] != int(d):
                 return False
         return bool(users)
+
+    def _remainder_step(self, div: NodeView) -> str | None:
+        """The output of ``x - Div(x, b) * b`` when ``div`` is that Div (its only use the product by the same
+        constant ``b``, the product's only use that subtraction), else None."""
+        if len(div.input) != 2 or not div.output:
+            return None
+        x, b = div.input
+        outputs = self.view.f.graph_outputs
+        users = self.view.consumer_nodes(div.output[0])
+        if len(users) != 1 or users[0].op_type != "Mul" or sorted(users[0].input) != sorted([div.output[0], b]):
+            return None
+        subs = self.view.consumer_nodes(users[0].output[0]) if users[0].output else []
+        if len(subs) != 1 or subs[0].op_type != "Sub" or list(subs[0].input) != [x, users[0].output[0]]:
+            return None
+        if div.output[0] in outputs or users[0].output[0] in outputs:
+            return None
+        return subs[0].output[0] if subs[0].output else None
+
+    def _rounding_free_remainder(self, div: NodeView) -> bool:
+        """``div`` is a quotient of the floor remainder ``r = x - (x / b) * b; (r + b) - ((r + b) / b) * b``
+        (qnnx-export's integer Mod, a constant ``b > 0``), whose result is the same whether HTP's integer Div rounds
+        down or toward zero: either way the first step leaves ``|r| < b``, so ``r + b`` is positive and the second
+        quotient cannot differ. True for both of its Divs."""
+        remainder = self._remainder_step(div)
+        b = div.input[1] if len(div.input) == 2 else ""
+        if remainder is None or not (self.view.scalar(b) or 0) > 0:
+            return False
+        # The second step: its dividend is r + b, r the remainder of a first step by the same b.
+        shifted = self.view.producer(div.input[0])
+        if shifted is not None and shifted.op_type == "Add" and len(shifted.input) == 2 and b in shifted.input:
+            r = shifted.input[1] if shifted.input[0] == b else shifted.input[0]
+            sub = self.view.producer(r)
+            mul = self.view.producer(sub.input[1]) if sub is not None and len(sub.input) == 2 else None
+            for q in mul.input if mul is not None and mul.op_type == "Mul" else ():
+                first = self.view.producer(q)
+                if first is not None and first.op_type == "Div" and self._remainder_step(first) == r:
+                    return list(first.input) == [sub.input[0], b] if sub is not None else False
+        # The first step: its remainder's only use is r + b, the dividend of a second step by b.
+        users = self.view.consumer_nodes(remainder)
+        if remainder in self.view.f.graph_outputs:
+            return False
+        if len(users) != 1 or users[0].op_type != "Add" or sorted(users[0].input) != sorted([remainder, b]):
+            return False
+        shifted_out = users[0].output[0] if users[0].output else ""
+        return any(
+            d.op_type == "Div" and list(d.input) == [shifted_out, b] and self._remainder_step(d) is not None
+            for d in self.view.consumer_nodes(shifted_out)
+        )
 
     def _index_like(self, name: str, depth: int = 8) -> bool:
         """Whether ``name`` is a graph input or constant, or comes from one only through ops that move, cast or pick

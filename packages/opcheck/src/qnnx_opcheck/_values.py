@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from qnnx_opcheck._model import NodeView
 from qnnx_opcheck._view import FLOATS, GraphView
 
 __all__ = ["ValueAnalysis"]
@@ -141,7 +142,56 @@ class ValueAnalysis:
         if op == "Max":
             return any(self.non_negative(i, depth + 1) for i in node.input if i)
         if op == "Where" and len(node.input) == 3:
+            if self._sign_select(node):
+                return True
             return all(self.non_negative(i, depth + 1) for i in node.input[1:])  # either branch is >= 0
+        if op == "Sub" and len(node.input) == 2:
+            return self._remainder_of_non_negative(node, depth)
+        if op == "Range" and len(node.input) == 3:
+            return self.non_negative(node.input[0], depth + 1) and self.non_negative(node.input[2], depth + 1)
+        return False
+
+    def _sign_select(self, node: NodeView) -> bool:
+        """``Where(x < 0, k - x, x)`` with a constant ``k >= 0`` (or ``Neg(x)`` / ``Abs(x)`` in the first branch):
+        x where it is >= 0, a value >= -x > 0 where it is not. qnnx-export's integer floor division writes its
+        dividend so, to divide only values >= 0."""
+        cond, then, other = node.input
+        producer = self.view.producer(cond) if cond else None
+        if producer is None or len(producer.input) != 2:
+            return False
+        a, b = producer.input
+        if producer.op_type == "Less" and self.view.scalar(b) == 0:
+            x = a
+        elif producer.op_type == "Greater" and self.view.scalar(a) == 0:
+            x = b
+        else:
+            return False
+        if other != x:
+            return False
+        negated = self.view.producer(then) if then else None
+        if negated is None:
+            return False
+        if negated.op_type in ("Neg", "Abs"):
+            return list(negated.input[:1]) == [x]
+        if negated.op_type == "Sub" and len(negated.input) == 2 and negated.input[1] == x:
+            k = self.view.scalar(negated.input[0])
+            return k is not None and k >= 0
+        return False
+
+    def _remainder_of_non_negative(self, node: NodeView, depth: int) -> bool:
+        """``x - Div(x, b) * b`` with ``x >= 0`` and a constant ``b > 0``: in ``[0, b)`` however the integer
+        quotient rounds, since a quotient of values >= 0 rounds the same way down or toward zero."""
+        x, product = node.input
+        mul = self.view.producer(product) if product else None
+        if mul is None or mul.op_type != "Mul" or len(mul.input) != 2:
+            return False
+        for quotient, b in (mul.input, mul.input[::-1]):
+            div = self.view.producer(quotient) if quotient else None
+            if div is None or div.op_type != "Div" or len(div.input) != 2 or div.input[0] != x:
+                continue
+            divisor = self.view.scalar(div.input[1])
+            if divisor is not None and divisor > 0 and self.view.scalar(b) == divisor:
+                return self.non_negative(x, depth + 1)
         return False
 
     def computed_on_qnn(self, name: str) -> bool:

@@ -209,10 +209,14 @@ class _Tables:
         units, which = np.unique(coeff.reshape(-1), return_inverse=True)
         flat = self._op("Reshape", [integer, self._init("flat", np.array([-1], np.int64))], dtype, None)
         n = self._op("Gather", [flat, self._init("index", index)], dtype, self.shape)
-        rest = self._op("Add", [n, self._init("offset", np.array(_OFFSET, np_int))], dtype, self.shape)
+        shifted = self._op("Add", [n, self._init("offset", np.array(_OFFSET, np_int))], dtype, self.shape)
+        # Clamped at 0 (n below -2**23 reads n = -2**23, as the digits' clamp does above the range): the quotients
+        # below then divide only values >= 0, which HTP's integer Div rounds as ONNX does (by a power of two it
+        # rounds a negative quotient down, ONNX toward zero), and qnnx-opcheck sees that they are >= 0.
+        low, high = self._init("low", np.array(0, np_int)), self._init("high", np.array(255, np_int))
+        rest = self._op("Max", [shifted, low], dtype, self.shape)
         column = self._init("column", which.reshape(self.shape).astype(np_int))
         width = self._init("width", np.array(len(units), np_int))
-        low, high = self._init("low", np.array(0, np_int)), self._init("high", np.array(255, np_int))
         self.pairs: list[tuple[ir.Value, ir.Value]] = []
         for place, shift in _DIGITS:
             if place > 1:
