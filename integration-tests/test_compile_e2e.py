@@ -392,3 +392,22 @@ def test_fast_exporter_refuses_a_graph_it_cannot_translate_naming_why():
     compiled = torch.compile(fn, backend="qnn", options={**NPU_STRICT, "exporter": "fast"})
     with pytest.raises((QnnDeviceError, UnsupportedGraphError), match="direct translator cannot take"), torch.no_grad():
         compiled(torch.randn(3, 5))
+
+
+def test_integer_division_with_rounding_runs_wholly_on_qnn_with_eagers_values():
+    """Integer ``//`` and ``torch.div(..., rounding_mode="trunc")`` by a power of two (HTP's own integer Div rounds a
+    negative quotient down there) and by a tensor of divisors: the translator's form runs wholly on QNN under strict,
+    qnnx-opcheck vouching for every node, and gives eager's integers with the first-call check off."""
+    a = torch.tensor([[-70001, -17, -16, -15, -1, 0, 1, 15, 16, 17, 70001, -9]])
+    b = torch.tensor([[3, -3, 4, -4, 16, -16, 2, -2, 7, -7, 64, 5]])
+
+    def divide(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x // 16, torch.div(x, 4, rounding_mode="trunc"), x // y, (x * 3 + 1) // -2
+
+    qnnx_backend.clear_compile_reports()
+    options = {"device": "npu", "strict": True, "soc_model": 60, "verify": False}
+    out = torch.compile(divide, backend="qnn", options=options)(a, b)
+    (report,) = qnnx_backend.compile_reports()
+    assert report.device == "npu" and not report.cpu_nodes and report.export.exporter == "fast", report.summary()
+    for got, want in zip(out, divide(a, b), strict=True):
+        assert torch.equal(got, want), (got, want)

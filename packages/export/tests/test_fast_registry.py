@@ -109,6 +109,11 @@ EXAMPLES: dict[str, _Example] = {
     "aten.div.Tensor": _ex(lambda x, y: aten.div.Tensor(x, y), _X, _positive(3, 4)),
     "aten.div.Scalar": _ex(lambda x: aten.div.Scalar(x, 4.0), _X),
     "aten.div.Tensor_mode": _ex(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode=None), _X, _positive(4)),
+    "aten.floor_divide.default": _ex(
+        lambda x, y: aten.floor_divide.default(x, y),
+        lambda: torch.randint(-9, 10, (3, 4)),
+        lambda: torch.tensor([3, -2, 4, -5]),
+    ),
     "aten.fmax.default": _ex(lambda x, y: aten.fmax.default(x, y), _X, (1, 4)),
     "aten.fmin.default": _ex(lambda x, y: aten.fmin.default(x, y), _X, _X),
     "aten.hypot.default": _ex(lambda x, y: aten.hypot.default(x, y), _X, (1, 4)),

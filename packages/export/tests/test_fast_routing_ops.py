@@ -141,6 +141,63 @@ def test_floor_of_an_integer_quotient_equals_eager(values: list[int], divisor: i
     _exactly_as_eager(lambda p: torch.floor(p / divisor), i)
 
 
+_DIVISORS = st.one_of(st.integers(-20000, 20000).filter(bool), st.sampled_from([2, 4, 16, 64, 16384, -2, -16, 1, -1]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    values=st.lists(st.integers(-(2**30), 2**30), min_size=1, max_size=12),
+    divisor=_DIVISORS,
+    runtime=st.lists(_DIVISORS, min_size=1, max_size=12),
+    mode=st.sampled_from(["trunc", "floor"]),
+    int32=st.booleans(),
+)
+def test_integer_division_with_a_rounding_mode_equals_eager(
+    values: list[int], divisor: int, runtime: list[int], mode: str, int32: bool
+) -> None:
+    """``torch.div(a, b, rounding_mode=...)`` and ``a // b`` of int32/int64 tensors, by a Python integer of either
+    sign (powers of two included) and by a tensor of divisors, equal eager bit for bit (the translator divides
+    magnitudes and puts the sign back)."""
+    dtype = torch.int32 if int32 else torch.int64
+    a = torch.tensor(values, dtype=dtype)
+    b = torch.tensor((runtime * len(values))[: len(values)], dtype=dtype)
+
+    def divide(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.div(x, divisor, rounding_mode=mode), torch.div(x, y, rounding_mode=mode), x // divisor, x // y
+
+    _exactly_as_eager(divide, a, b)
+
+
+def test_float_division_with_a_rounding_mode_is_declined() -> None:
+    """Float floor division is not ``floor(a / b)`` in PyTorch (``1 // 0.1`` is 9), so the translator leaves it."""
+    x = torch.tensor([1.0, 2.5])
+    _declines(lambda a: torch.div(a, 0.1, rounding_mode="floor"), x, match="float32")
+
+
+def test_integer_division_with_a_rounding_mode_runs_exactly_on_the_htp_simulator() -> None:
+    """The magnitudes' quotients run wholly on the HTP simulator (no CPU fallback) and give eager's integers
+    exactly: HTP's own Div by a constant power of two rounds negative quotients down (-70001 // -16 and
+    ``trunc(-1 / 16384)`` included), and by a tensor of divisors."""
+    a = torch.tensor([-70001, -33, -17, -16, -15, -9, -8, -5, -1, 0, 1, 5, 8, 9, 15, 16, 17, 33, 70001])
+    b = torch.tensor([3, -3, 4, -4, 2, -2, 7, -7, 1, -1, 16, -16, 5, -5, 8, -8, 64, -64, 2])
+
+    def divide(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            x // 4,
+            x // -16,
+            torch.div(x, 16384, rounding_mode="trunc"),
+            torch.div(x.int(), -3, rounding_mode="trunc"),
+            x // y,
+            torch.div(x, y, rounding_mode="trunc"),
+        )
+
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(divide, (a, b), backend)
+    assert backend.exported[0].exporter == "fast"
+    for got, want in zip(out, divide(a, b), strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
 def test_router_and_position_ops_run_wholly_on_the_htp_simulator() -> None:
     """max with indices (ties included), argmax, histc of expert ids, a scattered group mask and the floor of
     position quotients run in one graph wholly on the HTP simulator (no CPU fallback): eager's int64 indices exactly,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from qnnx_export._fast._nodes import fake, onnx_axis, out_shape
+from qnnx_export._fast._ops_rounding import rounded_division
 from qnnx_export._fast._registry import handles
 from qnnx_export._fast._translator import Declined, Operand, Translator, ir_dtype
 
@@ -85,7 +86,7 @@ def _rsub(t: Translator, node: Node, a: Operand, b: Operand, alpha: float = 1) -
 @handles(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode)
 def _div(t: Translator, node: Node, a: Operand, b: Operand, *, rounding_mode: str | None = None) -> ir.Value:
     if rounding_mode is not None:
-        raise Declined(f"div with rounding_mode={rounding_mode!r}")
+        return rounded_division(t, node, a, b, rounding_mode=rounding_mode)
     dtype = node.meta["val"].dtype
     if not dtype.is_floating_point:
         raise Declined("integer division")

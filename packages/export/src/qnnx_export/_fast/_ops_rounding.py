@@ -1,4 +1,5 @@
-"""``floor``, and ``floor(i / n)`` of an integer tensor by a positive integer written as integer floor division.
+"""``floor``, ``floor(i / n)`` of an integer tensor by a positive integer written as integer floor division, and
+integer division with a rounding mode (``//``, ``torch.div(..., rounding_mode=...)``).
 
 ``torch.floor(position_ids / n)`` (Llama 4's and Ministral 3's attention temperature) divides integers in float:
 on HTP that quotient is a float16 number, so ``(n - 1) / n`` rounds up to 1 and its floor comes out one step too
@@ -68,3 +69,60 @@ def _floor(t: Translator, node: Node, x: Node) -> ir.Value:
     negated = t.emit1("Sub", [t.scalar(0, dtype), quotient], dtype=dtype, shape=shape)  # HTP has no integer Neg
     floored = t.emit1("Where", [negative, negated, quotient], dtype=dtype, shape=shape)
     return t.out("Cast", [floored], {"to": int(ir_dtype(val.dtype))})
+
+
+_DIVIDED_INTS = (torch.int32, torch.int64)
+
+
+@handles(aten.floor_divide.default)
+def _floor_divide(t: Translator, node: Node, a: Any, b: Any) -> ir.Value:
+    """``a // b``: :func:`rounded_division` rounding down."""
+    return rounded_division(t, node, a, b, rounding_mode="floor")
+
+
+def rounded_division(t: Translator, node: Node, a: Any, b: Any, *, rounding_mode: str) -> ir.Value:
+    """Integer ``a // b`` and ``torch.div(a, b, rounding_mode="trunc" | "floor")``, exact on HTP.
+
+    HTP's integer Div truncates as ONNX does, except by a one-element constant power of two, where it rounds a
+    negative quotient down (onnxruntime-qnn 2.7.0: ``-1 / 16384`` gives -1). So only magnitudes are divided: ``|a|``
+    (the sign-select ``Where(a < 0, 0 - a, a)``; HTP has no integer Neg) by ``|b|``, plus ``|b| - 1`` first where
+    the signs differ and the quotient rounds down (its magnitude rounds up), and the sign is put back. Every
+    dividend is >= 0 by construction, which qnnx-opcheck sees. Float division with a rounding mode is declined:
+    PyTorch's float floor division is not ``floor(a / b)`` (``1 // 0.1`` is 9), and HTP's float16 quotient would
+    move values across integers anyway.
+    """
+    dtype = node.meta["val"].dtype
+    if rounding_mode not in ("trunc", "floor"):
+        raise Declined(f"{node.target} with rounding_mode={rounding_mode!r}")
+    if dtype not in _DIVIDED_INTS:
+        raise Declined(f"{node.target} on {dtype} (int32 and int64 are translated)")
+    if not isinstance(fake(a), torch.Tensor) or isinstance(b, (bool, float)):
+        raise Declined(f"{node.target} of a {type(a).__name__} by a {type(b).__name__}")
+    if isinstance(b, int) and b == 0:
+        raise Declined(f"{node.target} by 0")
+    shape = tuple(int(s) for s in node.meta["val"].shape)
+    a_shape = tuple(int(s) for s in fake(a).shape)
+    zero = t.scalar(0, dtype)
+    av = t.operand(a, dtype)
+    negative_a = t.emit1("Less", [av, zero], dtype=torch.bool, shape=a_shape)
+    flipped_a = t.emit1("Sub", [zero, av], dtype=dtype, shape=a_shape)
+    magnitude_a = t.emit1("Where", [negative_a, flipped_a, av], dtype=dtype, shape=a_shape)
+    if isinstance(b, int):
+        magnitude_b = t.scalar(abs(b), dtype)
+        differ = negative_a if b > 0 else t.emit1("Not", [negative_a], dtype=torch.bool, shape=a_shape)
+        round_up = t.scalar(abs(b) - 1, dtype)
+    else:
+        b_shape = tuple(int(s) for s in fake(b).shape)
+        bv = t.operand(b, dtype)
+        negative_b = t.emit1("Less", [bv, zero], dtype=torch.bool, shape=b_shape)
+        flipped_b = t.emit1("Sub", [zero, bv], dtype=dtype, shape=b_shape)
+        magnitude_b = t.emit1("Where", [negative_b, flipped_b, bv], dtype=dtype, shape=b_shape)
+        differ = t.emit1("Xor", [negative_a, negative_b], dtype=torch.bool, shape=shape)
+        round_up = t.emit1("Sub", [magnitude_b, t.scalar(1, dtype)], dtype=dtype, shape=b_shape)
+    dividend = magnitude_a
+    if rounding_mode == "floor":
+        raised = t.emit1("Add", [magnitude_a, round_up], dtype=dtype, shape=shape)
+        dividend = t.emit1("Where", [differ, raised, magnitude_a], dtype=dtype, shape=shape)
+    quotient = t.emit1("Div", [dividend, magnitude_b], dtype=dtype, shape=shape)
+    negated = t.emit1("Sub", [zero, quotient], dtype=dtype, shape=shape)
+    return t.out("Where", [differ, negated, quotient])
