@@ -425,6 +425,33 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "(DequantizeLinear, Pad, QuantizeLinear): x[4, 6] padded (0, 3) into a quantized MatMul 16.1 off (scale 8.6), "
         "into a Relu right",
     }
+    p["softmax_negative_scale_fusion"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Softmax"],
+        "reason": "Softmax of Mul(x, c) with c a negative float32 constant of rank 0, the Mul read by the Softmax "
+        "alone: the QNN EP folds c into the HTP Softmax's beta, and HTP computes that Softmax wrongly for a "
+        "negative beta (silent).",
+        "fix": "give the factor the shape [1] (qnnx-export's softmax_scale_as_vector pass), or negate x with Neg "
+        "and scale by -c",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-07, against the CPU EP: Softmax(Mul(x, c)) over the last axis "
+        "with c = -0.125, -0.5, -1 and -2 of rank 0 (initializer or Constant, either operand) on x of rank 1-5 "
+        "(x[3, 4], x[1, 2, 4, 4], x[8], x[1, 2, 2, 3, 4]): 0.4-1.4 of the output's max off; c > 0, c of shape [1], "
+        "a float16 graph, Div by c, a Mul with another reader or that is a graph output, Neg then Softmax, and Mul "
+        "then LogSoftmax: right",
+    }
+    p["softmax_scale_fusion_axis"] = {
+        "status": "unsupported",
+        "kind": "finalize_error",
+        "ops": ["Softmax"],
+        "reason": "Softmax over an axis other than the last of Mul(x, c) with c a float32 constant of rank 0, the "
+        "Mul read by the Softmax alone: the QNN EP folds c into the HTP Softmax, which then fails QNN's graph "
+        "finalize (the whole graph lost).",
+        "fix": "give the factor the shape [1] (qnnx-export's softmax_scale_as_vector pass)",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-07: Softmax(Mul(x, c), axis=0) of x[2, 3], x[3, 4], x[1, 8] and "
+        "x[2, 2, 5] and axis=1 of x[2, 3, 4], c = -2 to 3 of rank 0: every session failed to finalize; with c of "
+        "shape [1] they built and were right",
+    }
     p["maxpool_ceil_dropped_window"] = {
         "status": "unsupported",
         "kind": "rejected",

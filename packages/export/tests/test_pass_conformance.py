@@ -1194,6 +1194,7 @@ COVERED_ELSEWHERE = {
     "angles_from_tables": "test_pass_angles.py",
     "integer_mod_by_division": "test_pass_integer_mod.py",
     "float_pad_ends_as_concat": "test_pass_float_pad.py",
+    "softmax_scale_as_vector": "test_pass_softmax_scale.py",
     "transpose_of_unit_dims_as_reshape": "test_pass_unit_transpose.py",
     "decompose_high_rank_transpose": "test_pass_high_rank.py",
     "high_rank_reduce_on_merged_axes": "test_pass_high_rank.py",

@@ -817,3 +817,66 @@ def test_the_live_simulator_agrees_on_integer_division_by_a_power_of_two(dtype: 
         got, want = _qnn_and_cpu(m, {"x": x})
         assert np.array_equal(got, want)
     assert np.array_equal(want, np.mod(x, 16))
+
+
+def _scaled_softmax(
+    shape: tuple[int, ...], c: float, axis: int, *, factor_shape: tuple[int, ...] = (), dtype: int = TensorProto.FLOAT,
+    first: bool = False, reused: bool = False,
+) -> onnx.ModelProto:  # fmt: skip
+    """``Softmax(Mul(x, c), axis)``; ``first``: ``Mul(c, x)``; ``reused``: the product is a graph output too."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    nodes = [
+        helper.make_node("Mul", ["c", "x"] if first else ["x", "c"], ["t"], name="mul"),
+        helper.make_node("Softmax", ["t"], ["z"], axis=axis, name="softmax"),
+    ]
+    outputs = [helper.make_tensor_value_info("z", dtype, shape)]
+    if reused:
+        outputs.append(helper.make_tensor_value_info("t", dtype, shape))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", dtype, shape)],
+        outputs,
+        [numpy_helper.from_array(np.full(factor_shape, c, np_dtype), "c")],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=5).map(tuple),
+    c=st.sampled_from([-2.0, -0.5, 0.25, 3.0]),
+    last=st.booleans(),
+    factor_shape=st.sampled_from([(), (1,)]),
+    dtype=st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16]),
+    first=st.booleans(),
+    reused=st.booleans(),
+)
+def test_a_softmax_the_qnn_ep_fuses_with_a_scalar_factor_is_refused_for_a_negative_one_or_another_axis(
+    shape: tuple[int, ...], c: float, last: bool, factor_shape: tuple[int, ...], dtype: int, first: bool, reused: bool
+) -> None:
+    """The QNN EP folds a float32 factor of rank 0 that only a Softmax reads into the HTP Softmax: refused as a wrong
+    result for a negative factor over the last axis, as a finalize error over another axis; vouched for when the
+    factor is positive over the last axis, of shape [1], float16, or the product has another reader."""
+    axis = -1 if last or len(shape) == 1 else 0
+    v = _verdict(
+        _scaled_softmax(shape, c, axis, factor_shape=factor_shape, dtype=dtype, first=first, reused=reused), "softmax"
+    )
+    fused = factor_shape == () and dtype == TensorProto.FLOAT and not reused
+    is_last = axis == -1
+    if fused and is_last and c < 0:
+        assert (v.status, v.kind) == ("unsupported", "wrong_result"), v
+    elif fused and not is_last:
+        assert (v.status, v.kind) == ("unsupported", "finalize_error"), v
+    else:
+        assert v.status != "unsupported", v
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (1, 2, 4, 4), (8,)])
+def test_the_live_simulator_agrees_on_a_negatively_scaled_softmax(shape: tuple[int, ...]) -> None:
+    """On the simulator the refused form (a negative rank-0 factor) is far off, the vouched one (shape [1]) right."""
+    x = np.random.default_rng(0).uniform(-2, 2, shape).astype(np.float32)
+    got, want = _qnn_and_cpu(_scaled_softmax(shape, -0.5, -1), {"x": x})
+    assert np.abs(got - want).max() > 0.2 * np.abs(want).max()
+    got, want = _qnn_and_cpu(_scaled_softmax(shape, -0.5, -1, factor_shape=(1,)), {"x": x})
+    assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()

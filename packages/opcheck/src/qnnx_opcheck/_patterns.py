@@ -492,6 +492,39 @@ class Patterns:
         count_pad = bool(self.view.attr(node, "count_include_pad"))
         return htp_averages_wrongly(shape, kernel, strides, pads, ceil=ceil, count_pad=count_pad)
 
+    def _fused_scale(self, node: NodeView) -> tuple[float, bool] | None:
+        """(c, over the last axis) when the QNN EP folds the factor of ``node``'s input into it: the Softmax reads
+        ``Mul(x, c)`` or ``Mul(c, x)`` with ``c`` a float32 constant of rank 0, and nothing else reads the Mul."""
+        source = node.input[0] if node.input else ""
+        mul = self.view.producer(source) if source else None
+        if mul is None or mul.op_type != "Mul" or mul.domain != "" or len(mul.input) != 2:
+            return None
+        if source in self.view.f.graph_outputs or len(self.view.consumer_nodes(source)) != 1:
+            return None
+        for factor, x in ((mul.input[1], mul.input[0]), (mul.input[0], mul.input[1])):
+            value = self.view.const_value(factor) if factor else None
+            if value is None or getattr(value, "ndim", None) != 0 or str(getattr(value, "dtype", "")) != "float32":
+                continue
+            shape = self.view.shape(x)
+            axis = self.view.attr(node, "axis")
+            axis = -1 if axis is None else int(axis)
+            last = shape is not None and axis in (-1, len(shape) - 1)
+            return float(value), last
+        return None
+
+    @rule("softmax_negative_scale_fusion")
+    def _is_softmax_negative_scale(self, index: int, node: NodeView) -> bool:
+        """A Softmax over its last axis that the QNN EP fuses with a negative rank-0 factor."""
+        fused = self._fused_scale(node)
+        return fused is not None and fused[1] and fused[0] < 0
+
+    @rule("softmax_scale_fusion_axis")
+    def _is_softmax_scale_axis(self, index: int, node: NodeView) -> bool:
+        """A Softmax over another axis than the last that the QNN EP fuses with a rank-0 factor (or of an input
+        whose rank is unknown)."""
+        fused = self._fused_scale(node)
+        return fused is not None and not fused[1]
+
     @rule("pad_unwritten_ends")
     def _is_pad_with_unwritten_ends(self, index: int, node: NodeView) -> bool:
         """A constant-mode float Pad with constant pads that pads the end of the last axis, or a float16 Pad of rank

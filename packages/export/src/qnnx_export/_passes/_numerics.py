@@ -20,6 +20,7 @@ __all__ = [
     "LogSoftmaxUnitAxis",
     "MishAsSoftplus",
     "SafeSoftmaxWithoutInf",
+    "SoftmaxScaleAsVector",
     "StableLogSumExp",
 ]
 
@@ -130,6 +131,51 @@ class SoftmaxInputFloor(QnnPass):
             return [ir.Node("", "Max", [x, low], outputs=[kept]), softmax], out
 
         return self.replace_matched(graph, "qnnx_softmax", floored)
+
+
+@register(order=93)
+class SoftmaxScaleAsVector(QnnPass):
+    """Give a negative scalar factor of a Softmax's input the shape ``[1]``, so that the QNN EP does not fold it.
+
+    The QNN EP fuses ``Softmax(Mul(x, c))``, with ``c`` a float32 constant of rank 0 and the Mul read by the Softmax
+    alone, into one HTP Softmax with ``beta = c``. HTP computes that Softmax wrongly for a negative ``c``:
+    ``softmax(x * -0.5)`` over the last axis came back 0.4-1.2 of its scale off, at ranks 1-5 (onnxruntime-qnn
+    2.7.0, soc 60); over another axis the fused Softmax fails QNN's graph finalize, whatever ``c``. The same factor
+    of shape ``[1]`` is not fused, and the Mul then Softmax are right. A positive factor over the last axis is left
+    to the fusion, which is right. At ranks 1-4 ``softmax_input_floor``'s Max already stands between the two; a
+    Softmax of rank 5 is left alone by that pass, and ``softmax(-x / t)`` of a rank-5 attention came back 0.81 off.
+    Shape classes: a float Mul of any rank >= 1 feeding a Softmax, either operand the constant.
+    """
+
+    name = "softmax_scale_as_vector"
+    defect = "QNN HTP's Softmax fused with a negative scalar factor (beta < 0) is wrong; with another axis it fails"
+
+    def match(self, node: ir.Node) -> tuple[ir.Node, int, np.ndarray] | None:
+        """(the Mul, the index of its rank-0 factor, the factor as shape [1]) for a Softmax the QNN EP would fuse
+        wrongly with its Mul, or None."""
+        x = _graph.float_op_input(node, "Softmax")
+        mul = x.producer() if x is not None else None
+        if mul is None or not _graph.is_op(mul, "Mul") or len(mul.inputs) != 2:
+            return None
+        if len(list(x.uses())) != 1 or x.is_graph_output():  # type: ignore[union-attr]  # x is not None here
+            return None
+        shape = _graph.static_shape(x)
+        axis = node.attributes.get_int("axis", -1)
+        for index, operand in enumerate(mul.inputs):
+            value = _graph.const_array(operand)
+            if value is None or value.ndim != 0 or value.dtype.kind != "f":
+                continue
+            last = shape is not None and len(shape) > 0 and axis in (-1, len(shape) - 1)
+            if float(value) < 0 or not last:
+                return mul, index, value.reshape(1)
+        return None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        matches = self.matched(graph)
+        names = _graph.fresh_names(graph, "qnnx_softmax_scale")
+        for _, (mul, index, vector) in matches:
+            mul.replace_input_with(index, _graph.add_initializer(graph, names("factor"), vector))
+        return bool(matches)
 
 
 @register(order=100)
