@@ -425,6 +425,18 @@ def _htp_patterns(results: dict[str, Any], tag: str) -> dict[str, Any]:
         "(DequantizeLinear, Pad, QuantizeLinear): x[4, 6] padded (0, 3) into a quantized MatMul 16.1 off (scale 8.6), "
         "into a Relu right",
     }
+    p["erf_gelu_wrong_constants"] = {
+        "status": "unsupported",
+        "kind": "wrong_result",
+        "ops": ["Erf"],
+        "reason": "Erf inside x * a * (b + erf(x / c)) with constants other than GELU's (a = 0.5, b = 1, c = sqrt(2)): "
+        "the QNN EP fuses the shape into one Gelu whatever the constants, so it computes GELU instead (silent); "
+        "on its own Erf is not taken by the QNN EP.",
+        "fix": "keep the Erf on the CPU EP (pin it), or write the function without Erf",
+        "evidence": "probe htp 2.7.0 soc60 2026-12-07, against numpy: x[4, 8] in [-3, 3], Div or Mul form, either "
+        "grouping of the products, scalar or [1] constants: a = 0.4 gave 0.25 of the output's max off, b = 2 0.33, "
+        "c = 2 0.04, a = 0.4 with b = 2 and c = 2 0.35-0.37; GELU's own constants 5e-4",
+    }
     p["softmax_negative_scale_fusion"] = {
         "status": "unsupported",
         "kind": "wrong_result",

@@ -4,6 +4,7 @@ live simulator agrees on a few of each (the sweeps behind the table's evidence a
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import onnx
@@ -879,4 +880,58 @@ def test_the_live_simulator_agrees_on_a_negatively_scaled_softmax(shape: tuple[i
     got, want = _qnn_and_cpu(_scaled_softmax(shape, -0.5, -1), {"x": x})
     assert np.abs(got - want).max() > 0.2 * np.abs(want).max()
     got, want = _qnn_and_cpu(_scaled_softmax(shape, -0.5, -1, factor_shape=(1,)), {"x": x})
+    assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()
+
+
+def _gelu_shaped(a: float, b: float, c: float, *, div: bool = True, half_first: bool = False) -> onnx.ModelProto:
+    """``x * a * (b + erf(x / c))`` (``erf(x * (1 / c))`` unless ``div``); ``half_first``: ``(x * a) * (...)``."""
+    nodes = [
+        helper.make_node("Div" if div else "Mul", ["x", "c"], ["s"], name="scale"),
+        helper.make_node("Erf", ["s"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "b"], ["t"], name="add"),
+    ]
+    if half_first:
+        nodes += [helper.make_node("Mul", ["x", "a"], ["h"]), helper.make_node("Mul", ["h", "t"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["x", "t"], ["h"]), helper.make_node("Mul", ["h", "a"], ["y"])]
+    consts = {"a": a, "b": b, "c": c if div else 1 / c}
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+
+@given(
+    a=st.sampled_from([0.5, 0.4, 1.0]),
+    b=st.sampled_from([1.0, 2.0]),
+    c=st.sampled_from([math.sqrt(2.0), 2.0, 1.0]),
+    div=st.booleans(),
+    half_first=st.booleans(),
+)
+def test_an_erf_in_the_gelu_shape_is_fused_only_with_gelus_constants(
+    a: float, b: float, c: float, div: bool, half_first: bool
+) -> None:
+    """The QNN EP fuses ``x * a * (b + erf(x / c))`` into a Gelu whatever a, b and c: opcheck vouches for the Erf
+    with GELU's constants (fused) and refuses it as a wrong result with any others."""
+    v = _verdict(_gelu_shaped(a, b, c, div=div, half_first=half_first), "erf")
+    if (a, b, c) == (0.5, 1.0, math.sqrt(2.0)):
+        assert (v.status, v.kind) == ("supported", "fused"), v
+    else:
+        assert (v.status, v.kind) == ("unsupported", "wrong_result"), v
+
+
+def test_the_live_simulator_computes_gelu_whatever_the_constants_of_the_shape() -> None:
+    """On the simulator the shape with a = 0.4 comes back as GELU (0.25 of the output's max off the CPU EP), and
+    with GELU's own constants it is right."""
+    x = np.random.default_rng(0).uniform(-3, 3, (4, 8)).astype(np.float32)
+    got, want = _qnn_and_cpu(_gelu_shaped(0.4, 1.0, math.sqrt(2.0)), {"x": x})
+    assert np.abs(got - want).max() > 0.2 * np.abs(want).max()
+    gelu, _ = _qnn_and_cpu(_gelu_shaped(0.5, 1.0, math.sqrt(2.0)), {"x": x})
+    assert np.abs(got - gelu).max() <= 5e-3 * np.abs(gelu).max()
+    got, want = _qnn_and_cpu(_gelu_shaped(0.5, 1.0, math.sqrt(2.0)), {"x": x})
     assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()

@@ -141,41 +141,44 @@ class Patterns:
 
     def is_erf_gelu(self, index: int, node: NodeView) -> bool:
         """Erf inside x * 0.5 * (1 + erf(x / sqrt(2))): the QNN EP fuses it into one Gelu."""
-        pre = self.view.producer(node.input[0])
-        if pre is None or pre.op_type not in ("Div", "Mul") or len(pre.input) != 2:
-            return False
+        return self.gelu_structure(node) is True
+
+    def gelu_structure(self, node: NodeView) -> bool | None:
+        """For an Erf inside ``x * a * (b + erf(x / c))`` (or ``erf(x * c)``, either grouping of the products, scalar
+        constants a, b, c): whether a, b and c are GELU's (0.5, 1, sqrt(2)); None for an Erf outside that shape.
+        The QNN EP fuses the whole shape into one Gelu whatever the constants."""
+        pre = self.view.producer(node.input[0]) if node.input else None
+        if pre is None or pre.op_type not in ("Div", "Mul") or len(pre.input) != 2 or not node.output:
+            return None
         k = self.view.scalar(pre.input[1])
+        if k is None:
+            return None
         want = math.sqrt(2.0) if pre.op_type == "Div" else 1 / math.sqrt(2.0)
-        if k is None or abs(k - want) > 1e-3:
-            return False
         x = pre.input[0]
         adds = self.view.consumer_nodes(node.output[0])
-        if len(adds) != 1 or adds[0].op_type != "Add":
-            return False
+        if len(adds) != 1 or adds[0].op_type != "Add" or not adds[0].output:
+            return None
         add = adds[0]
-        one = next((i for i in add.input if i != node.output[0]), "")
-        if self.view.scalar(one) is None or abs((self.view.scalar(one) or 0.0) - 1.0) > 1e-6:
-            return False
+        one = self.view.scalar(next((i for i in add.input if i != node.output[0]), ""))
         muls = self.view.consumer_nodes(add.output[0])
-        if len(muls) != 1 or muls[0].op_type != "Mul":
-            return False
+        if one is None or len(muls) != 1 or muls[0].op_type != "Mul" or not muls[0].output:
+            return None
         mul = muls[0]
         other = next((i for i in mul.input if i != add.output[0]), "")
         # Either (x * 0.5) * (1 + erf) or x * (1 + erf) followed by * 0.5.
+        halves: list[float | None] = []
         if other == x:
             tail = self.view.consumer_nodes(mul.output[0])
-            return (
-                len(tail) == 1
-                and tail[0].op_type == "Mul"
-                and any(abs((self.view.scalar(i) or 0.0) - 0.5) < 1e-6 for i in tail[0].input)
-            )
-        half = self.view.producer(other)
-        return (
-            half is not None
-            and half.op_type == "Mul"
-            and x in half.input
-            and any(abs((self.view.scalar(i) or 0.0) - 0.5) < 1e-6 for i in half.input)
-        )
+            if len(tail) == 1 and tail[0].op_type == "Mul":
+                halves = [self.view.scalar(i) for i in tail[0].input]
+        else:
+            half = self.view.producer(other)
+            if half is not None and half.op_type == "Mul" and x in half.input:
+                halves = [self.view.scalar(i) for i in half.input if i != x]
+        factors = [h for h in halves if h is not None]
+        if not factors:
+            return None
+        return abs(k - want) <= 1e-3 and abs(one - 1.0) <= 1e-6 and any(abs(h - 0.5) < 1e-6 for h in factors)
 
     def touches_empty(self, node: NodeView) -> bool:
         """Whether an input or output of the node has no elements (a static dimension of 0). An empty constant in

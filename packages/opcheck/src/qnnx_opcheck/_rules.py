@@ -113,9 +113,13 @@ class Checker:
         kind, reason, evidence, dtype = self._op_decision(node, domain)
 
         if node.op_type == "Erf" and kind != "supported":
+            gelu = self.patterns.gelu_structure(node)
             p = self.view.pattern("erf_gelu_fusion")
-            if p is not None and self.patterns.is_erf_gelu(index, node):
+            if p is not None and gelu is True:
                 return "fused", p["reason"], p.get("evidence"), dtype
+            wrong = self.view.pattern("erf_gelu_wrong_constants")
+            if wrong is not None and gelu is False:
+                return wrong["kind"], wrong["reason"], wrong.get("evidence"), dtype
         if KIND_STATUS.get(kind) == "unsupported":
             return kind, reason, evidence, dtype
         p = self.view.pattern("dynamic_shape")
