@@ -160,13 +160,14 @@ class SoftmaxScaleAsVector(QnnPass):
         if len(list(x.uses())) != 1 or x.is_graph_output():  # type: ignore[union-attr]  # x is not None here
             return None
         shape = _graph.static_shape(x)
+        if not shape:
+            return None  # a factor of shape [1] would change the rank of a rank-0 (or unknown) product
         axis = node.attributes.get_int("axis", -1)
         for index, operand in enumerate(mul.inputs):
             value = _graph.const_array(operand)
             if value is None or value.ndim != 0 or value.dtype.kind != "f":
                 continue
-            last = shape is not None and len(shape) > 0 and axis in (-1, len(shape) - 1)
-            if float(value) < 0 or not last:
+            if float(value) < 0 or axis not in (-1, len(shape) - 1):
                 return mul, index, value.reshape(1)
         return None
 
