@@ -336,6 +336,15 @@ class Patterns:
             return None
         return subs[0].output[0] if subs[0].output else None
 
+    def _first_step(self, quotient: NodeView | None, b: str, remainder: str) -> bool:
+        """Whether ``quotient`` is ``Div(x, b)`` of a remainder step whose output is ``remainder``."""
+        return (
+            quotient is not None
+            and quotient.op_type == "Div"
+            and list(quotient.input[1:]) == [b]
+            and self._remainder_step(quotient) == remainder
+        )
+
     def _rounding_free_remainder(self, div: NodeView) -> bool:
         """``div`` is a quotient of the floor remainder ``r = x - (x / b) * b; (r + b) - ((r + b) / b) * b``
         (qnnx-export's integer Mod, a constant ``b > 0``), whose result is the same whether HTP's integer Div rounds
@@ -351,10 +360,9 @@ class Patterns:
             r = shifted.input[1] if shifted.input[0] == b else shifted.input[0]
             sub = self.view.producer(r)
             mul = self.view.producer(sub.input[1]) if sub is not None and len(sub.input) == 2 else None
-            for q in mul.input if mul is not None and mul.op_type == "Mul" else ():
-                first = self.view.producer(q)
-                if first is not None and first.op_type == "Div" and self._remainder_step(first) == r:
-                    return list(first.input) == [sub.input[0], b] if sub is not None else False
+            quotients = [self.view.producer(q) for q in mul.input] if mul is not None and mul.op_type == "Mul" else []
+            if any(self._first_step(q, b, r) for q in quotients):
+                return True
         # The first step: its remainder's only use is r + b, the dividend of a second step by b.
         users = self.view.consumer_nodes(remainder)
         if remainder in self.view.f.graph_outputs:
@@ -539,7 +547,9 @@ class Patterns:
         pads = self.view.const_value(node.input[1])
         if pads is None:
             return False
-        flat = [int(p) for p in pads.reshape(-1)] if hasattr(pads, "reshape") else [int(p) for p in pads]
+        import numpy as np
+
+        flat = [int(p) for p in np.asarray(pads).reshape(-1)]
         rank = len(flat) // 2
         if rank == 0 or any(p < 0 for p in flat):
             return False

@@ -59,16 +59,49 @@ def _floor(t: Translator, node: Node, x: Node) -> ir.Value:
     i = t.value(numerator)
     if n == 1:
         return t.out("Cast", [i], {"to": int(ir_dtype(val.dtype))})
-    # Only non-negative integers are divided: ONNX's integer Div truncates (the CPU EP), HTP's floors (measured
-    # with onnxruntime-qnn 2.7: -1 / 16384 gives -1 there), and both agree on them. A negative i's floor is
-    # -((n - 1 - i) / n).
-    negative = t.emit1("Less", [i, t.scalar(0, dtype)], dtype=torch.bool, shape=shape)
-    flipped = t.emit1("Sub", [t.scalar(n - 1, dtype), i], dtype=dtype, shape=shape)
-    magnitude = t.emit1("Where", [negative, flipped, i], dtype=dtype, shape=shape)
-    quotient = t.emit1("Div", [magnitude, t.scalar(n, dtype)], dtype=dtype, shape=shape)
-    negated = t.emit1("Sub", [t.scalar(0, dtype), quotient], dtype=dtype, shape=shape)  # HTP has no integer Neg
-    floored = t.emit1("Where", [negative, negated, quotient], dtype=dtype, shape=shape)
+    floored = t.emit1("Where", _divide_magnitudes(t, i, shape, shape, dtype, n, "floor"), dtype=dtype, shape=shape)
     return t.out("Cast", [floored], {"to": int(ir_dtype(val.dtype))})
+
+
+def _divide_magnitudes(
+    t: Translator, a: ir.Value, a_shape: tuple[int, ...], shape: tuple[int, ...], dtype: torch.dtype, b: Any, mode: str
+) -> list[ir.Value]:
+    """The inputs of ``Where(differ, -q, q)``, the integer quotient ``a / b`` rounded by ``mode`` ("trunc" or
+    "floor"), ``b`` a nonzero Python integer or a tensor (its fx node), computed by dividing values >= 0 only.
+
+    ONNX's integer Div truncates (the CPU EP); HTP's rounds a negative quotient down when the divisor is a constant
+    power of two (onnxruntime-qnn 2.7.0: ``-1 / 16384`` gives -1), and both agree on dividends >= 0. So ``|a|`` is
+    divided (the sign-select ``Where(a < 0, k - a, a)``, which qnnx-opcheck proves >= 0; HTP has no integer Neg),
+    plus ``|b| - 1`` where the signs differ and the quotient rounds down, and the sign is put back.
+    """
+    zero = t.scalar(0, dtype)
+    negative_a = t.emit1("Less", [a, zero], dtype=torch.bool, shape=a_shape)
+    if isinstance(b, int) and b > 0 and mode == "floor":
+        # A negative a's floor is -((b - 1 - a) / b): one select gives the dividend.
+        flipped = t.emit1("Sub", [t.scalar(b - 1, dtype), a], dtype=dtype, shape=a_shape)
+        dividend = t.emit1("Where", [negative_a, flipped, a], dtype=dtype, shape=a_shape)
+        magnitude_b, differ = t.scalar(b, dtype), negative_a
+    else:
+        flipped_a = t.emit1("Sub", [zero, a], dtype=dtype, shape=a_shape)
+        dividend = t.emit1("Where", [negative_a, flipped_a, a], dtype=dtype, shape=a_shape)
+        if isinstance(b, int):
+            magnitude_b = t.scalar(abs(b), dtype)
+            differ = negative_a if b > 0 else t.emit1("Not", [negative_a], dtype=torch.bool, shape=a_shape)
+            round_up = t.scalar(abs(b) - 1, dtype)
+        else:
+            b_shape = tuple(int(s) for s in fake(b).shape)
+            bv = t.operand(b, dtype)
+            negative_b = t.emit1("Less", [bv, zero], dtype=torch.bool, shape=b_shape)
+            flipped_b = t.emit1("Sub", [zero, bv], dtype=dtype, shape=b_shape)
+            magnitude_b = t.emit1("Where", [negative_b, flipped_b, bv], dtype=dtype, shape=b_shape)
+            differ = t.emit1("Xor", [negative_a, negative_b], dtype=torch.bool, shape=shape)
+            round_up = t.emit1("Sub", [magnitude_b, t.scalar(1, dtype)], dtype=dtype, shape=b_shape)
+        if mode == "floor":
+            raised = t.emit1("Add", [dividend, round_up], dtype=dtype, shape=shape)
+            dividend = t.emit1("Where", [differ, raised, dividend], dtype=dtype, shape=shape)
+    quotient = t.emit1("Div", [dividend, magnitude_b], dtype=dtype, shape=shape)
+    negated = t.emit1("Sub", [zero, quotient], dtype=dtype, shape=shape)
+    return [differ, negated, quotient]
 
 
 _DIVIDED_INTS = (torch.int32, torch.int64)
@@ -83,11 +116,7 @@ def _floor_divide(t: Translator, node: Node, a: Any, b: Any) -> ir.Value:
 def rounded_division(t: Translator, node: Node, a: Any, b: Any, *, rounding_mode: str) -> ir.Value:
     """Integer ``a // b`` and ``torch.div(a, b, rounding_mode="trunc" | "floor")``, exact on HTP.
 
-    HTP's integer Div truncates as ONNX does, except by a one-element constant power of two, where it rounds a
-    negative quotient down (onnxruntime-qnn 2.7.0: ``-1 / 16384`` gives -1). So only magnitudes are divided: ``|a|``
-    (the sign-select ``Where(a < 0, 0 - a, a)``; HTP has no integer Neg) by ``|b|``, plus ``|b| - 1`` first where
-    the signs differ and the quotient rounds down (its magnitude rounds up), and the sign is put back. Every
-    dividend is >= 0 by construction, which qnnx-opcheck sees. Float division with a rounding mode is declined:
+    Only magnitudes are divided (see :func:`_divide_magnitudes`). Float division with a rounding mode is declined:
     PyTorch's float floor division is not ``floor(a / b)`` (``1 // 0.1`` is 9), and HTP's float16 quotient would
     move values across integers anyway.
     """
@@ -102,27 +131,4 @@ def rounded_division(t: Translator, node: Node, a: Any, b: Any, *, rounding_mode
         raise Declined(f"{node.target} by 0")
     shape = tuple(int(s) for s in node.meta["val"].shape)
     a_shape = tuple(int(s) for s in fake(a).shape)
-    zero = t.scalar(0, dtype)
-    av = t.operand(a, dtype)
-    negative_a = t.emit1("Less", [av, zero], dtype=torch.bool, shape=a_shape)
-    flipped_a = t.emit1("Sub", [zero, av], dtype=dtype, shape=a_shape)
-    magnitude_a = t.emit1("Where", [negative_a, flipped_a, av], dtype=dtype, shape=a_shape)
-    if isinstance(b, int):
-        magnitude_b = t.scalar(abs(b), dtype)
-        differ = negative_a if b > 0 else t.emit1("Not", [negative_a], dtype=torch.bool, shape=a_shape)
-        round_up = t.scalar(abs(b) - 1, dtype)
-    else:
-        b_shape = tuple(int(s) for s in fake(b).shape)
-        bv = t.operand(b, dtype)
-        negative_b = t.emit1("Less", [bv, zero], dtype=torch.bool, shape=b_shape)
-        flipped_b = t.emit1("Sub", [zero, bv], dtype=dtype, shape=b_shape)
-        magnitude_b = t.emit1("Where", [negative_b, flipped_b, bv], dtype=dtype, shape=b_shape)
-        differ = t.emit1("Xor", [negative_a, negative_b], dtype=torch.bool, shape=shape)
-        round_up = t.emit1("Sub", [magnitude_b, t.scalar(1, dtype)], dtype=dtype, shape=b_shape)
-    dividend = magnitude_a
-    if rounding_mode == "floor":
-        raised = t.emit1("Add", [magnitude_a, round_up], dtype=dtype, shape=shape)
-        dividend = t.emit1("Where", [differ, raised, magnitude_a], dtype=dtype, shape=shape)
-    quotient = t.emit1("Div", [dividend, magnitude_b], dtype=dtype, shape=shape)
-    negated = t.emit1("Sub", [zero, quotient], dtype=dtype, shape=shape)
-    return t.out("Where", [differ, negated, quotient])
+    return t.out("Where", _divide_magnitudes(t, t.operand(a, dtype), a_shape, shape, dtype, b, rounding_mode))
