@@ -192,3 +192,24 @@ TINY_DECODER: dict[str, int] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+
+
+def tiny_llama4_text(vocab_size: int = 256, **extra: object) -> nn.Module:
+    """A tiny random-init Llama 4 text decoder (hidden 64, 2 layers, eager attention), in eval mode; ``extra`` goes
+    to its config (``moe_layers=[]`` for dense MLP layers only)."""
+    import transformers
+
+    config = transformers.Llama4TextConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        intermediate_size_mlp=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=vocab_size,
+        max_position_embeddings=128,
+        attn_implementation="eager",
+        **extra,
+    )
+    return transformers.Llama4ForCausalLM(config).eval()

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from integration_helpers import assert_close_fp16, on_qnn_strict
+from integration_models import tiny_llama4_text
 
 import qnnx_backend
 
@@ -65,24 +66,9 @@ def test_complex_rope_attention_runs_wholly_on_qnn() -> None:
 
 
 def _llama4_text() -> tuple[Any, torch.Tensor]:
-    """Llama 4 text: freqs_cis made by torch.polar in the graph, dense MLP layers (the routed experts' scatter is
-    another matter: QNN HTP reads a runtime ScatterElements index wrongly when it may be negative)."""
-    import transformers
-
-    cfg = transformers.Llama4TextConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        intermediate_size_mlp=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=256,
-        max_position_embeddings=128,
-        moe_layers=[],
-        attn_implementation="eager",
-    )
-    model = transformers.Llama4ForCausalLM(cfg).eval()
+    """Llama 4 text: freqs_cis made by torch.polar in the graph, dense MLP layers (its MoE layers are tested in
+    test_moe.py)."""
+    model = tiny_llama4_text(moe_layers=[])
     ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
     return lambda t: model(t, use_cache=False).logits, ids
 

@@ -1,5 +1,6 @@
 """Hugging Face mixture-of-experts decoders with transformers' default experts implementation (``grouped_mm``: tokens
-sorted by expert, groups of data-dependent sizes) run wholly on QNN with eager's logits and tokens."""
+sorted by expert, groups of data-dependent sizes), and Llama 4's dense experts behind a scattered router, run wholly
+on QNN with eager's logits and tokens."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import warnings
 import pytest
 import torch
 from integration_helpers import assert_close_fp16, generate_wholly_on_qnn
+from integration_models import tiny_llama4_text
 
 import qnnx_backend
 from qnnx_backend.errors import QnnDeviceError
@@ -88,6 +90,22 @@ def test_default_experts_decoder_runs_wholly_on_qnn_with_eagers_logits(family: s
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(input_ids=ids).logits
+    out = _compiled_logits(model, ids, **NPU_STRICT, verify=False)
+    reports = list(qnnx_backend.compile_reports())
+    assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]
+    assert_close_fp16(out, ref, rel=2e-2, cos=0.999)
+
+
+def test_llama4_moe_layers_run_wholly_on_qnn_with_eagers_logits() -> None:
+    """Llama 4's router writes its top-k scores into a row of -inf with a scatter of a source
+    (``full_like(logits, -inf).scatter_(1, indices, top_values)``), and its experts run densely. The translator now
+    writes that scatter densely, so the whole graph runs on QNN under strict device='npu' with eager's logits (it
+    raised before: QNN HTP reads a runtime ScatterElements index wrongly when it may be negative)."""
+    torch.manual_seed(0)
+    model = tiny_llama4_text(VOCAB, moe_layers=[0, 1], num_local_experts=4, num_experts_per_tok=1)
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
     out = _compiled_logits(model, ids, **NPU_STRICT, verify=False)
     reports = list(qnnx_backend.compile_reports())
     assert reports and all(r.device == "npu" and not r.cpu_nodes for r in reports), [r.summary() for r in reports]

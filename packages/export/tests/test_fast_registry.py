@@ -347,6 +347,7 @@ EXAMPLES: dict[str, _Example] = {
         lambda i: aten.histc.default(aten._to_copy.default(i, dtype=torch.float32), 3, 0, 4), _ints(10, high=6)
     ),
     "aten.scatter.value": _ex(lambda x, i: aten.scatter.value(x, 1, i, 1.5), (3, 6), _ints(3, 2, high=6)),
+    "aten.scatter.src": _ex(lambda x, i, s: aten.scatter.src(x, 1, i, s), (3, 6), _ints(3, 4, high=6), (3, 5)),
     "aten.nanmedian.dim": _ex(lambda x: _items(aten.nanmedian.dim(x, 0, True), 2), (1, 4)),
     "aten.scatter_add.default": _ex(
         lambda x, i, s: aten.scatter_add.default(x, 1, i, s), (3, 6), _ints(2, 4, high=6), (3, 5)

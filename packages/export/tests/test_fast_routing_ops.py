@@ -1,5 +1,6 @@
 """The translator's ops of mixture-of-experts routers and decoder position math: max/min with indices, argmax,
-histc of expert ids, scatter of a value (a group mask) and floor of an integer quotient. Each equals eager exactly
+histc of expert ids, scatter of a value (a group mask) or of a source (a sampler's mask) and floor of an integer
+quotient. Each equals eager exactly
 on the CPU EP, declines what it cannot compute exactly, and runs wholly on the HTP simulator."""
 
 from __future__ import annotations
@@ -130,6 +131,42 @@ def test_scatter_of_a_value_equals_eager(dims: list[int], data: st.DataObject, s
 
 @settings(max_examples=30, deadline=None)
 @given(
+    dims=shapes(min_rank=1, max_rank=3, max_side=5),
+    data=st.data(),
+    seed=seeds(),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bool]),
+)
+def test_scatter_of_a_source_equals_eager(dims: list[int], data: st.DataObject, seed: int, dtype: torch.dtype) -> None:
+    """x.scatter(dim, index, src) along any axis of a rank 1-3 tensor, with an index narrower than the input, a
+    source wider than the index and repeated positions (the last write along dim stays, as in eager), equals eager
+    exactly for float32, float16 and bool; so does the in-place form."""
+    g = torch.Generator().manual_seed(seed)
+    dim = data.draw(st.integers(-len(dims), len(dims) - 1))
+    axis = dim % len(dims)
+    index_shape = [
+        data.draw(st.integers(1, d + 2)) if i == axis else data.draw(st.integers(1, d)) for i, d in enumerate(dims)
+    ]
+    src_shape = [s + data.draw(st.integers(0, 1)) for s in index_shape]
+    x = torch.randn(dims, generator=g)
+    src = torch.randn(src_shape, generator=g)
+    if dtype is torch.bool:
+        x, src = x > 0, src > 0
+    else:
+        x, src = x.to(dtype), src.to(dtype)
+    index = torch.randint(0, dims[dim], index_shape, generator=g)
+    _exactly_as_eager(lambda a, i, s: (a.scatter(dim, i, s), a.clone().scatter_(dim, i, s)), x, index, src)
+
+
+def test_scatter_of_a_source_declines_integers_and_long_indices() -> None:
+    """Integer tensors and an index of 2048 or more positions along dim are declined, naming why."""
+    x = torch.zeros(4, 3, dtype=torch.int64)
+    _declines(lambda a, i, s: a.scatter(0, i, s), x, torch.zeros(2, 3, dtype=torch.int64), x, match="int64")
+    long_index = torch.zeros(2048, 1, dtype=torch.int64)
+    _declines(lambda a, i, s: a.scatter(0, i, s), torch.zeros(4, 1), long_index, torch.zeros(2048, 1), match="2048")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
     values=st.lists(st.integers(-(2**24) + 2, 2**24 - 2), min_size=1, max_size=12),
     divisor=st.integers(1, 20000),
     int32=st.booleans(),
@@ -222,6 +259,29 @@ def test_router_and_position_ops_run_wholly_on_the_htp_simulator() -> None:
     assert torch.equal(out[1], ref[1]) and torch.equal(out[2], ref[2]), (out[1:3], ref[1:3])
     for got, want in zip(out[3:], ref[3:], strict=True):
         assert torch.equal(got.round(), want) and rel_err(got, want) <= 1e-3, (got, want)
+
+
+def test_scatters_of_a_source_run_wholly_on_the_htp_simulator() -> None:
+    """A sampler's ``sorted_mask.scatter(1, sorted_indices, sorted_mask)`` (bool, a permutation) and a float scatter
+    whose index repeats positions run in one graph wholly on the HTP simulator with eager's values: the mask
+    exactly, the floats within 1e-3 (HTP's float outputs carry float16-level noise; the values are quarters, so a
+    wrong pick would be 0.25 or more off)."""
+    g = torch.Generator().manual_seed(3)
+    sorted_mask = torch.rand(2, 7, generator=g) > 0.5
+    sorted_indices = torch.stack([torch.randperm(7, generator=g) for _ in range(2)])
+    x = torch.randint(-8, 8, (5, 3), generator=g).float() / 4
+    index = torch.tensor([[0, 4, 4], [4, 1, 0], [2, 4, 0], [4, 3, 3]])
+    src = torch.randint(-8, 8, (4, 3), generator=g).float() / 4
+
+    def scatter(m: torch.Tensor, i: torch.Tensor, a: torch.Tensor, j: torch.Tensor, b: torch.Tensor) -> Any:
+        return m.scatter(1, i, m), a.scatter(0, j, b)
+
+    backend = Capture(qnn_session, FAST)
+    out = compile_and_run(scatter, (sorted_mask, sorted_indices, x, index, src), backend)
+    assert backend.exported[0].exporter == "fast"
+    mask, values = scatter(sorted_mask, sorted_indices, x, index, src)
+    assert out[0].dtype == torch.bool and torch.equal(out[0], mask), (out[0], mask)
+    assert float((out[1] - values).abs().max()) <= 1e-3, (out[1], values)
 
 
 def test_gathering_by_an_argmax_runs_on_htp_without_a_clamp() -> None:
