@@ -1441,3 +1441,32 @@ def test_gather_into_rank5_by_flat_indices_keeps_results(
     after, changed, _ = _apply(model, "gather_of_vector_by_flat_indices")
     assert changed and _ops(after).count("Reshape") >= 1
     _assert_same(model.SerializeToString(), after, feeds)
+
+
+@pytest.mark.parametrize("name", DEFAULT_PASSES)
+def test_every_pass_takes_nodes_without_inputs(name: str) -> None:
+    """A Constant node (no inputs) as a graph output and feeding an op, beside a float Pad of the last axis's end:
+    each pass runs on it without raising, and the passes together keep the model's outputs on the CPU EP (a graph
+    whose output is a constant, such as ``torch.sort`` of a 0-d tensor, failed export with an IndexError)."""
+    nodes = [
+        onnx.helper.make_node("Constant", [], ["k"], value=onnx.numpy_helper.from_array(np.array(2.0, np.float32))),
+        onnx.helper.make_node("Constant", [], ["idx"], value=onnx.numpy_helper.from_array(np.array(0, np.int64))),
+        onnx.helper.make_node("Mul", ["x", "k"], ["y"]),
+        onnx.helper.make_node("Pad", ["y", "pads", "fill"], ["z"]),
+    ]
+    inits = {"pads": np.array([0, 0, 0, 2], np.int64), "fill": np.array(0.5, np.float32)}
+    model = make_model(
+        nodes,
+        [("x", TensorProto.FLOAT, [2, 3])],
+        [("z", TensorProto.FLOAT, [2, 5]), ("idx", TensorProto.INT64, [])],
+        inits,
+    )
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    want = cpu_session(model.SerializeToString()).run(None, {"x": x})
+    m = to_ir(model)
+    run_passes(m, (name,))
+    if name == DEFAULT_PASSES[-1]:
+        run_passes(m, DEFAULT_PASSES)
+    got = cpu_session(to_bytes(m)).run(None, {"x": x})
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)

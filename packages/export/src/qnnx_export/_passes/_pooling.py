@@ -373,8 +373,10 @@ class FloatPadEndsAsConcat(IntegerPadAsConcat):
     def match(self, node: ir.Node) -> PadBlocks | None:
         """The blocks to join on, for a float constant Pad HTP computes wrongly; or None."""
         plan = super().match(node)
-        half = node.inputs[0] is not None and node.inputs[0].dtype == ir.DataType.FLOAT16
-        return plan if plan is not None and htp_pads_wrongly(plan.begin, plan.end, half=half) else None
+        if plan is None:  # not a constant Pad (a node without inputs, such as a Constant, included)
+            return None
+        half = cast(ir.Value, node.inputs[0]).dtype == ir.DataType.FLOAT16
+        return plan if htp_pads_wrongly(plan.begin, plan.end, half=half) else None
 
 
 def _constant_pad_blocks(node: ir.Node, x: ir.Value) -> PadBlocks | None:
