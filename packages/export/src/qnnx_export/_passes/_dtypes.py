@@ -279,14 +279,14 @@ class Int64InputsToInt32(QnnPass):
 
     def find_defects(self, graph: ir.Graph) -> list[str]:
         # Graph inputs are always named.
-        return [cast(str, v.name) for v in graph.inputs if v.dtype == ir.DataType.INT64 and not v.is_graph_output()]
+        return [cast(str, v.name) for v in graph.inputs if _int64_tensor_input(v)]
 
     def rewrite(self, graph: ir.Graph) -> bool:
         names = _graph.fresh_names(graph, "qnnx_i32")
         changed = False
         for value in list(graph.inputs):
-            if value.dtype != ir.DataType.INT64 or value.is_graph_output():
-                continue  # an input returned as is keeps its dtype (Dynamo never emits that)
+            if not _int64_tensor_input(value):
+                continue
             uses = list(value.uses())
             chain = _index_chain(value)
             value.type = ir.TensorType(ir.DataType.INT32)
@@ -314,6 +314,12 @@ class Int64InputsToInt32(QnnPass):
                         int(arr.max()),
                     )
         return changed
+
+
+def _int64_tensor_input(value: ir.Value) -> bool:
+    """An int64 tensor input that is not also a graph output: an input returned as is keeps its dtype (Dynamo never
+    emits that), and a sequence of int64 tensors is not a tensor (QNN takes no sequences)."""
+    return value.dtype == ir.DataType.INT64 and isinstance(value.type, ir.TensorType) and not value.is_graph_output()
 
 
 # Inputs that ONNX requires as int64 and QNN takes as static parameters (never as tensors).
