@@ -845,6 +845,11 @@ NODE_CONDITIONS: list[dict[str, Any]] = [
      "reason": "the QNN EP takes pads and the constant value only as constants", "cases": "test_constant_pad"},
     {"ops": ["Pad"], "given_inputs": [3], "kind": "rejected",
      "reason": "the QNN EP declines Pad with an axes input", "cases": "test_attention_*_expanded"},
+    {"ops": ["Pad"], "attr_in": {"mode": ["wrap"]}, "kind": "rejected",
+     "reason": "the QNN EP declines Pad with mode='wrap' (circular padding)",
+     "evidence": "probe htp 2.7.0 soc60 2026-12-07: Pad(mode='wrap') of x[1, 3, 4, 4] by 1 on each side of the last "
+     "two axes: the session refused with CPU fallback disabled (the node assigned to the CPU EP); mode 'reflect' on "
+     "the same input ran right (2.3e-4)", "cases": "test_wrap_pad"},
     {"ops": ["BatchNormalization"], "runtime_inputs": [1, 2, 3, 4], "kind": "rejected",
      "reason": "the QNN EP takes scale, bias, mean and variance only as constants", "cases": "test_batchnorm_*"},
     {"ops": ["DequantizeLinear", "QuantizeLinear"], "runtime_inputs": [1, 2], "kind": "rejected",

@@ -329,3 +329,31 @@ def test_scatter_elements_with_a_reduction_does_not_run_whole_on_qnn() -> None:
     assert not live_check(_scatter("add"), soc_model=60, fallback=False).whole_on_qnn
     live = live_check(_scatter("none"), soc_model=60, fallback=False)
     assert live.whole_on_qnn and live.outputs_match, live.to_dict()
+
+
+def _pad(mode: str, shape: tuple[int, ...] = (1, 3, 4, 4)) -> onnx.ModelProto:
+    pads = np.array([0] * (len(shape) - 2) + [1, 1] + [0] * (len(shape) - 2) + [1, 1], np.int64)
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], name="pad", mode=mode)
+    return _model([node], {"x": (F, shape)}, {"pads": pads}, opset=21)
+
+
+@settings(max_examples=20, deadline=None)
+@given(mode=st.sampled_from(["wrap", "reflect"]), shape=st.lists(st.integers(2, 5), min_size=2, max_size=4).map(tuple))
+def test_a_pad_of_mode_wrap_is_refused_as_declined(mode: str, shape: tuple[int, ...]) -> None:
+    """Pad with mode='wrap' (circular padding, as torch.onnx writes F.pad(mode='circular')) is refused as a node the
+    QNN EP declines, at any rank; mode='reflect' on the same input stays vouched for."""
+    v = _verdict(_pad(mode, shape), "pad")
+    if mode == "wrap":
+        assert v.status == "unsupported" and v.kind == "rejected" and "wrap" in (v.reason or ""), v
+    else:
+        assert v.status == "supported", v
+
+
+def test_a_pad_of_mode_wrap_does_not_run_whole_on_qnn() -> None:
+    """The simulator confirms it: with CPU fallback off the session of a wrap Pad does not build; reflect runs whole
+    and right."""
+    from qnnx_opcheck import live_check
+
+    assert not live_check(_pad("wrap"), soc_model=60, fallback=False).whole_on_qnn
+    live = live_check(_pad("reflect"), soc_model=60, fallback=False)
+    assert live.whole_on_qnn and live.outputs_match, live.to_dict()
