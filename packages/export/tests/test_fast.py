@@ -385,6 +385,35 @@ def test_unsupported_op_with_fast_exporter_raises() -> None:
     assert "atan2" in message and "exporter='auto'" in message and "torch.onnx" in message
 
 
+@settings(max_examples=30, deadline=None)
+@given(dims=shapes(min_rank=2, max_rank=5, max_side=5), data=st.data(), seed=seeds())
+def test_a_circular_pad_is_translated_as_slices_and_equals_eager(
+    dims: list[int], data: st.DataObject, seed: int
+) -> None:
+    """F.pad(mode="circular") of the 1 to 3 trailing axes after a batch axis (and a channel axis), each side from 0 to
+    the axis' size, is written as slices
+    joined by cat (PyTorch's own decomposition copies into an empty tensor, which no exporter takes) and equals
+    eager bit for bit, corners included."""
+    axes = data.draw(st.sampled_from([n for n in (len(dims) - 2, len(dims) - 1) if 1 <= n <= 3]))  # as PyTorch allows
+    pads = tuple(data.draw(st.integers(0, dims[len(dims) - 1 - i // 2])) for i in range(2 * axes))
+    x = torch.randn(dims, generator=torch.Generator().manual_seed(seed))
+    exported = _check_fast(lambda a: F.pad(a, pads, mode="circular") * 2, x, tol=0.0)
+    assert "Pad" not in {n.op_type for n in exported.model.graph.node}
+
+
+def test_a_circular_convolution_runs_wholly_on_the_htp_simulator() -> None:
+    """nn.Conv2d(padding_mode="circular") and a circular Conv1d run on QNN HTP with eager's values (before, the
+    circular pad ran in PyTorch: torch.onnx writes it as a Pad of mode 'wrap', which the QNN EP declines)."""
+    torch.manual_seed(0)
+    conv2 = nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular").eval()
+    conv1 = nn.Conv1d(3, 4, 5, padding=2, padding_mode="circular").eval()
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat([conv2(x).flatten(), conv1(y).flatten()])
+
+    close_on_qnn_fast(fn, torch.randn(1, 3, 6, 7), torch.randn(2, 3, 9), tol=1e-2)
+
+
 @pytest.mark.parametrize("eps", [1e-5, None])
 def test_rms_norm_is_translated_without_in_place_add(eps: float | None) -> None:
     """nn.RMSNorm (torch.rms_norm) traces to an in-place ``aten.add_`` of eps that functionalization leaves in the

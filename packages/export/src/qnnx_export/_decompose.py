@@ -5,7 +5,8 @@ kernels (``torch._transformer_encoder_layer_fwd``, ``torch._native_multi_head_at
 has already recorded those calls when the backend sees the graph, and torch.onnx (torch 2.13) has no
 translation for them ("No ONNX function found for aten._transformer_encoder_layer_fwd"). We swap each
 call for the math below, which mirrors the non-fused path in torch/nn/modules/transformer.py and
-activation.py (batch-first layout, which the fast paths require).
+activation.py (batch-first layout, which the fast paths require). A circular pad, whose PyTorch decomposition no
+exporter takes either, becomes slices joined by ``cat`` (:func:`circular_pad`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from qnnx_export._moe import rewrite_moe_node
 from qnnx_export._options import DEFAULT_MAX_DENSE_EXPERTS, DEFAULT_MAX_GATHERED_EXPERT_BYTES
 
-__all__ = ["FUSED_REPLACEMENTS", "unfuse"]
+__all__ = ["FUSED_REPLACEMENTS", "circular_pad", "unfuse"]
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,45 @@ def linear_cross_entropy_chunked_none(
     return F.cross_entropy(logits, target, weight=weight, reduction="none", ignore_index=ignore_index)
 
 
+def circular_pad(input: torch.Tensor, pad: Any, mode: str = "circular", value: float | None = None) -> torch.Tensor:
+    """``F.pad(input, pad, mode="circular")`` as slices joined by ``cat``, one padded axis after another.
+
+    PyTorch decomposes a circular pad into copies into a new empty tensor, which no exporter takes (the translator
+    declines the copies, and torch.onnx writes a Pad of mode 'wrap', which the QNN EP declines). The wrapped-around
+    elements are slices of the input, so the same tensor is data movement only: exact. Padding the axes in turn
+    wraps the corners as PyTorch does. :func:`unfuse` uses it only for pads from 0 to the axis' size."""
+    out = input
+    for i in range(len(pad) // 2):
+        dim = input.dim() - 1 - i
+        before, after = int(pad[2 * i]), int(pad[2 * i + 1])
+        size = out.shape[dim]
+        parts = [out.narrow(dim, size - before, before)] if before else []
+        parts.append(out)
+        if after:
+            parts.append(out.narrow(dim, 0, after))
+        out = torch.cat(parts, dim) if len(parts) > 1 else out
+    return out
+
+
+def _is_circular_pad_in_range(node: Any) -> bool:
+    """A call of ``torch._C._nn.pad`` (what ``F.pad`` and a circular ``nn.Conv*d`` record) of mode 'circular' whose
+    pads are constants from 0 to the size of their axis (PyTorch refuses a pad that wraps more than once; a
+    negative one crops), on an input of known shape."""
+    if node.op != "call_function" or node.target is not torch._C._nn.pad:
+        return False
+    args = list(node.args) + [None] * 4
+    mode = node.kwargs.get("mode", args[2])
+    pad = node.kwargs.get("pad", args[1])
+    source = node.kwargs.get("input", args[0])
+    value = getattr(source, "meta", {}).get("example_value")
+    if mode != "circular" or not isinstance(pad, (list, tuple)) or len(pad) % 2 or value is None:
+        return False
+    shape = tuple(value.shape)
+    if len(shape) - len(pad) // 2 not in (1, 2) or not all(isinstance(p, int) for p in pad):
+        return False  # PyTorch pads the axes after a batch axis and a channel axis, or after a channel axis
+    return all(0 <= p <= shape[len(shape) - 1 - i // 2] for i, p in enumerate(pad))
+
+
 def _computes_gradients(node: Any) -> bool:
     """Whether a call of the chunked scalar op asks for any of the gradients it can precompute (its arguments 12 to 14,
     ``compute_input_grad``, ``compute_linear_weight_grad`` and ``compute_linear_bias_grad``, which Dynamo records
@@ -269,6 +309,10 @@ def unfuse(
     Raises:
         ExportError: A grouped expert product is over both ``max_dense_experts`` and ``max_gathered_expert_bytes``.
     """
+    if _is_circular_pad_in_range(node):
+        log.debug("writing circular pad at node %s as slices joined by cat", node.name)
+        node.target = circular_pad
+        return
     if node.op == "call_function" and node.target in FUSED_REPLACEMENTS:
         log.debug("decomposing fused fast path %s at node %s", node.target, node.name)
         node.target = FUSED_REPLACEMENTS[node.target]
