@@ -67,8 +67,9 @@ def _scatter_src(t: Translator, node: Node, x: Node, dim: int, index: Node, src:
 
     The positions ``1..K`` of the index along ``dim`` are compared as float32 (exact in HTP's float16 up to 2048):
     the largest matching one is the last write, and the source element there is the only term of a sum over ``K``
-    that is not masked to zero. An index outside ``[0, size)`` names no element (PyTorch raises for it). A bool tensor (a sampler's mask) is moved as 0.0 and 1.0; integer tensors are left to PyTorch (a sum of
-    int64 is not exact in float)."""
+    that is not masked to zero. An index outside ``[0, size)`` names no element (PyTorch raises for it). A bool
+    tensor (a sampler's mask) is moved as 0.0 and 1.0; integer tensors are left to PyTorch's exporters (the masked
+    sum of integers on HTP was not measured)."""
     val = node.meta["val"]
     dtype = val.dtype
     if dtype not in _SOURCE_DTYPES or fake(src).dtype != dtype:
