@@ -131,15 +131,15 @@ def test_scatter_of_a_value_equals_eager(dims: list[int], data: st.DataObject, s
 
 @settings(max_examples=30, deadline=None)
 @given(
-    dims=shapes(min_rank=1, max_rank=3, max_side=5),
+    dims=shapes(min_rank=1, max_rank=5, max_side=4),
     data=st.data(),
     seed=seeds(),
     dtype=st.sampled_from([torch.float32, torch.float16, torch.bool]),
 )
 def test_scatter_of_a_source_equals_eager(dims: list[int], data: st.DataObject, seed: int, dtype: torch.dtype) -> None:
-    """x.scatter(dim, index, src) along any axis of a rank 1-3 tensor, with an index narrower than the input, a
-    source wider than the index and repeated positions (the last write along dim stays, as in eager), equals eager
-    exactly for float32, float16 and bool; so does the in-place form."""
+    """x.scatter(dim, index, src) along any axis of a rank 1-5 tensor (size-1 axes included), with an index narrower
+    than the input, a source wider than the index and repeated positions (the last write along dim stays, as in
+    eager), equals eager exactly for float32, float16 and bool; so does the in-place form."""
     g = torch.Generator().manual_seed(seed)
     dim = data.draw(st.integers(-len(dims), len(dims) - 1))
     axis = dim % len(dims)

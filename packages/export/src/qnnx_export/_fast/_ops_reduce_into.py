@@ -171,6 +171,16 @@ class ScatterMatch:
         shape = (1, self.k, self.rest)
         return self.t.emit1("Reshape", [self.rows(v, of, dtype), self.t.ints(shape)], dtype=dtype, shape=shape)
 
+    def source3(self, source: Node, dtype: torch.dtype) -> ir.Value:
+        """A scatter's source as ``[1, K, rest]``: read where the index reaches (a wider source is sliced to the
+        index's shape), zero where the index is padded, in ``dtype``."""
+        t = self.t
+        src = t.operand(source, dtype)
+        if tuple(fake(source).shape) != self.index_shape:
+            starts, ends = t.ints([0] * len(self.shape), "starts"), t.ints(self.index_shape, "ends")
+            src = t.emit1("Slice", [src, starts, ends], dtype=dtype, shape=self.index_shape)
+        return self.rows3(self.padded(src, dtype, 0.0), self.target, dtype)
+
     def back(self, result: ir.Value, dtype: torch.dtype) -> ir.Value:
         """``result`` (``[N, rest]``) in the input's layout: the node's output."""
         t, perm = self.t, self.perm
@@ -209,13 +219,8 @@ def _scatter_reduce(
         raise Declined(f"{node.target} with a source of another rank")
     sm = ScatterMatch(t, node, x, dim, index, dtype)
     n, rest = sm.n, sm.rest
-    # The source is read where the index reaches.
-    src = t.value(source)
-    if tuple(fake(source).shape) != sm.index_shape:
-        ends = t.ints(sm.index_shape, "ends")
-        src = t.emit1("Slice", [src, t.ints([0] * len(sm.shape), "starts"), ends], dtype=dtype, shape=sm.index_shape)
     own = sm.rows(t.value(x), sm.shape, dtype)
-    source3 = sm.rows3(sm.padded(src, dtype, 0.0), sm.target, dtype)
+    source3 = sm.source3(source, dtype)
     match = sm.match
     weights = t.emit1("Cast", [match], {"to": int(ir_dtype(dtype))}, dtype=dtype, shape=(n, sm.k, rest))
     axes = t.ints([1], "axes")

@@ -81,12 +81,7 @@ def _scatter_src(t: Translator, node: Node, x: Node, dim: int, index: Node, src:
         raise Declined(f"{node.target} with {sm.k} index positions along dim (up to {EXACT_ROWS - 1})")
     n, k, rest = sm.n, sm.k, sm.rest
     carrier = torch.float32 if dtype is torch.bool else dtype
-    source = t.operand(src, carrier)
-    if tuple(fake(src).shape) != sm.index_shape:  # the source is read where the index reaches
-        ends = t.ints(sm.index_shape, "ends")
-        starts = t.ints([0] * len(sm.shape), "starts")
-        source = t.emit1("Slice", [source, starts, ends], dtype=carrier, shape=sm.index_shape)
-    source3 = sm.rows3(sm.padded(source, carrier, 0.0), sm.target, carrier)
+    source3 = sm.source3(src, carrier)
     order = t.initializer(torch.arange(1, k + 1, dtype=torch.float32).reshape(1, k, 1), "positions")
     named = t.emit1("Where", [sm.match, order, t.scalar(0.0, torch.float32)], dtype=torch.float32, shape=(n, k, rest))
     axes = t.ints([1], "axes")
