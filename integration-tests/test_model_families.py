@@ -172,6 +172,26 @@ def _canine() -> tuple[torch.nn.Module, torch.Tensor]:
     return transformers.CanineModel(cfg), ids
 
 
+def _sew() -> tuple[torch.nn.Module, torch.Tensor]:
+    """SEW (as wav2vec 2.0, HuBERT and UniSpeech) encodes raw audio through a stack of Conv1d + GELU layers with no
+    normalization between them after the first, so each GELU's error carries into the next layer: with HTP's own
+    Gelu this stack came out 1.1% of the output's scale off (eager PyTorch in float16: 0.15%)."""
+    import transformers
+
+    cfg = transformers.SEWConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        conv_dim=(64,) * 7,
+        conv_kernel=(10, 3, 3, 3, 3, 3, 3),
+        conv_stride=(5, 2, 2, 2, 2, 2, 2),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+    )
+    return transformers.SEWModel(cfg), torch.randn(1, 4000, generator=torch.Generator().manual_seed(1))
+
+
 FAMILIES = {
     "bit": _bit,
     "canine": _canine,
@@ -181,15 +201,17 @@ FAMILIES = {
     "mamba": _mamba,
     "mobilevit_v2": _mobilevit_v2,
     "roberta": _roberta,
+    "sew": _sew,
     "siglip_vision": _siglip_vision,
     "swin": _swin,
     "swin_window7": _swin_window7,
     "xlnet": _xlnet,
 }
-# max |qnn - eager| / max |eager| allowed per family: fp16 error grows through depth, and MobileViT-v2's 30 convs
-# with random BatchNorm statistics reach 3.1e-2 (cosine 0.99936) on QNN with either exporter (eager PyTorch in
-# float16: 8.9e-3); the first-call check's default limit is 5e-2.
-REL = {"mobilevit_v2": 5e-2}
+# max |qnn - eager| / max |eager| allowed per family where float16's own error differs from the default's: fp16 error
+# grows through depth. MobileViT-v2's 30 convs with random BatchNorm statistics and SiLU (eager PyTorch in float16:
+# 8.9e-3; on QNN 6.2e-3 with Sigmoid written out, 3.7e-2 with HTP's Sigmoid); SEW's convolution stack (float16:
+# 1.5e-3; on QNN 1.8e-3 with GELU written out, 1.1e-2 with HTP's Gelu).
+REL = {"mobilevit_v2": 1.5e-2, "sew": 5e-3}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

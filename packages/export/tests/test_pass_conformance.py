@@ -831,6 +831,87 @@ def test_erf_as_polynomial_over_the_whole_line(lo: float) -> None:
     _check(model, {"x": x}, ("erf_as_polynomial",), must_build=True)
 
 
+# ------------------------------------------------------------------------------------------------------ Gelu
+
+
+@_examples
+@given(
+    shape=_shapes,
+    approximate=st.sampled_from(["none", "tanh"]),
+    scale=st.sampled_from([1e-3, 0.3, 1.0, 3.0, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_gelu_written_out_shape_classes(shape: tuple[int, ...], approximate: str, scale: float, seed: int) -> None:
+    """GELU written out (both approximations) runs wholly on QNN within fp16 tolerance at ranks 1-5 with unit dims,
+    for inputs of a thousandth (GELU about x / 2) to a hundred (the tails: x and 0)."""
+    model = make_model(
+        [h.make_node("Gelu", ["x"], ["y"], approximate=approximate)],
+        [("x", TensorProto.FLOAT, shape)],
+        [("y", TensorProto.FLOAT, shape)],
+        {},
+    )
+    _check(model, {"x": _x(shape, scale, seed)}, ("gelu_written_out",), must_build=True)
+
+
+def _gelu64(x: np.ndarray, approximate: str) -> np.ndarray:
+    x = x.astype(np.float64)
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_written_out_is_float16_precise_over_the_line(approximate: str) -> None:
+    """Over [-8, 8] densely, GELU written out is within 3.5e-3 of GELU on QNN (float16's step is 3.9e-3 from 4 up)
+    and within 6e-4 on [-4, -1], where GELU is at most 0.16 in magnitude. HTP's own Gelu misses both: 9.8e-3 at
+    x = 6 and 1.5e-3 on [-4, -2] (onnxruntime-qnn 2.7.0, soc 60)."""
+    x = np.linspace(-8, 8, 8001, dtype=np.float32).reshape(1, 1, -1)
+    model = make_model(
+        [h.make_node("Gelu", ["x"], ["y"], approximate=approximate)],
+        [("x", TensorProto.FLOAT, list(x.shape))],
+        [("y", TensorProto.FLOAT, list(x.shape))],
+        {},
+    )
+    m = to_ir(model)
+    assert run_passes(m, ("gelu_written_out",)) == [("gelu_written_out", True)]
+    (got,) = qnn_session(to_bytes(m)).run(None, {"x": x})
+    err = np.abs(got.astype(np.float64) - _gelu64(x, approximate)).reshape(-1)
+    line = x.reshape(-1)
+    assert float(err.max()) <= 3.5e-3
+    assert float(err[(line >= -4) & (line <= -1)].max()) <= 6e-4
+
+
+@_examples
+@given(shape=_shapes, scale=st.sampled_from([1e-3, 0.3, 1.0, 8.0, 100.0]), seed=st.integers(0, 2**16))
+def test_sigmoid_written_out_shape_classes(shape: tuple[int, ...], scale: float, seed: int) -> None:
+    """Sigmoid written out runs wholly on QNN within fp16 tolerance at ranks 1-5 with unit dims, from inputs near 0
+    to inputs far in both tails (0 and 1)."""
+    model = make_model(
+        [h.make_node("Sigmoid", ["x"], ["y"])], [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, shape)], {}
+    )
+    _check(model, {"x": _x(shape, scale, seed)}, ("sigmoid_written_out",), must_build=True)
+
+
+def test_sigmoid_written_out_keeps_small_values_over_the_line() -> None:
+    """Over [-12, 12] densely, Sigmoid written out is within 2% of the sigmoid's own value on QNN, everywhere: its
+    small values keep their magnitude (HTP's Sigmoid is about 6e-4 off wherever it is, 2.8 times sigmoid(-10) and
+    25% of SiLU on [-8, -4]), and SiLU (``x * sigmoid(x)``) within 2.5e-3 of its own value plus 1e-5."""
+    x = np.linspace(-12, 12, 8001, dtype=np.float32).reshape(1, 1, -1)
+    model = make_model(
+        [h.make_node("Sigmoid", ["x"], ["s"]), h.make_node("Mul", ["x", "s"], ["y"])],
+        [("x", TensorProto.FLOAT, list(x.shape))],
+        [("s", TensorProto.FLOAT, list(x.shape)), ("y", TensorProto.FLOAT, list(x.shape))],
+        {},
+    )
+    m = to_ir(model)
+    assert run_passes(m, ("sigmoid_written_out",)) == [("sigmoid_written_out", True)]
+    sig, silu = qnn_session(to_bytes(m)).run(None, {"x": x})
+    want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert float(np.max(np.abs(sig - want) / want)) <= 2e-2
+    want_silu = x * want
+    assert float(np.max(np.abs(silu - want_silu) - 2.5e-3 * np.abs(want_silu))) <= 1e-5
+
+
 @_examples
 @given(
     shape=_shapes,
@@ -1172,6 +1253,8 @@ COVERED_HERE = frozenset(
         "bool_cast_to_int64",
         "integer_pad_as_concat",
         "erf_as_polynomial",
+        "gelu_written_out",
+        "sigmoid_written_out",
         "sinh_cosh_from_exp",
         "convtranspose_dilated_kernel",
         "convtranspose_normal_form",

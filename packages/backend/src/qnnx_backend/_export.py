@@ -261,8 +261,9 @@ def _quantized_once(exported: Any, ctx: CompileContext) -> QuantizedModel:
 # a calibrated inf would give an infinite scale, so its graphs are exported without them.
 _NONFINITE_EDGE_PASSES = {"log_domain_edges", "div_by_zero_edges"}
 # And the floor of softmax inputs (a float-graph fix of fp16 saturation), not measured on calibrated QDQ graphs,
-# whose ranges it would change.
-_FLOAT_ONLY_PASSES = _NONFINITE_EDGE_PASSES | {"softmax_input_floor"}
+# whose ranges it would change; and GELU and Sigmoid written out in float16-precise ops, which a QDQ graph would
+# quantize op by op (8-25 quantization steps where one Gelu or Sigmoid has one).
+_FLOAT_ONLY_PASSES = _NONFINITE_EDGE_PASSES | {"softmax_input_floor", "gelu_written_out", "sigmoid_written_out"}
 
 
 def _export(ctx: CompileContext) -> Any:

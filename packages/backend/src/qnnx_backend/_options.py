@@ -445,7 +445,10 @@ class BackendOptions:
         metadata=keyed(lambda o: {"disable_passes": ",".join(o.disable_passes)}),
     )
     """Names of qnnx-export rewrite passes to skip, for debugging. The passes avoid known QNN defects (some
-    of them silent wrong results), so keep ``verify`` on when skipping any."""
+    of them silent wrong results), so keep ``verify`` on when skipping any. Two of them trade speed for precision:
+    ``gelu_written_out`` and ``sigmoid_written_out`` compute GELU and Sigmoid (SiLU) in about 25 and 8 elementwise
+    ops, because HTP's own Gelu and Sigmoid are several float16 steps off, which compounds through convolution
+    stacks to 1-4% of a model's output (``docs/qnn-facts.md``); skipping them keeps HTP's one op."""
 
     buckets: str | tuple[int, ...] | None = attrs.field(
         default="auto",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -12,7 +12,14 @@ from qnnx_export._naming import UniqueNames
 from qnnx_export._passes import _graph
 from qnnx_export._passes._base import QnnPass, register
 
-__all__ = ["DivByZeroEdges", "ErfAsPolynomial", "LogDomainEdges", "SinhCoshFromExp"]
+__all__ = [
+    "DivByZeroEdges",
+    "ErfAsPolynomial",
+    "GeluWrittenOut",
+    "LogDomainEdges",
+    "SigmoidWrittenOut",
+    "SinhCoshFromExp",
+]
 
 
 # ------------------------------------------------------------------------------------------ Erf, written out
@@ -104,18 +111,151 @@ class ErfAsPolynomial(QnnPass):
     def rewrite(self, graph: ir.Graph) -> bool:
         def written_out(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
             b = _Elementwise(graph, names, node, x)
-            clipped = b.op("Clip", b.x, b.const(-_ERF_CLIP), b.const(_ERF_CLIP))
-            square = b.op("Mul", clipped, clipped)
-            series = b.op("Mul", clipped, b.horner(square, _ERF_SERIES))
-            magnitude = b.op("Abs", clipped)
-            t = b.op("Reciprocal", b.op("Add", b.op("Mul", magnitude, b.const(_ERF_AS_P)), b.const(1.0)))
-            gauss = b.op("Exp", b.op("Mul", square, b.const(-1.0)))  # not Neg: the EP declines it at rank 5
-            tail = b.op("Mul", b.op("Mul", t, b.horner(t, _ERF_AS_COEFFS)), gauss)
-            far = b.op("Mul", b.op("Sign", clipped), b.op("Sub", b.const(1.0), tail))
-            near = b.op("Less", magnitude, b.const(_ERF_SERIES_BELOW), out_dtype=ir.DataType.BOOL)
-            return b.finish("Where", near, series, far)
+            parts = _erf_parts(b, b.x)
+            return b.finish("Where", parts.near, parts.series, parts.far)
 
         return self.replace_matched(graph, "qnnx_erf", written_out)
+
+
+class _ErfParts(NamedTuple):
+    """erf(x) as :class:`ErfAsPolynomial` writes it: ``Where(near, series, far)``; ``tail`` is erfc(|x|) (x clipped
+    to [-4, 4]), the value ``far`` takes from 1 (``far = sign(x) * (1 - tail)``)."""
+
+    near: ir.Value
+    series: ir.Value
+    far: ir.Value
+    tail: ir.Value
+
+
+def _erf_parts(b: _Elementwise, x: ir.Value) -> _ErfParts:
+    clipped = b.op("Clip", x, b.const(-_ERF_CLIP), b.const(_ERF_CLIP))
+    square = b.op("Mul", clipped, clipped)
+    series = b.op("Mul", clipped, b.horner(square, _ERF_SERIES))
+    magnitude = b.op("Abs", clipped)
+    t = b.op("Reciprocal", b.op("Add", b.op("Mul", magnitude, b.const(_ERF_AS_P)), b.const(1.0)))
+    gauss = b.op("Exp", b.op("Mul", square, b.const(-1.0)))  # not Neg: the EP declines it at rank 5
+    tail = b.op("Mul", b.op("Mul", t, b.horner(t, _ERF_AS_COEFFS)), gauss)
+    far = b.op("Mul", b.op("Sign", clipped), b.op("Sub", b.const(1.0), tail))
+    near = b.op("Less", magnitude, b.const(_ERF_SERIES_BELOW), out_dtype=ir.DataType.BOOL)
+    return _ErfParts(near, series, far, tail)
+
+
+# ----------------------------------------------------------------------------------------- Gelu, written out
+
+# Where erf(x / sqrt2) is within the tail branch on the negative side, Phi(x) = erfc(|x| / sqrt2) / 2 is read from the
+# tail itself: 1 + erf(x / sqrt2) would cancel there and keep only float16's absolute precision near 1.
+_PHI_TAIL_BELOW = -_ERF_SERIES_BELOW
+# The tanh form's argument: 2 * sqrt(2 / pi) * (x + 0.044715 x^3), so that gelu_tanh(x) = x * sigmoid(argument).
+_TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)
+_TANH_GELU_CUBIC = 0.044715
+_TANH_GELU_X_CAP = 10.0
+# exp(-87) is 0 in float16 and HTP's Exp is right down to -88 (below, it returns +-131008).
+_EXP_ARGUMENT_CAP = 87.0
+
+
+@register(order=136)
+class GeluWrittenOut(QnnPass):
+    """Compute ``Gelu`` from ops HTP computes to float16's precision, in place of HTP's own Gelu.
+
+    - ``approximate="none"``: ``x * Phi(x)``, ``Phi(x) = (1 + erf(x / sqrt2)) / 2`` with erf written as
+      :class:`ErfAsPolynomial` writes it, and on the negative side of its tail branch ``Phi(x) = erfc(|x| / sqrt2) /
+      2`` from the tail itself (no cancellation, so GELU's small negative values keep their relative precision);
+    - ``approximate="tanh"``: ``x * sigmoid(v)``, ``v = 2 sqrt(2/pi) (x + 0.044715 x^3)`` (the same function as
+      ``x (1 + tanh(v / 2)) / 2``), the sigmoid as ``e / (1 + e)`` below 0 and ``1 / (1 + e)`` above, ``e =
+      exp(-|v|)``, ``|v|`` computed from ``min(|x|, 10)`` (where ``e`` is already 0 in float16).
+
+    HTP's Gelu (both approximations, onnxruntime-qnn 2.7.0, soc 60, x in [-8, 8]) is up to 9.8e-3 off at x = 6
+    (float16's step there is 3.9e-3), and 1.5e-3 off on [-4, -2], where GELU is at most 0.045 in magnitude (float16
+    rounds it to 1.5e-5); its mean error is 1.8e-3. Written out: 2.4e-3 at most, 1.6e-4 on [-4, -2] and 3.8e-4 on
+    average. In a model the difference compounds: the 13 Conv1d + GELU layers of a speech feature encoder (SEW,
+    UniSpeech) came out 1.1-2.2% of the output's scale off on HTP with its Gelu, against 0.2-0.25% written out and
+    0.2% in float16 on the CPU; a stack of transformer MLPs 0.15% against 0.07% (float16: 0.06%). The cost is about
+    25 elementwise ops per GELU (14 for the tanh form) where HTP had one, which it may fuse into the MatMul before it.
+    Float graphs only: calibrated QDQ graphs keep one Gelu node, which quantizes as one op (the backend leaves this
+    pass out of them). Exact in real arithmetic up to erf's 4.2e-7. A rank-5 input is computed on its flat view."""
+
+    name = "gelu_written_out"
+    defect = (
+        "HTP's Gelu is up to 9.8e-3 off (x = 6) and 1.5e-3 off where GELU is small (x in [-4, -2]), several float16 "
+        "steps: in deep convolution stacks the error compounds to percents of the output"
+    )
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The float input of a Gelu node of approximation "none" or "tanh", or None."""
+        x = _float_input(node, "Gelu")
+        return x if x is not None and _gelu_approximation(node) in ("none", "tanh") else None
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def written_out(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            b = _Elementwise(graph, names, node, x)
+            if _gelu_approximation(node) == "tanh":
+                # |v| from |x| capped at 10, where |v| reaches 87: exp(-87) is 0 in float16 and HTP's Exp is right
+                # down to -88 (below, it returns +-131008), and the cubic cannot overflow (an overflowed product on
+                # HTP does not keep its sign). The sign comes from x, which v's has.
+                magnitude = b.op("Min", b.op("Abs", b.x), b.const(_TANH_GELU_X_CAP))
+                cubic = b.op("Mul", b.op("Mul", magnitude, magnitude), b.const(_TANH_GELU_SCALE * _TANH_GELU_CUBIC))
+                v = b.op("Mul", magnitude, b.op("Add", cubic, b.const(_TANH_GELU_SCALE)))
+                decay, above = _logistic_parts(b, v)
+                negative = b.op("Less", b.x, b.const(0.0), out_dtype=ir.DataType.BOOL)
+                phi = b.op("Where", negative, b.op("Mul", decay, above), above)
+                return b.finish("Mul", b.x, phi)
+            z = b.op("Mul", b.x, b.const(1.0 / math.sqrt(2.0)))
+            parts = _erf_parts(b, z)
+            erf = b.op("Where", parts.near, parts.series, parts.far)
+            upper = b.op("Add", b.op("Mul", erf, b.const(0.5)), b.const(0.5))
+            lower = b.op("Mul", parts.tail, b.const(0.5))
+            in_tail = b.op("Less", z, b.const(_PHI_TAIL_BELOW), out_dtype=ir.DataType.BOOL)
+            return b.finish("Mul", b.x, b.op("Where", in_tail, lower, upper))
+
+        return self.replace_matched(graph, "qnnx_gelu", written_out)
+
+
+@register(order=162)
+class SigmoidWrittenOut(QnnPass):
+    """Compute ``Sigmoid`` as ``e / (1 + e)`` below 0 and ``1 / (1 + e)`` from 0 up, ``e = exp(-min(|x|, 87))``, in
+    place of HTP's own Sigmoid (and so SiLU, ``x * sigmoid(x)``, which qnnx-export writes with a Sigmoid).
+
+    HTP's Sigmoid keeps an absolute error of 4e-4 to 8e-4 over the whole line (onnxruntime-qnn 2.7.0, soc 60):
+    where the sigmoid is small it is not even the right magnitude (sigmoid(-10) = 4.5e-5 came back 3.6e-4 off, and
+    SiLU on [-8, -4], at most 0.07 in magnitude, 3.8e-3 off). Written out, each side keeps float16's relative
+    precision (2e-3 of the value at most, 1e-5 absolute below -8). In a model the difference compounds: 8 layers of
+    Conv2d + BatchNorm + SiLU came out 1.1% of the output's scale off with HTP's Sigmoid, 0.29% written out (eager
+    PyTorch in float16: 0.28%), and a tiny MobileViT-v2 3.7% against 0.62% (float16: 0.89%). It runs after the
+    passes that read a Sigmoid's form (``logsigmoid_to_softplus``, the domain-edge passes, which know it to be
+    non-negative). The cost is 8 elementwise ops where HTP had one. Float graphs only (the backend leaves it out of
+    calibrated QDQ graphs). Exact in real arithmetic; ``min(|x|, 87)`` changes nothing in float16 and keeps the
+    Exp where HTP computes it right. A rank-5 input is computed on its flat view."""
+
+    name = "sigmoid_written_out"
+    defect = (
+        "HTP's Sigmoid is about 6e-4 off everywhere, several times its value where it is small (sigmoid(-10) came "
+        "back 3.6e-4 off): SiLU's error compounds through convolution stacks to percents of the output"
+    )
+
+    def match(self, node: ir.Node) -> ir.Value | None:
+        """The float input of a Sigmoid node, or None."""
+        return _float_input(node, "Sigmoid")
+
+    def rewrite(self, graph: ir.Graph) -> bool:
+        def written_out(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            b = _Elementwise(graph, names, node, x)
+            decay, above = _logistic_parts(b, b.op("Min", b.op("Abs", b.x), b.const(_EXP_ARGUMENT_CAP)))
+            negative = b.op("Less", b.x, b.const(0.0), out_dtype=ir.DataType.BOOL)
+            return b.finish("Where", negative, b.op("Mul", decay, above), above)
+
+        return self.replace_matched(graph, "qnnx_sigmoid", written_out)
+
+
+def _logistic_parts(b: _Elementwise, magnitude: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(e, 1 / (1 + e))`` with ``e = exp(-magnitude)``, ``magnitude >= 0``: sigmoid(-m) = e / (1 + e) and
+    sigmoid(m) = 1 / (1 + e), neither losing a small value to a difference."""
+    decay = b.op("Exp", b.op("Mul", magnitude, b.const(-1.0)))
+    return decay, b.op("Reciprocal", b.op("Add", decay, b.const(1.0)))
+
+
+def _gelu_approximation(node: ir.Node) -> str:
+    attr = node.attributes.get("approximate")
+    return "none" if attr is None else str(attr.as_string())
 
 
 # Not written out: Asin and Acos (declined by the QNN EP). Through HTP's Atan and Sqrt (asin(x) = 2 atan(x / (1 +
@@ -314,7 +454,7 @@ _SMALL_DIVISOR = 2.0**-16
 _DIVISOR_SCALE = 2.0**14
 
 
-@register(order=162)
+@register(order=161)
 class DivByZeroEdges(QnnPass):
     """Compute ``a / b`` with a divisor that may be 0 or tiny as ``Where(b == 0, e, q)``: ``e`` is NaN for ``a == 0``
     and ``+-inf`` with ``a``'s sign otherwise, as IEEE arithmetic (and PyTorch) gives, and ``q`` is ``a / b``, or
