@@ -11,6 +11,7 @@ import onnx_ir as ir
 from qnnx_export._naming import UniqueNames
 
 __all__ = [
+    "EXP_FLOOR",
     "add_initializer",
     "const_array",
     "float_op_input",
@@ -24,6 +25,10 @@ __all__ = [
     "replace_value",
     "static_shape",
 ]
+
+# The least Exp argument HTP computes right: exp(-87) = 1.6e-38 is 0 in float16 as exp of anything smaller, and
+# below -88 HTP's Exp returns +-131008. Passes floor an Exp's input here, or cap the magnitude they negate.
+EXP_FLOOR = -87.0
 
 
 def is_op(node: ir.Node | None, op_type: str) -> bool:

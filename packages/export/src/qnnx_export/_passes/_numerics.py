@@ -453,8 +453,6 @@ class L2NormPrescaled(QnnPass):
 
 # ------------------------------------------------------------------ Exp of very negative inputs, log-sum-exp forms
 
-# exp(-87) = 1.6e-38 is 0 in float16 as exp of anything smaller; HTP's Exp is right down to -88 and wrong below.
-_EXP_FLOOR = -87.0
 # exp(11.0898) = 65503.6, float16's largest value. Above it HTP's Exp returns its overflow value 131008 (up to about
 # 88, and garbage beyond), which the ops after it do not treat as a large number: 1 / (1 + 131008) reads 131008.
 _EXP_CEILING = 11.0898
@@ -490,7 +488,7 @@ class ExpInputFloor(QnnPass):
     def rewrite(self, graph: ir.Graph) -> bool:
         def floored(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
             dtype = cast(ir.DataType, x.dtype)
-            low = _graph.add_initializer(graph, names("min"), np.array(_EXP_FLOOR, dtype=dtype.numpy()))
+            low = _graph.add_initializer(graph, names("min"), np.array(_graph.EXP_FLOOR, dtype=dtype.numpy()))
             high = _graph.add_initializer(graph, names("max"), np.array(_EXP_CEILING, dtype=dtype.numpy()))
             clipped = _graph.new_value(names("floor"), dtype, _graph.static_shape(x))
             exp_nodes, out = _graph.one_node_like(names, "out", node, "Exp", [clipped])

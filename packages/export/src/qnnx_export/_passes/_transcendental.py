@@ -149,8 +149,6 @@ _PHI_TAIL_BELOW = -_ERF_SERIES_BELOW
 _TANH_GELU_SCALE = 2.0 * math.sqrt(2.0 / math.pi)
 _TANH_GELU_CUBIC = 0.044715
 _TANH_GELU_X_CAP = 10.0
-# exp(-87) is 0 in float16 and HTP's Exp is right down to -88 (below, it returns +-131008).
-_EXP_ARGUMENT_CAP = 87.0
 
 
 @register(order=136)
@@ -239,7 +237,7 @@ class SigmoidWrittenOut(QnnPass):
     def rewrite(self, graph: ir.Graph) -> bool:
         def written_out(names: UniqueNames, node: ir.Node, x: ir.Value) -> tuple[list[ir.Node], ir.Value]:
             b = _Elementwise(graph, names, node, x)
-            decay, above = _logistic_parts(b, b.op("Min", b.op("Abs", b.x), b.const(_EXP_ARGUMENT_CAP)))
+            decay, above = _logistic_parts(b, b.op("Min", b.op("Abs", b.x), b.const(-_graph.EXP_FLOOR)))
             negative = b.op("Less", b.x, b.const(0.0), out_dtype=ir.DataType.BOOL)
             return b.finish("Where", negative, b.op("Mul", decay, above), above)
 
